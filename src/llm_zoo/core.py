@@ -1,0 +1,264 @@
+"""The base class every llm-zoo environment builds on.
+
+:class:`TextAECEnv` is a PettingZoo :class:`~pettingzoo.AECEnv` whose agents read and write text.
+It owns all PettingZoo bookkeeping (agent selection, the dead-agent steps, cumulative rewards,
+truncation at ``max_turns``, reward mixing, ``infos``) so an environment author writes only the
+rules, in four methods:
+
+* :meth:`TextAECEnv._new_episode` - build the initial state from the env's seeded ``rng``.
+* :meth:`TextAECEnv._prompt` - the full text an agent must answer (instructions + state).
+* :meth:`TextAECEnv._act` - apply one agent's text action and return an :class:`Outcome`.
+* :meth:`TextAECEnv._render_state` - a human-readable picture of the state.
+
+Contract (see ``DESIGN.md``):
+
+* Observations are ``{"prompt": str}`` (a ``Dict`` space with a ``prompt`` text key: PettingZoo's
+  ``api_test`` cannot handle a bare ``Text`` observation). The prompt is the whole message the
+  agent should answer; applying a chat template is the trainer's job.
+* Actions are strings. *Any* string is a legal action: text the rules cannot parse earns the env's
+  format penalty and an explanation in that agent's next prompt, never an exception.
+* ``rewards[agent]`` for the agent that just acted is ``role_reward + alpha * global_reward``; the
+  other agents get 0 for that step. ``infos[agent]`` always carries ``role_reward``,
+  ``global_reward``, ``success``, ``turn``, ``format_ok`` and ``feedback``, plus env-specific keys.
+* A *turn* is one action by every agent, in the order of ``possible_agents``. After ``max_turns``
+  turns every agent is truncated.
+* :meth:`TextAECEnv.clone` returns an independent copy, the tree rollout branches on it.
+* All randomness comes from ``self.rng``, seeded by ``reset(seed=...)``; the global RNGs are never
+  touched, so ``reset(seed=s)`` always yields the same episode.
+"""
+
+from __future__ import annotations
+
+import copy
+import string
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import AECEnv
+
+__all__ = ["Outcome", "TextAECEnv", "TextSpace", "MAX_ACTION_CHARS", "MAX_PROMPT_CHARS"]
+
+#: Actions longer than this are still accepted by ``step`` (and truncated by the rules that read
+#: them), but are outside the declared action space.
+MAX_ACTION_CHARS = 65_536
+#: Upper bound of the declared observation space.
+MAX_PROMPT_CHARS = 1_000_000
+
+_SAMPLE_CHARSET = string.printable  # letters, digits, punctuation, space, \t \n \r \x0b \x0c
+
+
+class TextSpace(spaces.Text):
+    """A :class:`gymnasium.spaces.Text` that contains *every* string up to ``max_length``.
+
+    Gymnasium's ``Text`` only contains strings drawn from its ``charset`` (letters and digits by
+    default). Model output is arbitrary Unicode, and observations quote it back, so membership here
+    only checks type and length. ``sample()`` still draws from printable ASCII (including spaces and
+    newlines), which is what the PettingZoo test suites use to fuzz an env.
+    """
+
+    def __init__(self, max_length: int, *, seed: int | np.random.Generator | None = None):
+        super().__init__(max_length=max_length, min_length=0, charset=_SAMPLE_CHARSET, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"TextSpace(max_length={self.max_length})"
+
+
+@dataclass
+class Outcome:
+    """What one action did, as returned by :meth:`TextAECEnv._act`.
+
+    Attributes:
+        role_reward: The acting agent's own reward for this action.
+        global_reward: The team reward after this action (the same quantity whoever acted).
+        format_ok: Whether the action could be parsed as the agent was asked to answer.
+        feedback: A message shown at the top of this agent's next prompt (e.g. why the action
+            could not be parsed, or what happened). Empty for none.
+        terminated: The episode is over for every agent (solved, or failed for good).
+        success: The team solved the task. Sticky: once true it stays true for the episode.
+        info: Env-specific extras merged into ``infos[agent]`` (plain, comparable values only).
+    """
+
+    role_reward: float
+    global_reward: float
+    format_ok: bool = True
+    feedback: str = ""
+    terminated: bool = False
+    success: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class TextAECEnv(AECEnv):
+    """A turn-based, text-in text-out multi-agent environment (PettingZoo AEC API).
+
+    Subclasses set :attr:`roles` (the turn order) and :attr:`metadata` ``["name"]`` and implement
+    the four rule methods. Constructor keyword arguments common to every env:
+
+    Args:
+        max_turns: Number of turns (one action by every role) before every agent is truncated.
+        alpha: Weight of the global (team) reward in each agent's reward.
+        render_mode: ``None`` or ``"ansi"`` (``render()`` returns a string).
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "render_modes": ["ansi"],
+        "name": "text_aec_env",
+        "is_parallelizable": True,
+    }
+    #: The agents, in the order they act within a turn.
+    roles: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *, max_turns: int = 3, alpha: float = 1.0, render_mode: str | None = None):
+        super().__init__()
+        if not self.roles:
+            raise TypeError(f"{type(self).__name__} must define the class attribute `roles`")
+        if int(max_turns) < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']} or None, "
+                f"got {render_mode!r}"
+            )
+        self.max_turns = int(max_turns)
+        self.alpha = float(alpha)
+        self.render_mode = render_mode
+        self.possible_agents = list(self.roles)
+        self.observation_spaces = {
+            a: spaces.Dict({"prompt": TextSpace(MAX_PROMPT_CHARS)}) for a in self.possible_agents
+        }
+        self.action_spaces = {a: TextSpace(MAX_ACTION_CHARS) for a in self.possible_agents}
+        self.rng = np.random.default_rng()
+        self._seeded = False
+        self.agents: list[str] = []
+
+    # ------------------------------------------------------------------ rules (override these)
+
+    def _new_episode(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
+        """Build the initial state of an episode. Use only ``rng`` for randomness."""
+        raise NotImplementedError
+
+    def _prompt(self, agent: str) -> str:
+        """The full text ``agent`` must answer now: role instructions, the state, answer format."""
+        raise NotImplementedError
+
+    def _act(self, agent: str, action: str) -> Outcome:
+        """Apply ``agent``'s text ``action`` to the state and score it. Must not raise on any str."""
+        raise NotImplementedError
+
+    def _render_state(self) -> str:
+        """A picture of the state for people (``render()``)."""
+        raise NotImplementedError
+
+    def _task_id(self) -> str:
+        """A stable id of the task instance (problem id, or seed for generated tasks)."""
+        return f"seed-{self._episode_seed}"
+
+    # ------------------------------------------------------------------ PettingZoo API
+
+    def observation_space(self, agent: str) -> spaces.Space:
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent: str) -> spaces.Space:
+        return self.action_spaces[agent]
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        if seed is not None or not self._seeded:
+            self.rng = np.random.default_rng(seed)
+            self._seeded = True
+        # A seed for the episode drawn from the env's rng, so unseeded resets are reproducible
+        # from the first seed and every episode has an id.
+        self._episode_seed = int(self.rng.integers(2**31)) if seed is None else int(seed)
+        self.agents = list(self.possible_agents)
+        self.rewards = {a: 0.0 for a in self.agents}
+        self._cumulative_rewards = {a: 0.0 for a in self.agents}
+        self.terminations = {a: False for a in self.agents}
+        self.truncations = {a: False for a in self.agents}
+        self.turn = 0
+        self.success = False
+        self._feedback = {a: "" for a in self.agents}
+        self._new_episode(self.rng, options)
+        self.task_id = self._task_id()
+        self.infos = {a: self._base_info() for a in self.agents}
+        self.agent_selection = self.agents[0]
+        self._skip_agent_selection = None
+
+    def observe(self, agent: str) -> dict[str, str]:
+        prompt = self._prompt(agent)
+        feedback = self._feedback.get(agent, "")
+        if feedback:
+            prompt = f"{feedback.strip()}\n\n{prompt}"
+        return {"prompt": prompt}
+
+    def step(self, action: str | None) -> None:
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        text = action if isinstance(action, str) else ("" if action is None else str(action))
+        outcome = self._act(agent, text)
+        self.success = self.success or bool(outcome.success)
+
+        self._cumulative_rewards[agent] = 0.0
+        mixed = float(outcome.role_reward) + self.alpha * float(outcome.global_reward)
+        self.rewards = {a: 0.0 for a in self.agents}
+        self.rewards[agent] = mixed
+        self._feedback[agent] = outcome.feedback
+        info = self._base_info()
+        info.update(
+            role_reward=float(outcome.role_reward),
+            global_reward=float(outcome.global_reward),
+            format_ok=bool(outcome.format_ok),
+            feedback=outcome.feedback,
+        )
+        info.update(outcome.info)
+        self.infos[agent] = info
+        for other in self.agents:
+            if other != agent:
+                self.infos[other].update(success=self.success, turn=self.turn)
+
+        is_last_role = agent == self.possible_agents[-1]
+        if is_last_role:
+            self.turn += 1
+        if outcome.terminated:
+            self.terminations = {a: True for a in self.agents}
+        elif is_last_role and self.turn >= self.max_turns:
+            self.truncations = {a: True for a in self.agents}
+        self.agent_selection = self._next_agent(agent)
+        self._accumulate_rewards()
+
+    def render(self) -> str | None:
+        if self.render_mode is None:
+            return None
+        return self._render_state()
+
+    def close(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------ helpers
+
+    def clone(self) -> TextAECEnv:
+        """An independent deep copy: stepping the copy never changes this env, and vice versa.
+
+        The copy's RNG continues from the same state, so a clone and its original given the same
+        actions stay identical.
+        """
+        return copy.deepcopy(self)
+
+    def _base_info(self) -> dict[str, Any]:
+        return {
+            "role_reward": 0.0,
+            "global_reward": 0.0,
+            "success": self.success,
+            "turn": self.turn,
+            "format_ok": True,
+            "feedback": "",
+            "task_id": self.task_id,
+        }
+
+    def _next_agent(self, agent: str) -> str:
+        order = self.possible_agents
+        return order[(order.index(agent) + 1) % len(order)]

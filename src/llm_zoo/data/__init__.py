@@ -1,0 +1,1 @@
+"""Built-in problem sets and loaders for public dataset formats (local files only)."""

@@ -1,0 +1,28 @@
+"""The built-in environments. Each module is self-contained; its docstring is its documentation."""
+
+from llm_zoo.registry import register
+
+# id -> (entry point, one-line description). Modules are imported only when an env is made.
+BUILTIN_ENVS: dict[str, tuple[str, str]] = {
+    "PlanPath-v0": (
+        "llm_zoo.envs.plan_path:PlanPathEnv",
+        "Grid path planning: a tool agent writes a solver program, a plan agent submits the moves.",
+    ),
+    "Sokoban-v0": (
+        "llm_zoo.envs.sokoban:SokobanEnv",
+        "Push every box onto a goal: a tool agent writes a solver program, a plan agent submits the moves.",
+    ),
+    "Code-v0": (
+        "llm_zoo.envs.code:CodeEnv",
+        "Competitive programming: a coder writes a stdin/stdout program, a unit tester writes test cases.",
+    ),
+    "Math-v0": (
+        "llm_zoo.envs.math:MathEnv",
+        "Math problems: a reasoner answers in \\boxed{}, a tool agent writes a program that prints the answer.",
+    ),
+}
+
+
+def register_builtin_envs() -> None:
+    for env_id, (entry_point, description) in BUILTIN_ENVS.items():
+        register(env_id, entry_point, description=description)

@@ -1,0 +1,89 @@
+"""The engine interface: how the trainer gets completions from a model.
+
+An engine turns *raw env prompts* into sampled completions with their token ids and the
+per-token log-probabilities of the sampling (behaviour) policy. The chat template is applied
+inside the engine (envs produce plain text). Each prompt names the adapter (agent policy) that
+answers it; ``None`` means the bare base model.
+
+Implementations: :mod:`llm_zoo_train.engines.hf` (transformers) and
+:mod:`llm_zoo_train.engines.vllm` (one vLLM engine, one LoRA per adapter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+__all__ = ["SamplingParams", "Completion", "Engine"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample.
+
+    Attributes:
+        max_tokens: Most new tokens per completion (the config's ``max_completion_length``).
+        temperature: Softmax temperature; ``0`` means greedy.
+        top_p: Nucleus sampling mass (1.0 = off).
+        top_k: Keep the k most likely tokens (0 or -1 = off).
+        seed: Seed for this call's sampling, for reproducible rollouts (``None``: engine state).
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Completion:
+    """One sampled answer to one prompt.
+
+    Attributes:
+        text: The decoded completion (special tokens removed).
+        prompt_token_ids: Token ids of the templated prompt the model saw.
+        token_ids: Generated token ids, including the end-of-sequence token when one was produced.
+        logprobs: Log-probability of each generated token under the sampling policy
+            (temperature applied as configured: the behaviour policy), ``len(logprobs) ==
+            len(token_ids)``.
+        finish_reason: ``"stop"`` (end of sequence) or ``"length"`` (hit ``max_tokens``).
+    """
+
+    text: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the rollout needs from a generation backend."""
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        adapters: Sequence[str | None],
+        n: int,
+        sampling: SamplingParams,
+    ) -> list[list[Completion]]:
+        """Sample ``n`` completions for each prompt; ``adapters[i]`` answers ``prompts[i]``.
+
+        Returns one list of ``n`` completions per prompt, in prompt order. The ``n`` completions
+        of one prompt share one prefill where the backend allows it.
+        """
+        ...
+
+    def load_adapters(self, paths: Mapping[str, str], version: int) -> None:
+        """Serve the adapter weights saved (PEFT format) at ``paths[adapter_name]`` from now on.
+
+        ``version`` increases with every update, so backends that cache by name can give each
+        (adapter, version) a fresh name.
+        """
+        ...
