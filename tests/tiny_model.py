@@ -18,7 +18,7 @@ CHAT_TEMPLATE = (
 
 _CORPUS = [
     "apple banana cherry say the word reply with one word",
-    "U D L R move up down left right #### [\"U\", \"R\"]",
+    'U D L R move up down left right #### ["U", "R"]',
     "def main(): print(sum(map(int, input().split())))",
     "The answer is \\boxed{42}. 0 1 2 3 4 5 6 7 8 9",
     "You are the tool agent. You are the plan agent. Grid: # . @ $ * +",

@@ -28,7 +28,10 @@ class KeywordEnv(TextAECEnv):
         self.said[agent] = self.keywords[agent] in action.lower()
         both = all(self.said.values())
         return Outcome(
-            float(self.said[agent]), float(both), terminated=both, success=both,
+            float(self.said[agent]),
+            float(both),
+            terminated=both,
+            success=both,
             info={"said_keyword": self.said[agent]},
         )
 

@@ -38,7 +38,7 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv
 
-__all__ = ["Outcome", "TextAECEnv", "TextSpace", "MAX_ACTION_CHARS", "MAX_PROMPT_CHARS"]
+__all__ = ["MAX_ACTION_CHARS", "MAX_PROMPT_CHARS", "Outcome", "TextAECEnv", "TextSpace"]
 
 #: Actions longer than this are still accepted by ``step`` (and truncated by the rules that read
 #: them), but are outside the declared action space.
@@ -120,8 +120,7 @@ class TextAECEnv(AECEnv):
             raise ValueError(f"max_turns must be >= 1, got {max_turns!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
-                f"render_mode must be one of {self.metadata['render_modes']} or None, "
-                f"got {render_mode!r}"
+                f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
             )
         self.max_turns = int(max_turns)
         self.alpha = float(alpha)

@@ -14,10 +14,10 @@ from collections.abc import Iterable
 
 __all__ = [
     "ParseError",
+    "extract_boxed",
     "extract_code_block",
     "extract_marked_list",
     "extract_moves",
-    "extract_boxed",
 ]
 
 #: Literal lists longer than this many characters are refused before parsing.
@@ -68,7 +68,9 @@ def extract_marked_list(text: str, marker: str) -> list[object]:
         raise ParseError(f"no `{marker}` found: end your answer with {marker} [...]")
     rest = text[position + len(marker) :].lstrip()
     if not rest.startswith("["):
-        raise ParseError(f"`{marker}` must be followed by a list in square brackets, e.g. {marker} [\"U\", \"R\"]")
+        raise ParseError(
+            f'`{marker}` must be followed by a list in square brackets, e.g. {marker} ["U", "R"]'
+        )
     depth = 0
     end = -1
     for index, char in enumerate(rest[: MAX_LIST_CHARS + 1]):
@@ -89,7 +91,7 @@ def extract_marked_list(text: str, marker: str) -> list[object]:
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as err:
         raise ParseError(
             f"the list after `{marker}` is not a valid list literal ({type(err).__name__}): "
-            f"write it like [\"U\", \"R\", \"D\"]"
+            f'write it like ["U", "R", "D"]'
         ) from None
     if not isinstance(value, list):
         raise ParseError(f"`{marker}` must be followed by a list, got {type(value).__name__}")
@@ -117,9 +119,7 @@ def extract_moves(text: str, marker: str, *, max_moves: int = 1000) -> list[str]
         if move is None:
             shown = repr(item)
             shown = shown if len(shown) <= 40 else shown[:37] + "..."
-            raise ParseError(
-                f"move {position + 1} is {shown}; every move must be one of \"U\", \"D\", \"L\", \"R\""
-            )
+            raise ParseError(f'move {position + 1} is {shown}; every move must be one of "U", "D", "L", "R"')
         moves.append(move)
     return moves
 

@@ -28,18 +28,20 @@ from typing import Any
 
 __all__ = [
     "ENTRY_POINT_GROUP",
-    "EnvSpec",
     "EnvRegistry",
-    "UnknownEnvError",
+    "EnvSpec",
     "PluginLoadWarning",
-    "registry",
-    "register",
+    "UnknownEnvError",
     "make",
+    "register",
+    "registry",
     "spec",
 ]
 
 ENTRY_POINT_GROUP = "llm_zoo.envs"
-_ID_PATTERN = re.compile(r"^(?:(?P<namespace>[A-Za-z0-9_.\-]+)/)?(?P<name>[A-Za-z0-9_.\-]+?)-v(?P<version>\d+)$")
+_ID_PATTERN = re.compile(
+    r"^(?:(?P<namespace>[A-Za-z0-9_.\-]+)/)?(?P<name>[A-Za-z0-9_.\-]+?)-v(?P<version>\d+)$"
+)
 
 
 class UnknownEnvError(LookupError):

@@ -30,7 +30,7 @@ from pettingzoo.utils.conversions import turn_based_aec_to_parallel
 
 from llm_zoo.registry import make
 
-__all__ = ["check_env", "malformed_actions", "REQUIRED_INFO_KEYS", "play_episode"]
+__all__ = ["REQUIRED_INFO_KEYS", "check_env", "malformed_actions", "play_episode"]
 
 REQUIRED_INFO_KEYS = ("role_reward", "global_reward", "success", "turn", "format_ok")
 

@@ -1,0 +1,77 @@
+"""Developer sessions. `nox` alone runs the default test suite (`tests`).
+
+nox -s tests          fast tests: envs, sandbox, trainer on tiny models (the CI test command)
+nox -s tests_slow     the long tests (full oracle sweeps, learning runs)
+nox -s install_check  `pip install .` in a fresh venv: the envs work and torch is not installed
+nox -s lint           ruff
+nox -s typecheck      mypy
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+PYTHON = "3.11"
+# The CPU build of torch lies on these machines' disk under exactly this version; a bare `torch`
+# requirement would download a multi-GB CUDA build. Override for other machines.
+TORCH = os.environ.get("LLM_ZOO_TORCH", "torch==2.13.0")
+
+
+def install_train(session: nox.Session) -> None:
+    session.install(TORCH)
+    session.install("-e", ".[train,dev]")
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The default test run (slow, vllm and gpu tests excluded)."""
+    install_train(session)
+    session.run("python", "-m", "pytest", *(session.posargs or ["-q"]))
+
+
+@nox.session(python=PYTHON)
+def tests_slow(session: nox.Session) -> None:
+    """Only the tests marked slow."""
+    install_train(session)
+    session.run("python", "-m", "pytest", "-m", "slow", *(session.posargs or ["-q"]))
+
+
+@nox.session(python=PYTHON)
+def install_check(session: nox.Session) -> None:
+    """`pip install .` alone gives working environments without torch."""
+    session.install(".")
+    session.run(
+        "python",
+        "-c",
+        "import importlib.util, llm_zoo;"
+        "assert importlib.util.find_spec('torch') is None, 'torch must not be installed';"
+        "env = llm_zoo.make('PlanPath-v0'); env.reset(seed=0);"
+        "print('ok:', len(llm_zoo.registry), 'envs, no torch')",
+    )
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "noxfile.py")
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    install_train(session)
+    session.install("mypy", "types-PyYAML")
+    session.run("mypy")
+
+
+@nox.session(python=PYTHON)
+def plugin_example(session: nox.Session) -> None:
+    """Install the example plugin package and run its tests (keeps the tutorial honest)."""
+    session.install("-e", ".[dev]", "-e", "examples/plugin_env")
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "examples/plugin_env/tests",
+                "-o", "addopts=")  # fmt: skip
