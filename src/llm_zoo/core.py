@@ -243,9 +243,14 @@ class TextAECEnv(AECEnv):
         """An independent deep copy: stepping the copy never changes this env, and vice versa.
 
         The copy's RNG continues from the same state, so a clone and its original given the same
-        actions stay identical.
+        actions stay identical. The observation and action spaces are shared, not copied: they
+        describe the env and never change, and copying them was most of the cost of a clone.
         """
-        return copy.deepcopy(self)
+        memo = {
+            id(self.observation_spaces): self.observation_spaces,
+            id(self.action_spaces): self.action_spaces,
+        }
+        return copy.deepcopy(self, memo)
 
     def _base_info(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,393 @@
+"""The *tool agent / plan agent* pattern shared by the grid puzzles PlanPath-v0 and Sokoban-v0.
+
+Each turn has two steps, in this order:
+
+1. The **tool agent** answers with one Python program in a ```` ```python ```` block. The program
+   runs in the sandbox (:func:`llm_zoo.sandbox.run_python`) with the current board on its standard
+   input, and must print a line ``**Actions List**: ["U", "R", ...]``. The moves are simulated on a
+   *copy* of the state: the real state does not change, and the tool agent's role reward is the
+   reward those moves would earn from the current state.
+2. The **plan agent** sees the task, the tool agent's program, its output and the moves read from
+   it (or why none could be read), and ends its answer with ``#### ["U", "R", ...]``. These moves
+   are applied to the real state; its role reward is the reward they earn.
+
+An answer that cannot be used - no code block; a program that crashes, times out or prints no
+parsable ``**Actions List**`` line; a list that is not a list literal; a move other than U, D, L, R -
+earns :data:`FORMAT_PENALTY` (``format_ok = False``) and an explanation at the top of that agent's
+next prompt. It never raises. Text without a complete code block never reaches the sandbox.
+
+The global (team) reward of both puzzles is ``1.0`` once the real state is solved, else ``0.0``.
+
+:class:`ToolPlanEnv` implements the pattern once; a puzzle supplies its rules through a handful of
+hooks (the board text, the task text, a pure ``simulate`` function, a "solved" test).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Generic, TypeVar
+
+import numpy as np
+
+from llm_zoo.core import Outcome, TextAECEnv
+from llm_zoo.parsing import ParseError, extract_code_block, extract_moves
+from llm_zoo.sandbox import run_python
+
+__all__ = [
+    "ACTIONS_LIST_MARKER",
+    "FINAL_MOVES_MARKER",
+    "FORMAT_PENALTY",
+    "MAX_MOVES",
+    "MOVES",
+    "MovesResult",
+    "ToolPlanEnv",
+    "ToolRun",
+    "count",
+    "describe_tool_run",
+    "format_moves",
+    "parse_plan_moves",
+    "run_tool_agent",
+    "shorten",
+]
+
+#: Row and column change of each move. Row 0 is the top row.
+MOVES: dict[str, tuple[int, int]] = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+#: The line the tool agent's program must print.
+ACTIONS_LIST_MARKER = "**Actions List**:"
+#: The marker that precedes the plan agent's final moves.
+FINAL_MOVES_MARKER = "####"
+#: Role reward of an answer that cannot be used (see the module docstring).
+FORMAT_PENALTY = -1.0
+#: Longest move list accepted from either agent.
+MAX_MOVES = 1000
+
+# How much of the tool agent's program and output the plan agent is shown.
+_MAX_CODE_SHOWN = 6000
+_MAX_STDOUT_SHOWN = 2000
+_MAX_STDERR_SHOWN = 1000
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters, else its head and tail around a marker."""
+    if len(text) <= limit:
+        return text
+    marker = f"\n[... {len(text) - limit} characters cut ...]\n"
+    head = (limit * 2) // 3
+    return text[:head] + marker + text[len(text) - (limit - head) :]
+
+
+def count(number: int, noun: str, plural: str = "") -> str:
+    """``"1 move"``, ``"3 moves"`` (``plural`` defaults to ``noun + "s"``)."""
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
+
+
+def format_moves(moves: Sequence[str]) -> str:
+    """Moves written the way the agents are asked to write them: ``["U", "R"]``."""
+    return json.dumps(list(moves))
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    """What came of one tool-agent answer.
+
+    Attributes:
+        code: The program found in the answer ("" when there was none).
+        ran: Whether the program was run in the sandbox.
+        stdout: Its standard output (as returned by the sandbox, already capped).
+        stderr: Its standard error.
+        moves: The moves read from its ``**Actions List**`` line; ``None`` when the answer
+            cannot be used.
+        error: Why the answer cannot be used ("" when ``moves`` is set). Written for the model.
+    """
+
+    code: str = ""
+    ran: bool = False
+    stdout: str = ""
+    stderr: str = ""
+    moves: tuple[str, ...] | None = None
+    error: str = ""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ToolRun:
+        return self  # immutable
+
+
+def run_tool_agent(text: str, *, stdin: str, timeout: float, memory_mb: int) -> ToolRun:
+    """Extract the program from the tool agent's answer, run it, and read its moves.
+
+    The sandbox is only started when ``text`` contains a complete code block.
+    """
+    try:
+        code = extract_code_block(text)
+    except ParseError as err:
+        return ToolRun(error=str(err))
+    result = run_python(code, stdin=stdin, timeout=timeout, memory_mb=memory_mb)
+    ran = ToolRun(code=code, ran=True, stdout=result.stdout, stderr=result.stderr)
+    if result.timed_out:
+        return replace(ran, error=f"your program was stopped after the {timeout:g} s time limit")
+    if result.exit_code != 0:
+        last_lines = "\n".join(result.stderr.strip().splitlines()[-3:])
+        detail = f": {last_lines}" if last_lines else ""
+        return replace(ran, error=f"your program failed (exit code {result.exit_code}){detail}")
+    try:
+        moves = extract_moves(result.stdout, ACTIONS_LIST_MARKER, max_moves=MAX_MOVES)
+    except ParseError as err:
+        reason = str(err).replace("end your answer with", "print a line")
+        return replace(ran, error=f"could not read moves from your program's output: {reason}")
+    return replace(ran, moves=tuple(moves))
+
+
+def parse_plan_moves(text: str) -> list[str]:
+    """The moves after the last ``####`` in the plan agent's answer; raises ``ParseError``."""
+    return extract_moves(text, FINAL_MOVES_MARKER, max_moves=MAX_MOVES)
+
+
+def describe_tool_run(run: ToolRun | None) -> str:
+    """The plan agent's view of the tool agent's latest answer: program, output, moves or error."""
+    if run is None:
+        return "The tool agent has not answered yet."
+    if not run.code:
+        return f"The tool agent's answer contained no usable program: {run.error}."
+    parts = ["The tool agent's program:", f"```python\n{shorten(run.code.rstrip(), _MAX_CODE_SHOWN)}\n```"]
+    stdout = run.stdout.rstrip()
+    parts.append(
+        f"Its output:\n```text\n{shorten(stdout, _MAX_STDOUT_SHOWN)}\n```"
+        if stdout
+        else "It printed nothing."
+    )
+    if run.stderr.strip() and run.moves is None:
+        parts.append(f"Its error output:\n```text\n{run.stderr.strip()[-_MAX_STDERR_SHOWN:]}\n```")
+    if run.moves is None:
+        parts.append(f"No moves could be read from it: {run.error}.")
+    else:
+        parts.append(f"Moves read from its output ({len(run.moves)}): {format_moves(run.moves)}")
+    return "\n".join(parts)
+
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class MovesResult(Generic[S]):
+    """The effect of a list of moves from some state, computed without changing anything.
+
+    Attributes:
+        state: The state after the moves.
+        reward: The total reward the moves earn (the role reward of whoever submitted them).
+        applied: Moves executed (valid or not) before the puzzle was solved.
+        invalid: How many of those were invalid (the player stayed put).
+        ignored: Moves after the puzzle was solved, which are ignored.
+        solved: Whether ``state`` is solved.
+    """
+
+    state: S
+    reward: float
+    applied: int
+    invalid: int
+    ignored: int
+    solved: bool
+
+
+class ToolPlanEnv(TextAECEnv, Generic[S]):
+    """A grid puzzle played by a tool agent and a plan agent (see the module docstring).
+
+    Subclasses set ``metadata["name"]`` and :attr:`puzzle_name`, build the level and ``self.state``
+    in :meth:`_new_puzzle`, and implement :meth:`_board`, :meth:`_task_text`, :meth:`_status_text`,
+    :meth:`_simulate`, :meth:`_describe`, :meth:`_state_info` and :meth:`_is_solved`.
+
+    Args:
+        max_turns: Turns (a tool answer then a plan answer) before truncation.
+        alpha: Weight of the global reward in each agent's reward.
+        render_mode: ``None`` or ``"ansi"``.
+        tool_timeout_s: Wall-clock (and CPU) seconds the tool agent's program may run.
+        tool_memory_mb: Memory limit of the tool agent's program, in MiB.
+    """
+
+    roles: ClassVar[tuple[str, ...]] = ("tool_agent", "plan_agent")
+    #: Name of the puzzle used in the prompts.
+    puzzle_name: ClassVar[str] = "puzzle"
+
+    def __init__(
+        self,
+        *,
+        max_turns: int = 3,
+        alpha: float = 1.0,
+        render_mode: str | None = None,
+        tool_timeout_s: float = 5.0,
+        tool_memory_mb: int = 512,
+    ):
+        super().__init__(max_turns=max_turns, alpha=alpha, render_mode=render_mode)
+        if not float(tool_timeout_s) > 0:
+            raise ValueError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}")
+        if int(tool_memory_mb) < 64:
+            raise ValueError(f"tool_memory_mb must be >= 64, got {tool_memory_mb!r}")
+        self.tool_timeout_s = float(tool_timeout_s)
+        self.tool_memory_mb = int(tool_memory_mb)
+        self.state: S
+        self.last_tool_run: ToolRun | None = None
+
+    # ------------------------------------------------------------------ puzzle hooks
+
+    def _new_puzzle(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
+        """Build the level and set ``self.state``. Use only ``rng`` for randomness."""
+        raise NotImplementedError
+
+    def _board(self) -> str:
+        """The current board as text: shown in the prompts and fed to the tool program's stdin."""
+        raise NotImplementedError
+
+    def _task_text(self) -> str:
+        """What the puzzle is: goal, legend, moves, rewards."""
+        raise NotImplementedError
+
+    def _status_text(self) -> str:
+        """One or two lines about the current state (position, boxes left, moves so far)."""
+        raise NotImplementedError
+
+    def _simulate(self, state: S, moves: Sequence[str]) -> MovesResult[S]:
+        """The effect of ``moves`` from ``state``; must not change the env."""
+        raise NotImplementedError
+
+    def _describe(self, result: MovesResult[S]) -> str:
+        """A short sentence on where ``result`` leaves the puzzle, for feedback."""
+        raise NotImplementedError
+
+    def _state_info(self) -> dict[str, Any]:
+        """Env-specific ``infos`` entries about the real state (plain values)."""
+        raise NotImplementedError
+
+    def _is_solved(self) -> bool:
+        """Whether the real state is solved."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ TextAECEnv rules
+
+    def _new_episode(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
+        self.last_tool_run = None
+        self._new_puzzle(rng, options)
+
+    def _global_reward(self) -> float:
+        return 1.0 if self._is_solved() else 0.0
+
+    def _prompt(self, agent: str) -> str:
+        header = (
+            f"You are the {agent.replace('_', ' ')} of a two-agent team solving a {self.puzzle_name} puzzle. "
+        )
+        if agent == "tool_agent":
+            header += (
+                "You write a program that computes the moves; the plan agent then reads your program, "
+                "its output and its moves, and submits the team's moves."
+            )
+        else:
+            header += (
+                "The tool agent has written a program that computes moves; you check its work and "
+                "submit the team's moves, which are played on the real board."
+            )
+        board = f"Current board:\n```text\n{self._board()}\n```"
+        turn = f"Turn {min(self.turn, self.max_turns - 1) + 1} of {self.max_turns}. {self._status_text()}"
+        sections = [header, self._task_text(), f"{turn}\n\n{board}"]
+        if agent == "tool_agent":
+            sections.append(self._tool_instructions())
+        else:
+            sections.append(describe_tool_run(self.last_tool_run))
+            sections.append(self._plan_instructions())
+        return "\n\n".join(sections)
+
+    def _tool_instructions(self) -> str:
+        return (
+            "How to answer: write ONE Python program (standard library only) that computes the moves "
+            "from the current board and prints them on one line of exactly this form:\n"
+            f'{ACTIONS_LIST_MARKER} ["U", "R", "D"]\n'
+            "The program receives the current board on standard input, one row per line exactly as "
+            "shown above, so it can read it with sys.stdin.read(); you may also copy the board into the "
+            f"code. It runs without network access and is stopped after {self.tool_timeout_s:g} s. Put "
+            "the whole program in one ```python ... ``` block; if there are several blocks, only the "
+            f"last one is run. An answer without a runnable program or without the {ACTIONS_LIST_MARKER} "
+            f"line earns {FORMAT_PENALTY:+g}."
+        )
+
+    def _plan_instructions(self) -> str:
+        return (
+            "How to answer: check the tool agent's moves against the board (they may be wrong), reason "
+            "briefly if you need to, and end your answer with the moves to play from the current "
+            "board, on one line of exactly this form:\n"
+            f'{FINAL_MOVES_MARKER} ["U", "R", "D"]\n'
+            f'Each move is "U", "D", "L" or "R". Only the list after the last {FINAL_MOVES_MARKER} '
+            f"counts; an answer without a valid list earns {FORMAT_PENALTY:+g}."
+        )
+
+    def _act(self, agent: str, action: str) -> Outcome:
+        if agent == "tool_agent":
+            return self._act_tool(action)
+        return self._act_plan(action)
+
+    def _act_tool(self, action: str) -> Outcome:
+        run = run_tool_agent(
+            action, stdin=self._board() + "\n", timeout=self.tool_timeout_s, memory_mb=self.tool_memory_mb
+        )
+        self.last_tool_run = run
+        info: dict[str, Any] = {"program_ran": run.ran}
+        if run.moves is None:
+            return self._format_failure(
+                run.error,
+                "Answer with one ```python block whose program prints a line "
+                f'{ACTIONS_LIST_MARKER} ["U", "R", ...].',
+                info,
+            )
+        result = self._simulate(self.state, run.moves)
+        feedback = (
+            f"Result of your previous program: it printed {count(len(run.moves), 'move')}; played from the board "
+            f"you were given, {self._describe(result)} (reward {result.reward:+.3f})."
+        )
+        return self._moves_outcome(result, feedback, info)
+
+    def _act_plan(self, action: str) -> Outcome:
+        try:
+            moves = parse_plan_moves(action)
+        except ParseError as err:
+            return self._format_failure(
+                str(err), f'End your answer with a line {FINAL_MOVES_MARKER} ["U", "R", ...].', {}
+            )
+        result = self._simulate(self.state, moves)
+        self.state = result.state
+        feedback = f"Result of your previous moves: {self._describe(result)} (reward {result.reward:+.3f})."
+        solved = self._is_solved()
+        return self._moves_outcome(result, feedback, {}, terminated=solved)
+
+    def _moves_outcome(
+        self, result: MovesResult[S], feedback: str, info: dict[str, Any], *, terminated: bool = False
+    ) -> Outcome:
+        info.update(
+            moves=result.applied + result.ignored,
+            moves_applied=result.applied,
+            invalid_moves=result.invalid,
+            moves_solve=result.solved,
+            **self._state_info(),
+        )
+        return Outcome(
+            role_reward=result.reward,
+            global_reward=self._global_reward(),
+            feedback=feedback,
+            terminated=terminated,
+            success=terminated,
+            info=info,
+        )
+
+    def _format_failure(self, error: str, reminder: str, info: dict[str, Any]) -> Outcome:
+        info.update(moves=0, moves_applied=0, invalid_moves=0, moves_solve=False, **self._state_info())
+        feedback = (
+            f"Your previous answer could not be used ({FORMAT_PENALTY:+g}): {error.rstrip('.')}. {reminder}"
+        )
+        return Outcome(
+            role_reward=FORMAT_PENALTY,
+            global_reward=self._global_reward(),
+            format_ok=False,
+            feedback=feedback,
+            info=info,
+        )
+
+    def _render_state(self) -> str:
+        return (
+            f"{self.puzzle_name} | turn {self.turn}/{self.max_turns} | {self._status_text()}\n{self._board()}"
+        )

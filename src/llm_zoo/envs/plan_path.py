@@ -1,0 +1,418 @@
+"""PlanPath-v0: move from S to G on a grid with walls; a tool agent and a plan agent.
+
+Roles (turn order)
+    ``["tool_agent", "plan_agent"]``. Each turn the tool agent writes a Python program that
+    computes the moves (a BFS solver, typically); it runs in the sandbox with the grid on its
+    standard input, and the moves it prints are played on a *copy* of the state. The plan agent then
+    sees the tool agent's program, output and moves, and submits the moves played on the real grid.
+    See :mod:`llm_zoo.envs.grid_agents` for the shared mechanics.
+
+Level
+    A ``rows x cols`` grid (10 x 10 by default); each cell is a wall with probability
+    ``wall_ratio`` (0.22). A start S and a goal G are drawn among the free cells, distinct; the
+    grid is drawn again until breadth-first search finds a path from S to G, so every level is
+    solvable. Parameters that make that impossible (fewer than two cells, ``wall_ratio`` outside
+    ``[0, 1)``) raise ``ValueError`` at construction; if 1000 draws in a row fail (extreme wall
+    ratios) ``reset`` raises ``ValueError`` naming the parameters.
+
+Observation
+    ``{"prompt": str}``: the role, the rules, the turn, the grid, and the exact answer format.
+    Legend: ``#`` wall, ``.`` free, ``S`` current position, ``G`` goal; row 0 is the top row. The
+    plan agent's prompt also holds the tool agent's program, its output and the moves read from it
+    (or why none could be read). Feedback on the agent's previous answer opens its next prompt.
+    The start of the tool agent's first prompt (seed 0, 5 x 5)::
+
+        You are the tool agent of a two-agent team solving a PlanPath puzzle. You write a program
+        that computes the moves; the plan agent then reads your program, its output and its moves,
+        and submits the team's moves.
+
+        Task: move S (your current position) to G (the goal) on the board. Legend: '#' wall,
+        '.' free cell, 'S' current position, 'G' goal. ...
+
+        Turn 1 of 3. Position S = (row 1, col 3), goal G = (row 3, col 2); moves played so far: 0.
+
+        Current board:
+        ```text
+        ..##.
+        ...S.
+        .#.#.
+        #.G..
+        ##...
+        ```
+
+        How to answer: write ONE Python program (standard library only) that computes the moves
+        from the current board and prints them on one line of exactly this form:
+        **Actions List**: ["U", "R", "D"]
+        ...
+
+Actions
+    Any string. Tool agent: one ```` ```python ```` block whose program prints
+    ``**Actions List**: ["U", "R", ...]``. Plan agent: text ending with ``#### ["U", "R", ...]``.
+    Moves are ``"U"`` (row - 1), ``"D"`` (row + 1), ``"L"`` (col - 1), ``"R"`` (col + 1),
+    case-insensitive, or the words up/down/left/right.
+
+Rewards
+    For a list of moves played from position ``p`` (the plan agent's role reward; the tool
+    agent's role reward is the same quantity for its moves, computed on a copy), summed per move
+    ``p -> p'``::
+
+        r = -0.01 if the move is valid, -0.10 if it hits a wall or leaves the grid (p' = p)
+          + lambda * (gamma * Phi(p') - Phi(p)),   Phi(p) = -|p - G|_1   (Manhattan distance)
+          + 1.0 if p' = G
+          + 0.5 if p' = G and the moves played in the whole episode (invalid ones included)
+                equal the BFS shortest path length from S
+
+    with ``lambda = shaping_lambda = 1.0`` and ``gamma = shaping_gamma = 0.99`` by default (the
+    values of the seed system). Moves after G is reached are ignored. An answer that cannot be
+    used earns ``-1.0`` (``format_ok = False``).
+
+    Global reward (the same for both agents): ``1.0`` once the real position is G, else ``0.0``.
+    Each agent receives ``role_reward + alpha * global_reward``. ``infos`` add ``moves``,
+    ``moves_applied``, ``invalid_moves``, ``moves_solve`` (these moves reach G), ``position``,
+    ``distance_to_goal``, ``moves_taken``, ``shortest_path_length``, and ``program_ran`` for the
+    tool agent.
+
+Termination
+    Terminated (``success``) when the plan agent's moves reach G. Truncated after ``max_turns``
+    turns (3 by default: each agent answers at most three times).
+
+Options
+    ``reset(options={"board": text})`` plays the given grid (same legend, one S and one G) instead
+    of a generated one; a board that breaks these rules or has no path raises ``ValueError``.
+
+Version history
+    v0: initial.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from llm_zoo.envs.grid_agents import MOVES, MovesResult, ToolPlanEnv, count
+
+__all__ = [
+    "GOAL_REWARD",
+    "INVALID_MOVE_PENALTY",
+    "OPTIMAL_PATH_BONUS",
+    "VALID_MOVE_PENALTY",
+    "PlanPathEnv",
+    "PlanPathLevel",
+    "PlanPathState",
+    "apply_move",
+    "bfs_distances",
+    "check_grid_params",
+    "generate_grid",
+    "parse_grid",
+    "render_grid",
+    "shortest_path",
+    "simulate_moves",
+]
+
+VALID_MOVE_PENALTY = -0.01
+INVALID_MOVE_PENALTY = -0.10
+GOAL_REWARD = 1.0
+OPTIMAL_PATH_BONUS = 0.5
+
+WALL, FREE, POSITION, GOAL = "#", ".", "S", "G"
+
+Cell = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class PlanPathLevel:
+    """A grid (rows of ``#`` and ``.``), a start, a goal and the BFS distance between them."""
+
+    grid: tuple[str, ...]
+    start: Cell
+    goal: Cell
+    shortest: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.grid)
+
+    @property
+    def cols(self) -> int:
+        return len(self.grid[0])
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PlanPathLevel:
+        return self  # immutable
+
+
+@dataclass(frozen=True)
+class PlanPathState:
+    """Where the player is and how many moves the episode has played (for the optimal bonus)."""
+
+    position: Cell
+    moves_taken: int = 0
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PlanPathState:
+        return self  # immutable
+
+
+def check_grid_params(rows: int, cols: int, wall_ratio: float) -> None:
+    """Raise ``ValueError`` unless a solvable grid of these parameters can exist."""
+    if not (isinstance(rows, (int, np.integer)) and isinstance(cols, (int, np.integer))):
+        raise ValueError(f"rows and cols must be integers, got rows={rows!r}, cols={cols!r}")
+    if rows < 1 or cols < 1 or rows * cols < 2:
+        raise ValueError(f"the grid needs at least 2 cells (rows, cols >= 1), got {rows} x {cols}")
+    if not 0.0 <= wall_ratio < 1.0:
+        raise ValueError(f"wall_ratio must be in [0, 1), got {wall_ratio!r}")
+
+
+def apply_move(grid: Sequence[str], position: Cell, move: str) -> tuple[Cell, bool]:
+    """The position after ``move`` and whether it was valid (a wall or the edge leaves it in place)."""
+    d_row, d_col = MOVES[move]
+    row, col = position[0] + d_row, position[1] + d_col
+    if 0 <= row < len(grid) and 0 <= col < len(grid[0]) and grid[row][col] != WALL:
+        return (row, col), True
+    return position, False
+
+
+def bfs_distances(grid: Sequence[str], source: Cell) -> dict[Cell, int]:
+    """Number of moves from ``source`` to every reachable free cell."""
+    distances = {source: 0}
+    queue = deque([source])
+    while queue:
+        cell = queue.popleft()
+        for move in MOVES:
+            neighbour, valid = apply_move(grid, cell, move)
+            if valid and neighbour not in distances:
+                distances[neighbour] = distances[cell] + 1
+                queue.append(neighbour)
+    return distances
+
+
+def shortest_path(grid: Sequence[str], source: Cell, target: Cell) -> list[str] | None:
+    """A shortest list of moves from ``source`` to ``target``, or ``None`` if there is none."""
+    distances = bfs_distances(grid, target)  # walk back downhill from source
+    if source not in distances:
+        return None
+    path, cell = [], source
+    while cell != target:
+        for move in MOVES:
+            neighbour, valid = apply_move(grid, cell, move)
+            if valid and distances.get(neighbour) == distances[cell] - 1:
+                path.append(move)
+                cell = neighbour
+                break
+    return path
+
+
+def generate_grid(
+    rng: np.random.Generator,
+    rows: int = 10,
+    cols: int = 10,
+    wall_ratio: float = 0.22,
+    *,
+    max_attempts: int = 1000,
+) -> PlanPathLevel:
+    """Draw grids, starts and goals from ``rng`` until the goal is reachable from the start."""
+    check_grid_params(rows, cols, wall_ratio)
+    for _ in range(max_attempts):
+        walls = rng.random((rows, cols)) < wall_ratio
+        free = np.flatnonzero(~walls)
+        if len(free) < 2:
+            continue
+        start_index, goal_index = rng.choice(free, size=2, replace=False)
+        start, goal = divmod(int(start_index), cols), divmod(int(goal_index), cols)
+        grid = tuple("".join(WALL if wall else FREE for wall in row) for row in walls)
+        distance = bfs_distances(grid, start).get(goal)
+        if distance is not None:
+            return PlanPathLevel(grid, start, goal, distance)
+    raise ValueError(
+        f"no solvable {rows} x {cols} grid with wall_ratio={wall_ratio} in {max_attempts} attempts; "
+        "lower wall_ratio"
+    )
+
+
+def simulate_moves(
+    level: PlanPathLevel,
+    state: PlanPathState,
+    moves: Sequence[str],
+    *,
+    shaping_lambda: float = 1.0,
+    shaping_gamma: float = 0.99,
+) -> MovesResult[PlanPathState]:
+    """Play ``moves`` from ``state`` and add up their rewards (formulas in the module docstring)."""
+    goal = level.goal
+
+    def potential(cell: Cell) -> float:
+        return -float(abs(cell[0] - goal[0]) + abs(cell[1] - goal[1]))
+
+    position, taken = state.position, state.moves_taken
+    reward, applied, invalid = 0.0, 0, 0
+    for move in moves:
+        if position == goal:
+            break
+        after, valid = apply_move(level.grid, position, move)
+        reward += VALID_MOVE_PENALTY if valid else INVALID_MOVE_PENALTY
+        reward += shaping_lambda * (shaping_gamma * potential(after) - potential(position))
+        applied += 1
+        invalid += not valid
+        taken += 1
+        position = after
+        if position == goal:
+            reward += GOAL_REWARD
+            if taken == level.shortest:
+                reward += OPTIMAL_PATH_BONUS
+    return MovesResult(
+        state=PlanPathState(position, taken),
+        reward=reward,
+        applied=applied,
+        invalid=invalid,
+        ignored=len(moves) - applied,
+        solved=position == goal,
+    )
+
+
+def render_grid(level: PlanPathLevel, position: Cell) -> str:
+    """The grid as text: ``#`` wall, ``.`` free, ``S`` position, ``G`` goal (S wins on G)."""
+    rows = [list(row) for row in level.grid]
+    rows[level.goal[0]][level.goal[1]] = GOAL
+    rows[position[0]][position[1]] = POSITION
+    return "\n".join("".join(row) for row in rows)
+
+
+def parse_grid(text: str) -> PlanPathLevel:
+    """Read a grid written with ``#``, ``.``, one ``S`` and one ``G``; ``ValueError`` if unsolvable."""
+    lines = [line.strip() for line in text.strip("\n").splitlines() if line.strip()]
+    if not lines or len({len(line) for line in lines}) != 1:
+        raise ValueError("the grid must have at least one row and rows of equal length")
+    found: dict[str, list[Cell]] = {POSITION: [], GOAL: []}
+    for row, line in enumerate(lines):
+        for col, symbol in enumerate(line):
+            if symbol not in (WALL, FREE, POSITION, GOAL):
+                raise ValueError(f"unknown symbol {symbol!r} at row {row}, col {col}; use # . S G")
+            if symbol in found:
+                found[symbol].append((row, col))
+    if len(found[POSITION]) != 1 or len(found[GOAL]) != 1:
+        raise ValueError("the grid needs exactly one S and one G")
+    grid = tuple(line.replace(POSITION, FREE).replace(GOAL, FREE) for line in lines)
+    start, goal = found[POSITION][0], found[GOAL][0]
+    distance = bfs_distances(grid, start).get(goal)
+    if distance is None:
+        raise ValueError("G cannot be reached from S")
+    return PlanPathLevel(grid, start, goal, distance)
+
+
+class PlanPathEnv(ToolPlanEnv[PlanPathState]):
+    """Grid path planning for a tool agent and a plan agent; documented in the module docstring.
+
+    Args:
+        rows: Grid height (>= 1).
+        cols: Grid width (>= 1; at least 2 cells in all).
+        wall_ratio: Probability of each cell being a wall, in ``[0, 1)``.
+        shaping_lambda: Weight ``lambda`` of the potential-based shaping term.
+        shaping_gamma: Discount ``gamma`` of the shaping term.
+        max_turns: Turns before truncation.
+        alpha: Weight of the global reward in each agent's reward.
+        render_mode: ``None`` or ``"ansi"``.
+        tool_timeout_s: Time limit of the tool agent's program.
+        tool_memory_mb: Memory limit of the tool agent's program.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "render_modes": ["ansi"],
+        "name": "plan_path_v0",
+        "is_parallelizable": True,
+    }
+    puzzle_name: ClassVar[str] = "PlanPath"
+
+    def __init__(
+        self,
+        *,
+        rows: int = 10,
+        cols: int = 10,
+        wall_ratio: float = 0.22,
+        shaping_lambda: float = 1.0,
+        shaping_gamma: float = 0.99,
+        max_turns: int = 3,
+        alpha: float = 1.0,
+        render_mode: str | None = None,
+        tool_timeout_s: float = 5.0,
+        tool_memory_mb: int = 512,
+    ):
+        check_grid_params(rows, cols, wall_ratio)
+        super().__init__(
+            max_turns=max_turns,
+            alpha=alpha,
+            render_mode=render_mode,
+            tool_timeout_s=tool_timeout_s,
+            tool_memory_mb=tool_memory_mb,
+        )
+        self.rows, self.cols, self.wall_ratio = int(rows), int(cols), float(wall_ratio)
+        self.shaping_lambda, self.shaping_gamma = float(shaping_lambda), float(shaping_gamma)
+        self.level: PlanPathLevel
+
+    def _new_puzzle(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
+        board = (options or {}).get("board")
+        if board is not None:
+            self.level = parse_grid(board)
+        else:
+            self.level = generate_grid(rng, self.rows, self.cols, self.wall_ratio)
+        self.state = PlanPathState(self.level.start, 0)
+
+    def _task_id(self) -> str:
+        picture = render_grid(self.level, self.level.start)
+        digest = hashlib.sha1(picture.encode()).hexdigest()[:16]
+        return f"{self.level.rows}x{self.level.cols}-{digest}"
+
+    def _board(self) -> str:
+        return render_grid(self.level, self.state.position)
+
+    def _task_text(self) -> str:
+        return (
+            "Task: move S (your current position) to G (the goal) on the board. Legend: '#' wall, "
+            "'.' free cell, 'S' current position, 'G' goal. Rows are numbered from 0 at the top, "
+            'columns from 0 at the left. Moves: "U" (row - 1), "D" (row + 1), "L" (column - 1), '
+            '"R" (column + 1). A move into a wall or off the board fails and you stay where you are.\n'
+            f"Rewards per move: {VALID_MOVE_PENALTY:+g} if valid, {INVALID_MOVE_PENALTY:+g} if it fails, "
+            f"plus {self.shaping_lambda:g} * ({self.shaping_gamma:g} * Phi(after) - Phi(before)) with "
+            f"Phi = -(Manhattan distance to G); {GOAL_REWARD:+g} on reaching G, and {OPTIMAL_PATH_BONUS:+g} "
+            "more if the moves played in the whole episode equal the shortest path length. Moves after "
+            "G is reached are ignored. The puzzle is solved when S reaches G."
+        )
+
+    def _status_text(self) -> str:
+        (row, col), (goal_row, goal_col) = self.state.position, self.level.goal
+        return (
+            f"Position S = (row {row}, col {col}), goal G = (row {goal_row}, col {goal_col}); "
+            f"moves played so far: {self.state.moves_taken}."
+        )
+
+    def _simulate(self, state: PlanPathState, moves: Sequence[str]) -> MovesResult[PlanPathState]:
+        return simulate_moves(
+            self.level, state, moves, shaping_lambda=self.shaping_lambda, shaping_gamma=self.shaping_gamma
+        )
+
+    def _describe(self, result: MovesResult[PlanPathState]) -> str:
+        row, col = result.state.position
+        text = f"{count(result.applied, 'move')} played ({result.invalid} failed), ending at (row {row}, col {col})"
+        if result.solved:
+            text += ", which is the goal"
+        else:
+            text += f", {self._distance(result.state.position)} steps (Manhattan) from the goal"
+        if result.ignored:
+            text += f"; {count(result.ignored, 'move')} after reaching the goal ignored"
+        return text
+
+    def _distance(self, cell: Cell) -> int:
+        return abs(cell[0] - self.level.goal[0]) + abs(cell[1] - self.level.goal[1])
+
+    def _state_info(self) -> dict[str, Any]:
+        return {
+            "position": self.state.position,
+            "distance_to_goal": self._distance(self.state.position),
+            "moves_taken": self.state.moves_taken,
+            "shortest_path_length": self.level.shortest,
+        }
+
+    def _is_solved(self) -> bool:
+        return self.state.position == self.level.goal
