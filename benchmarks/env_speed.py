@@ -55,10 +55,12 @@ def _oracle_policies() -> dict[str, PolicyFactory]:
     except ImportError as err:  # e.g. an installed package without the tests folder
         print(f"oracle policies unavailable ({err}); only random actions will run", file=sys.stderr)
         return {}
+    from llm_zoo.envs.code import oracle_policy as code_oracle
+
     return {
         "PlanPath-v0": lambda env: oracles.plan_path_policy(),
         "Sokoban-v0": lambda env: oracles.sokoban_policy(),
-        # "Code-v0": ..., "Math-v0": ...  (added with those envs)
+        "Code-v0": code_oracle,
     }
 
 

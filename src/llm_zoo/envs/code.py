@@ -1,0 +1,580 @@
+"""Code-v0: a coder writes a program, a unit tester writes tests for it.
+
+Competitive programming with two agents (PettingLLMs / AT-GRPO's code task). Each episode is one
+stdin/stdout problem (see :mod:`llm_zoo.data.code`: the built-in set, APPS, CodeContests,
+LiveCodeBench).
+
+Roles, in turn order:
+
+* ``coder``: answers with a complete Python 3 program in one ```` ```python ```` block. It is run
+  on the problem's hidden tests and on the unit tester's current tests.
+* ``unit_tester``: answers with a JSON list of at most ``max_tests`` (default 10) test cases in one
+  ```` ```json ```` block: ``[{"input": "<stdin>", "output": "<expected stdout>"}, ...]``. Parsed
+  with ``json`` (never evaluated). Each answer replaces the previous test list.
+
+Observations: each agent's prompt holds its role instructions, the problem, the coder's current
+program, the current tests, and the *disagreements* between them (input, expected, got), so on
+later turns the coder can fix its code and the tester its tests. Hidden tests, the reference
+solution and test validity are never shown.
+
+Judging (:func:`outputs_match`): outputs are compared line by line after stripping trailing
+whitespace and ignoring trailing empty lines; lines that differ are split into tokens, and two
+tokens match when equal, when both are integers of equal value (exact, however long), or when both
+are numbers and one is not an integer, within absolute or relative tolerance 1e-6. A run that
+crashes, exceeds its time (``timeout`` seconds per test) or memory (``memory_mb``) fails the test.
+Test inputs lacking a final newline get one. A program's tests run in batches of 8 through the
+sandbox's batch API (:func:`llm_zoo.sandbox.run_tests`, one ``run_python`` per test if it is
+absent); once :data:`MAX_TIMEOUTS` of them have timed out, its remaining batches fail unrun.
+Results are cached per episode, keyed by program and input. No model code runs outside the sandbox.
+
+Test validity (for the tester's reward). A generated test is *valid* when its expected output is
+right, decided in this order:
+
+1. its input equals a hidden test's input (up to trailing whitespace on each line and trailing
+   empty lines): valid iff the expected output matches the hidden output;
+2. the problem has a reference solution: valid iff the reference runs without error on the input
+   and its output matches the expected output (an input the reference crashes or times out on
+   breaks the problem's constraints: invalid);
+3. no reference (e.g. LiveCodeBench): the first coder program of the episode that passes every
+   hidden test becomes the *proxy reference*, used as in 2 (the current tests are re-judged at
+   once);
+4. otherwise the validity is *unknown*.
+
+Rewards (``rewards[agent] = role_reward + alpha * global_reward``; penalties are per action):
+
+* coder: ``role_reward = h``, the fraction of hidden tests its program passes.
+* unit tester: ``role_reward = mean over its tests t of s_t`` with
+  ``s_t = 1`` if t is valid and (the program fails t, or there is no program, or the program
+  passes every hidden test: no bug left to catch); ``s_t = 0.5`` if t is valid but passed by a
+  program that fails some hidden test; ``s_t = 0`` if validity is unknown; ``s_t = -0.5``
+  (:data:`INVALID_TEST_SCORE`) if t is invalid. Range [-0.5, 1].
+* global: ``h`` of the current program (0 before the first program), after every action.
+* Malformed answer (no complete code block; for the tester bad JSON, not a list, an empty list,
+  an item without string ``input`` / ``output``; a block over 65,536 characters): role reward
+  :data:`FORMAT_PENALTY` (-1.0), the global reward as before, the previous program / tests stay,
+  and the reason is shown at the top of that agent's next prompt. A tester list longer than
+  ``max_tests`` is cut to its first ``max_tests`` tests (noted in the next prompt, no penalty).
+
+Termination: ``terminated`` as soon as the current program passes every current generated test and
+at least one of those tests is valid (checked after either agent's action); otherwise truncated
+after ``max_turns`` turns. ``success``: a program passed every hidden test (sticky for the
+episode, as :class:`~llm_zoo.core.TextAECEnv` defines it; ``hidden_passed`` in the infos is
+the current program's count).
+
+Problems: ``reset`` picks one with the env's RNG from the selected split, or the one named by
+``options={"problem_id": ...}`` / ``options={"problem_index": ...}``.
+
+``info`` keys besides the standard ones: ``problem_id``, ``hidden_passed``, ``hidden_total``,
+``tests_total``, ``tests_passed`` (current program on the current tests), ``tests_valid``,
+``tests_invalid``, ``tests_unknown``.
+
+Version history: v0 - first version.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from llm_zoo import sandbox
+from llm_zoo.core import MAX_ACTION_CHARS, Outcome, TextAECEnv
+from llm_zoo.data.code import TestCase, load_code_problems
+from llm_zoo.parsing import ParseError, extract_code_block
+from llm_zoo.sandbox import RunResult
+
+__all__ = [
+    "FORMAT_PENALTY",
+    "INVALID_TEST_SCORE",
+    "CodeEnv",
+    "oracle_action",
+    "oracle_policy",
+    "outputs_match",
+    "parse_tests",
+]
+
+FORMAT_PENALTY = -1.0
+INVALID_TEST_SCORE = -0.5
+#: Once a program has timed out this often in one evaluation, its remaining batches fail unrun.
+MAX_TIMEOUTS = 2
+#: Tester answers (the JSON block) longer than this are refused (the declared action size).
+MAX_TESTS_JSON_CHARS = MAX_ACTION_CHARS
+#: Programs longer than this are refused.
+MAX_PROGRAM_CHARS = MAX_ACTION_CHARS
+_SHOWN_CHARS = 400  # per input / output in prompts
+_SHOWN_DISAGREEMENTS = 5
+_PARALLEL_RUNS = 2  # worker threads for the per-test fallback when the sandbox has no batch API
+_CHUNK = 8  # tests run per batch call; time-outs are counted between batches
+
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+# ---------------------------------------------------------------------------------------- judging
+
+
+def _significant_lines(text: str) -> list[str]:
+    lines = [line.rstrip() for line in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def _canonical_int(token: str) -> str:
+    sign = "-" if token.startswith("-") else ""
+    digits = token.lstrip("+-").lstrip("0") or "0"
+    return ("" if digits == "0" else sign) + digits
+
+
+def _tokens_match(expected: str, actual: str, tolerance: float) -> bool:
+    if expected == actual:
+        return True
+    if not (_NUMBER.fullmatch(expected) and _NUMBER.fullmatch(actual)):
+        return False
+    if _INTEGER.fullmatch(expected) and _INTEGER.fullmatch(actual):
+        return _canonical_int(expected) == _canonical_int(actual)  # big ints exactly, no float rounding
+    x, y = float(expected), float(actual)
+    return math.isfinite(x) and math.isfinite(y) and math.isclose(x, y, rel_tol=tolerance, abs_tol=tolerance)
+
+
+def outputs_match(expected: str, actual: str, *, tolerance: float = 1e-6) -> bool:
+    """Whether ``actual`` program output is accepted for ``expected``, as a judge would.
+
+    Line by line after stripping trailing whitespace, trailing empty lines ignored. Lines that
+    differ are split into whitespace-separated tokens: the token counts must agree and each pair be
+    equal, or both integers of equal value, or both numbers within ``tolerance`` (absolute or
+    relative). ``"1.0000001"`` matches ``"1"``; ``"1000000007"`` does not match ``"1000000008"``.
+    """
+    expected_lines, actual_lines = _significant_lines(expected), _significant_lines(actual)
+    if len(expected_lines) != len(actual_lines):
+        return False
+    for want, got in zip(expected_lines, actual_lines, strict=True):
+        if want == got:
+            continue
+        want_tokens, got_tokens = want.split(), got.split()
+        if len(want_tokens) != len(got_tokens):
+            return False
+        if not all(_tokens_match(w, g, tolerance) for w, g in zip(want_tokens, got_tokens, strict=True)):
+            return False
+    return True
+
+
+def _normalized(text: str) -> str:
+    return "\n".join(_significant_lines(text))
+
+
+# ---------------------------------------------------------------------------------------- parsing
+
+
+def parse_tests(text: str, max_tests: int) -> tuple[list[TestCase], str]:
+    """Parse the unit tester's answer: a ```` ```json ```` block holding a list of
+    ``{"input": str, "output": str}``. Returns the tests (at most ``max_tests``) and a note (non-empty
+    when the list was cut). Raises :class:`ParseError` with a message for the model."""
+    try:
+        block = extract_code_block(text, languages=("json",))
+    except ParseError:
+        raise ParseError(
+            "no complete ```json block found: put the test list in one block that opens with ```json on "
+            "its own line and closes with ``` on its own line"
+        ) from None
+    if len(block) > MAX_TESTS_JSON_CHARS:
+        raise ParseError(f"the JSON block is longer than {MAX_TESTS_JSON_CHARS} characters")
+    try:
+        data = json.loads(block)
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ParseError(f"the ```json block is not valid JSON ({err})") from None
+    example = '[{"input": "1 2\\n", "output": "3\\n"}]'
+    if not isinstance(data, list):
+        raise ParseError(f"the JSON must be a list of test objects, like {example}")
+    if not data:
+        raise ParseError("the list of tests is empty: write at least one test")
+    tests = []
+    for position, item in enumerate(data[:max_tests], start=1):
+        if not isinstance(item, dict) or "input" not in item or "output" not in item:
+            raise ParseError(
+                f'test {position} must be an object with the keys "input" and "output", like {example}'
+            )
+        for key in ("input", "output"):
+            if not isinstance(item.get(key), str):
+                raise ParseError(
+                    f'test {position}: "{key}" must be a string (write line breaks as \\n), got '
+                    f"{type(item.get(key)).__name__}"
+                )
+        tests.append(TestCase(item["input"], item["output"]))
+    note = f"Only your first {max_tests} tests were kept." if len(data) > max_tests else ""
+    return tests, note
+
+
+# ---------------------------------------------------------------------------------------- running
+
+
+def _run_program_on_inputs(code: str, inputs: list[str], timeout: float, memory_mb: int) -> list[RunResult]:
+    """Run one program on many stdins through the sandbox; one :class:`RunResult` per input.
+
+    Uses the sandbox's batch API (``run_tests``) when it has one, else one ``run_python`` per
+    input on a few threads (each run is its own process, so threads only wait).
+    """
+    batch = getattr(sandbox, "run_tests", None)
+    if callable(batch):
+        return list(batch(code, list(inputs), timeout=timeout, memory_mb=memory_mb))
+
+    def run_one(stdin: str) -> RunResult:
+        return sandbox.run_python(code, stdin=stdin, timeout=timeout, memory_mb=memory_mb)
+
+    if len(inputs) <= 1:
+        return [run_one(stdin) for stdin in inputs]
+    with ThreadPoolExecutor(max_workers=_PARALLEL_RUNS) as pool:
+        return list(pool.map(run_one, inputs))
+
+
+def _stdin(text: str) -> str:
+    return text if not text or text.endswith("\n") else text + "\n"
+
+
+def _output_or_error(run: RunResult, timeout: float) -> str:
+    if run.timed_out:
+        return f"(time limit exceeded: {timeout:g} s)"
+    if getattr(run, "error", None):
+        return f"(not run: sandbox failure: {run.error})"
+    if run.exit_code is None:
+        return f"(not run: {run.stderr.strip()})"
+    if run.exit_code != 0:
+        tail = "\n".join(run.stderr.strip().splitlines()[-4:])
+        return f"(runtime error, exit code {run.exit_code})\n{tail}".rstrip()
+    return run.stdout
+
+
+def _clip(text: str, limit: int = _SHOWN_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
+
+
+def _shown(label: str, text: str) -> str:
+    """A labelled block of program text for a prompt: fenced, clipped, ``(empty)`` when empty."""
+    body = _clip(text).rstrip("\n")
+    return f"{label}:\n```\n{body}\n```" if body.strip() else f"{label}: (empty)"
+
+
+# ---------------------------------------------------------------------------------------- env
+
+
+class _Problems(tuple):
+    """The env's problem list; shared, not copied, by ``clone()`` (problems are immutable)."""
+
+    def __deepcopy__(self, memo: dict) -> _Problems:
+        return self
+
+
+class CodeEnv(TextAECEnv):
+    """Coder + unit tester on stdin/stdout programming problems. See the module docstring.
+
+    Args:
+        dataset: ``"builtin"`` (default, offline), a path to a local APPS / CodeContests /
+            LiveCodeBench / llm_zoo file (``.jsonl``, ``.json``, ``.parquet``), a list of
+            :class:`~llm_zoo.data.code.CodeProblem`, or an iterable of records such as a
+            ``datasets.Dataset``.
+        split: ``"train"``, ``"test"`` or ``"all"``. Problems without a split of their own (public
+            files: the file is the split) belong to every split.
+        dataset_format: Format of ``dataset`` records; ``None`` sniffs it.
+        max_turns: Turns (coder then tester) before truncation.
+        alpha: Weight of the global reward in each agent's reward.
+        timeout: Wall-clock (and CPU) seconds per test run.
+        memory_mb: Address-space limit of a test run.
+        max_tests: Most generated tests kept from one tester answer.
+        max_hidden_tests: Use only the first N hidden tests of each problem (``None``: all).
+        render_mode: ``None`` or ``"ansi"``.
+    """
+
+    metadata = {"render_modes": ["ansi"], "name": "code_v0", "is_parallelizable": True}
+    roles = ("coder", "unit_tester")
+
+    def __init__(
+        self,
+        *,
+        dataset: Any = "builtin",
+        split: str = "train",
+        dataset_format: str | None = None,
+        max_turns: int = 3,
+        alpha: float = 1.0,
+        timeout: float = 3.0,
+        memory_mb: int = 512,
+        max_tests: int = 10,
+        max_hidden_tests: int | None = None,
+        render_mode: str | None = None,
+    ):
+        super().__init__(max_turns=max_turns, alpha=alpha, render_mode=render_mode)
+        if split not in ("train", "test", "all"):
+            raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
+        if timeout <= 0 or memory_mb <= 0 or max_tests < 1:
+            raise ValueError("timeout and memory_mb must be > 0 and max_tests >= 1")
+        if max_hidden_tests is not None and max_hidden_tests < 1:
+            raise ValueError(f"max_hidden_tests must be None or >= 1, got {max_hidden_tests!r}")
+        if isinstance(dataset, str) and dataset == "builtin":
+            problems = load_code_problems("builtin", split=None if split == "all" else split)
+        else:
+            loaded = load_code_problems(dataset, format=dataset_format)
+            problems = [p for p in loaded if split == "all" or p.split in (None, split)]
+            if not problems:
+                found = sorted({str(p.split) for p in loaded})
+                raise ValueError(f"no code problems for split {split!r} in the dataset (its splits: {found})")
+        self.problems = _Problems(problems)
+        self.split = split
+        self.timeout = float(timeout)
+        self.memory_mb = int(memory_mb)
+        self.max_tests = int(max_tests)
+        self.max_hidden_tests = max_hidden_tests
+
+    # ------------------------------------------------------------------ episode state
+
+    def _new_episode(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
+        options = options or {}
+        if "problem_id" in options:
+            by_id = {p.id: p for p in self.problems}
+            if options["problem_id"] not in by_id:
+                close = difflib.get_close_matches(str(options["problem_id"]), list(by_id), n=5)
+                raise ValueError(f"unknown problem_id {options['problem_id']!r}; close matches: {close}")
+            self.problem = by_id[options["problem_id"]]
+        elif "problem_index" in options:
+            index = int(options["problem_index"])
+            if not 0 <= index < len(self.problems):
+                raise ValueError(f"problem_index must be in [0, {len(self.problems)}), got {index}")
+            self.problem = self.problems[index]
+        else:
+            self.problem = self.problems[int(rng.integers(len(self.problems)))]
+        self.hidden_tests = self.problem.tests[: self.max_hidden_tests]
+        self.program: str | None = None
+        self.hidden_passed: list[bool] = []
+        self.tests: list[TestCase] = []
+        self.validity: list[bool | None] = []
+        self.results: list[tuple[bool, str]] = []  # current program on self.tests: (passed, shown output)
+        self.proxy_reference: str | None = None
+        self._runs: dict[tuple[str, str], RunResult] = {}
+
+    def _task_id(self) -> str:
+        return self.problem.id
+
+    @property
+    def hidden_pass_rate(self) -> float:
+        return sum(self.hidden_passed) / len(self.hidden_passed) if self.hidden_passed else 0.0
+
+    def _run(self, code: str, inputs: list[str]) -> list[RunResult]:
+        """Run ``code`` on ``inputs`` with a per-episode cache; stop after MAX_TIMEOUTS timeouts."""
+        results: dict[str, RunResult] = {}
+        todo = [s for s in dict.fromkeys(_stdin(s) for s in inputs) if (code, s) not in self._runs]
+        timeouts = 0
+        for start in range(0, len(todo), _CHUNK):
+            chunk = todo[start : start + _CHUNK]
+            if timeouts >= MAX_TIMEOUTS:
+                skipped = RunResult("", f"skipped after {timeouts} time-outs", None, False, 0.0)
+                results.update(dict.fromkeys(chunk, skipped))
+                continue
+            for stdin, run in zip(
+                chunk, _run_program_on_inputs(code, chunk, self.timeout, self.memory_mb), strict=True
+            ):
+                results[stdin] = run
+                if getattr(run, "error", None) is None:  # a sandbox failure is not the program's result
+                    self._runs[(code, stdin)] = run
+                timeouts += run.timed_out
+        return [results.get(_stdin(s)) or self._runs[(code, _stdin(s))] for s in inputs]
+
+    def _judge(self, code: str, tests: list[TestCase] | tuple[TestCase, ...]) -> list[tuple[bool, str]]:
+        runs = self._run(code, [t.input for t in tests])
+        return [
+            (run.ok and outputs_match(test.output, run.stdout), _output_or_error(run, self.timeout))
+            for test, run in zip(tests, runs, strict=True)
+        ]
+
+    def _validity(self, tests: list[TestCase]) -> list[bool | None]:
+        hidden = {_normalized(t.input): t.output for t in self.hidden_tests}
+        judge_code = self.problem.reference or self.proxy_reference
+        verdicts: list[bool | None] = [None] * len(tests)
+        to_run = []
+        for index, test in enumerate(tests):
+            known = hidden.get(_normalized(test.input))
+            if known is not None:
+                verdicts[index] = outputs_match(known, test.output)
+            elif judge_code is not None:
+                to_run.append(index)
+        if judge_code is not None and to_run:
+            judged = self._judge(judge_code, [tests[i] for i in to_run])
+            for index, (passed, _) in zip(to_run, judged, strict=True):
+                verdicts[index] = passed
+        return verdicts
+
+    def _counts(self) -> dict[str, Any]:
+        return {
+            "problem_id": self.problem.id,
+            "hidden_passed": int(sum(self.hidden_passed)),
+            "hidden_total": len(self.hidden_tests),
+            "tests_total": len(self.tests),
+            "tests_passed": sum(passed for passed, _ in self.results),
+            "tests_valid": sum(v is True for v in self.validity),
+            "tests_invalid": sum(v is False for v in self.validity),
+            "tests_unknown": sum(v is None for v in self.validity),
+        }
+
+    def _settled(self) -> bool:
+        """The program passes every generated test and at least one of them is valid."""
+        return bool(
+            self.program is not None
+            and self.results
+            and all(passed for passed, _ in self.results)
+            and any(v is True for v in self.validity)
+        )
+
+    # ------------------------------------------------------------------ actions
+
+    def _act(self, agent: str, action: str) -> Outcome:
+        if agent == "coder":
+            return self._act_coder(action)
+        return self._act_tester(action)
+
+    def _malformed(self, reason: str, what: str) -> Outcome:
+        feedback = f"Your previous answer could not be used: {reason}. {what}"
+        rate = self.hidden_pass_rate
+        return Outcome(
+            FORMAT_PENALTY, rate, format_ok=False, feedback=feedback, success=rate == 1.0, info=self._counts()
+        )
+
+    def _act_coder(self, action: str) -> Outcome:
+        try:
+            code = extract_code_block(action)
+            if len(code) > MAX_PROGRAM_CHARS:
+                raise ParseError(f"the program is longer than {MAX_PROGRAM_CHARS} characters")
+        except ParseError as err:
+            return self._malformed(str(err), "Your previous program (if any) is still the current one.")
+        self.program = code
+        self.hidden_passed = [passed for passed, _ in self._judge(code, self.hidden_tests)]
+        rate = self.hidden_pass_rate
+        if rate == 1.0 and self.problem.reference is None and self.proxy_reference is None:
+            self.proxy_reference = code
+            self.validity = self._validity(self.tests)
+        self.results = self._judge(code, self.tests) if self.tests else []
+        return Outcome(rate, rate, terminated=self._settled(), success=rate == 1.0, info=self._counts())
+
+    def _act_tester(self, action: str) -> Outcome:
+        try:
+            tests, note = parse_tests(action, self.max_tests)
+        except ParseError as err:
+            return self._malformed(str(err), "Your previous tests (if any) are still the current ones.")
+        self.tests = tests
+        self.validity = self._validity(tests)
+        self.results = self._judge(self.program, tests) if self.program is not None else []
+        program_correct = bool(self.hidden_passed) and all(self.hidden_passed)
+        scores = []
+        for index, valid in enumerate(self.validity):
+            if valid is None:
+                scores.append(0.0)
+            elif not valid:
+                scores.append(INVALID_TEST_SCORE)
+            else:
+                caught = self.program is None or not self.results[index][0]
+                scores.append(1.0 if caught or program_correct else 0.5)
+        rate = self.hidden_pass_rate
+        return Outcome(
+            float(np.mean(scores)), rate, feedback=note, terminated=self._settled(), success=rate == 1.0,
+            info=self._counts(),
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ text
+
+    def _prompt(self, agent: str) -> str:
+        title = f"# Problem: {self.problem.title}" if self.problem.title else "# Problem"
+        parts = [_ROLE_INTRO[agent], f"{title}\n\n{self.problem.statement.strip()}"]
+        parts.append(_TASK[agent].format(max_tests=self.max_tests, timeout=self.timeout))
+        parts.append(f"# Turn {min(self.turn + 1, self.max_turns)} of {self.max_turns}")
+        parts.append(self._state_text(agent))
+        return "\n\n".join(parts)
+
+    def _state_text(self, agent: str) -> str:
+        whose = "Your" if agent == "coder" else "The coder's"
+        lines = []
+        if self.program is None:
+            lines.append(f"## {whose} current program\n(none yet)")
+        else:
+            lines.append(f"## {whose} current program\n```python\n{self.program.rstrip()}\n```")
+        whose_tests = "Your" if agent == "unit_tester" else "The unit tester's"
+        if not self.tests:
+            lines.append(f"## {whose_tests} current tests\n(none yet)")
+            return "\n\n".join(lines)
+        if agent == "unit_tester":
+            listing = ",\n".join(json.dumps({"input": t.input, "output": t.output}) for t in self.tests)
+            lines.append(f"## Your current tests\n```json\n[\n{_clip(listing, 4000)}\n]\n```")
+        if self.program is None:
+            return "\n\n".join(lines)
+        failing = [i for i, (passed, _) in enumerate(self.results) if not passed]
+        header = f"## {whose_tests} tests: the program passes {len(self.tests) - len(failing)} of {len(self.tests)}"
+        lines.append(header if failing else header + " (no disagreements)")
+        for index in failing[:_SHOWN_DISAGREEMENTS]:
+            test, (_, got) = self.tests[index], self.results[index]
+            lines.append(
+                f"### Disagreement on test {index + 1}\n{_shown('input', test.input)}\n"
+                f"{_shown('expected output', test.output)}\n{_shown('program output', got)}"
+            )
+        if len(failing) > _SHOWN_DISAGREEMENTS:
+            lines.append(f"({len(failing) - _SHOWN_DISAGREEMENTS} more disagreements not shown)")
+        return "\n\n".join(lines)
+
+    def _render_state(self) -> str:
+        counts = self._counts()
+        program = "none" if self.program is None else f"{len(self.program.splitlines())} lines"
+        return (
+            f"Code-v0 {self.problem.id} ({self.problem.difficulty}) turn {self.turn}/{self.max_turns}\n"
+            f"program: {program}, hidden tests passed {counts['hidden_passed']}/{counts['hidden_total']}\n"
+            f"generated tests: {counts['tests_total']} (passed {counts['tests_passed']}, valid "
+            f"{counts['tests_valid']}, invalid {counts['tests_invalid']}, unknown {counts['tests_unknown']})"
+        )
+
+
+_ROLE_INTRO = {
+    "coder": "You are the CODER in a team of two: you write a program that solves the problem below, "
+    "and a unit tester writes test cases for it.",
+    "unit_tester": "You are the UNIT TESTER in a team of two: a coder writes a program for the problem "
+    "below, and you write test cases that check whether it is correct.",
+}
+_TASK = {
+    "coder": (
+        "# Your task\nWrite a complete Python 3 program that reads the input from standard input and "
+        "prints the answer to standard output. It is judged on hidden tests (time limit {timeout:g} s per "
+        "test): output is compared line by line, ignoring trailing whitespace; numbers are compared with a "
+        "tolerance of 1e-6. Reply with the whole program in one ```python code block; text outside the "
+        "block is ignored. If the unit tester's tests disagree with your program, decide whether your "
+        "program or the test is wrong."
+    ),
+    "unit_tester": (
+        "# Your task\nWrite up to {max_tests} test cases: each an input that follows the problem's input "
+        "format and constraints, with the exact output a correct program prints for it. Correct tests "
+        "that the coder's current program fails are worth the most; a test with a wrong expected output "
+        "is penalized. Reply with a JSON list in one ```json code block (write line breaks as \\n); it "
+        'replaces your previous tests:\n```json\n[{{"input": "3\\n1 2 3\\n", "output": "6\\n"}}]\n```'
+    ),
+}
+
+
+def oracle_action(env: CodeEnv, agent: str) -> str:
+    """A perfect answer for ``agent`` in ``env``'s current episode: the reference solution for the
+    coder; for the unit tester, the smallest hidden tests (at most ``max_tests``, within the
+    answer-size limit), which are valid by definition. For tests and benchmarks
+    (``benchmarks/env_speed.py``). Raises ``ValueError`` for a coder on a problem without reference."""
+    if agent == "coder":
+        if env.problem.reference is None:
+            raise ValueError(f"problem {env.problem.id!r} has no reference solution")
+        return f"```python\n{env.problem.reference.rstrip()}\n```"
+    chosen: list[str] = []
+    for test in sorted(env.hidden_tests, key=lambda t: len(t.input) + len(t.output)):
+        item = json.dumps({"input": test.input, "output": test.output})
+        if len(chosen) == env.max_tests or sum(map(len, chosen)) + len(item) + 20 > MAX_TESTS_JSON_CHARS:
+            break
+        chosen.append(item)
+    return "```json\n[" + ", ".join(chosen) + "]\n```"
+
+
+def oracle_policy(env: CodeEnv) -> Callable[[str, str], str]:
+    """``policy(agent, prompt) -> action`` playing :func:`oracle_action` on ``env`` (the factory
+    format of ``benchmarks/env_speed.py``)."""
+    return lambda agent, prompt: oracle_action(env, agent)
