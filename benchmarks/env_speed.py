@@ -56,11 +56,13 @@ def _oracle_policies() -> dict[str, PolicyFactory]:
         print(f"oracle policies unavailable ({err}); only random actions will run", file=sys.stderr)
         return {}
     from llm_zoo.envs.code import oracle_policy as code_oracle
+    from llm_zoo.envs.math import oracle_policy as math_oracle
 
     return {
         "PlanPath-v0": lambda env: oracles.plan_path_policy(),
         "Sokoban-v0": lambda env: oracles.sokoban_policy(),
         "Code-v0": code_oracle,
+        "Math-v0": math_oracle,
     }
 
 

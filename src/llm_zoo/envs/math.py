@@ -1,0 +1,372 @@
+"""Math-v0: a reasoner and a tool agent solve a math problem together.
+
+Roles, in turn order:
+
+* ``reasoner`` - reasons in text and ends its reply with the final answer in ``\\boxed{...}``
+  (the *last* ``\\boxed{}`` / ``\\fbox{}`` of the reply counts).
+* ``tool_agent`` - writes one Python program in a fenced ```` ```python ```` block. The program is
+  run in the sandbox (:func:`llm_zoo.sandbox.run_python`: no input, ``code_timeout_s`` seconds,
+  resource limits). Its answer is the **last non-empty line of its standard output**, stripped
+  (if that line holds a ``\\boxed{}``, its content; surrounding ``$`` are dropped).
+
+Observations: each agent's prompt holds its role instructions, the problem, the round number and,
+from the second turn on, the other agent's latest answer - the reasoner sees the tool agent's
+program, its output and its answer; the tool agent sees the reasoner's reply (its last 3000
+characters) and answer, and its own previous program and output - with a request to reconcile
+the two. Prompts never say whether an answer is correct.
+
+Answers are checked against the gold answer with math-verify through
+:class:`llm_zoo.math_check.AnswerChecker` (gold first; worker process, hard timeout, exact fast
+path for plain numbers, cache). A check that times out or fails counts as wrong.
+
+Rewards (``c_r``, ``c_t`` = 1 if the reasoner's / tool agent's latest answer is correct, else 0):
+
+* reasoner role reward: ``c_r``; ``FORMAT_PENALTY`` (-0.5) when the reply has no ``\\boxed{}``.
+* tool agent role reward: ``c_t``; ``FORMAT_PENALTY`` (-0.5) when there is no code block, the
+  program fails (non-zero exit, killed, timeout) or prints nothing.
+* global reward (after every action): ``c_r`` of the reasoner's latest answer (0 before it has
+  given one).
+* each agent's reward: ``role + alpha * global`` (see :class:`llm_zoo.core.TextAECEnv`).
+
+``format_ok`` is true when the agent produced an answer: a ``\\boxed{}`` (reasoner); a code block
+whose program ran and printed a line (tool agent).
+
+Termination: the episode ends (``terminated``) as soon as both agents have answered and the two
+latest answers agree - ``check(gold=reasoner's answer, pred=tool agent's answer)`` with the same
+checker, so a printed ``0.333333`` agrees with ``\\frac{1}{3}``. Otherwise every agent is
+truncated after ``max_turns`` turns. ``success`` is decided on the episode's last action: the
+reasoner's final answer is correct.
+
+Problems (``dataset``, ``split``, ``difficulty``; see :mod:`llm_zoo.data.math`): ``"builtin"``
+(default, offline: word problems 25% of draws, generated problems 75%), ``"generated"``,
+``"word"``, a path to a MATH / GSM8K / AIME / generic JSONL, JSON or parquet file, a list of
+records or :class:`~llm_zoo.data.math.MathProblem`, or a ``datasets.Dataset`` / ``DatasetDict``.
+Each ``reset`` draws a problem with the env's rng; ``reset(options={"problem_id": id})`` picks
+one. ``env.problem_set.ids()`` lists a finite set's ids (e.g. for evaluation).
+
+Infos, besides the common keys: ``problem_id``, ``answer`` (the acting agent's extracted answer,
+cut in the middle beyond 400 characters, or ``None``), ``correct``, ``check`` (how the checker
+decided: ``exact``, ``math_verify``, ``timeout``, ...), ``agree``, ``reasoner_correct``, and for
+the tool agent ``tool_status`` (``ok``, ``no_code``, ``error``, ``timeout``, ``no_output``).
+
+``render()`` (``render_mode="ansi"``) shows the problem, every answer so far and whether it was
+correct; the gold answer only once the episode is over (people play it with ``llm-zoo play``).
+
+:func:`oracle_action` / :func:`oracle_policy` give perfect replies (for tests and benchmarks).
+
+Version history:
+
+* v0: first version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+
+from llm_zoo.core import Outcome, TextAECEnv
+from llm_zoo.data.math import MathProblem, ProblemSet, build_problem_set
+from llm_zoo.math_check import AnswerChecker, default_checker
+from llm_zoo.parsing import ParseError, extract_boxed, extract_code_block
+from llm_zoo.sandbox import run_python
+
+__all__ = ["FORMAT_PENALTY", "MathEnv", "answer_from_output", "oracle_action", "oracle_policy"]
+
+#: Role reward for a reply from which no answer can be taken (see the module docstring).
+FORMAT_PENALTY = -0.5
+#: How much of the reasoner's reply the tool agent sees, and of program output the agents see.
+_REPLY_TAIL_CHARS = 3000
+_OUTPUT_TAIL_CHARS = 1500
+#: Longer answers are shown cut in the middle (a 1 MB answer must not flood the other's prompt).
+_ANSWER_SHOWN_CHARS = 400
+
+_REASONER_ROLE = (
+    "You are the reasoner in a team of two solving a math problem. Your teammate, the tool agent, "
+    "solves the same problem by writing a Python program."
+)
+_REASONER_FORMAT = (
+    "Reason step by step. End your reply with your final answer in \\boxed{...}, for example "
+    "\\boxed{42} or \\boxed{\\frac{3}{4}}. Give an exact, simplified answer."
+)
+_TOOL_ROLE = (
+    "You are the tool agent in a team of two solving a math problem. Your teammate, the reasoner, "
+    "solves the same problem by reasoning in text."
+)
+
+
+def _tool_format(timeout_s: float) -> str:
+    return (
+        "Write one complete Python 3 program in a single ```python ... ``` block that computes the "
+        "answer and prints it. The last non-empty line your program prints is taken as your answer, "
+        "so print the final answer last, on its own line, and exactly (e.g. 42, 3/4 or sqrt(2)). "
+        "Prefer exact arithmetic (integers, fractions.Fraction) to floats. The program gets no input "
+        f"and must finish within {timeout_s:g} seconds."
+    )
+
+
+def answer_from_output(stdout: str) -> str | None:
+    """The tool agent's answer: the last non-empty line of ``stdout`` (a ``\\boxed{}`` in it is
+    unwrapped, surrounding ``$`` dropped), or ``None`` if it printed nothing."""
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return None
+    line = lines[-1]
+    with contextlib.suppress(ParseError):
+        line = extract_boxed(line)
+    return line.strip().strip("$").strip() or None
+
+
+_TRACEBACK_PATH = re.compile(r'File "(?:[^"\n]*/)?([^"/\n]+)"')
+
+
+def _clean_output(text: str) -> str:
+    """Program output as the agents see it: traceback paths cut to file names (the sandbox's
+    temporary directory differs on every run, and prompts must be deterministic)."""
+    return _TRACEBACK_PATH.sub(r'File "\1"', text)
+
+
+def _short(answer: str, limit: int = _ANSWER_SHOWN_CHARS) -> str:
+    """An answer as prompts, infos and render show it: cut in the middle when very long."""
+    if len(answer) <= limit:
+        return answer
+    return f"{answer[: limit // 2]} [... {len(answer) - limit} characters cut ...] {answer[-limit // 2 :]}"
+
+
+def _tail(text: str, limit: int) -> str:
+    return text if len(text) <= limit else "[...]\n" + text[-limit:]
+
+
+class MathEnv(TextAECEnv):
+    """Math-v0 (see the module docstring for the full rules).
+
+    Args:
+        dataset: ``"builtin"``, ``"generated"``, ``"word"``, a file path, a list of records or
+            problems, or a ``datasets`` object.
+        split: ``"train"`` or ``"test"``.
+        difficulty: Keep only these levels (int or list); ``None`` keeps all.
+        dataset_format: Format of a file / record dataset: ``"auto"``, ``"math"``, ``"gsm8k"``,
+            ``"aime"`` or ``"generic"``.
+        max_turns: Turns (one reply from each agent) before truncation.
+        alpha: Weight of the global reward in each agent's reward.
+        render_mode: ``None`` or ``"ansi"``.
+        checker: The answer checker; default: the process-wide shared one.
+        code_timeout_s: Wall-clock limit on the tool agent's program.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "render_modes": ["ansi"],
+        "name": "math_v0",
+        "is_parallelizable": True,
+    }
+    roles = ("reasoner", "tool_agent")
+
+    def __init__(
+        self,
+        *,
+        dataset: Any = "builtin",
+        split: str = "train",
+        difficulty: int | list[int] | None = None,
+        dataset_format: str = "auto",
+        max_turns: int = 3,
+        alpha: float = 1.0,
+        render_mode: str | None = None,
+        checker: AnswerChecker | None = None,
+        code_timeout_s: float = 5.0,
+    ):
+        super().__init__(max_turns=max_turns, alpha=alpha, render_mode=render_mode)
+        if code_timeout_s <= 0:
+            raise ValueError(f"code_timeout_s must be > 0, got {code_timeout_s!r}")
+        self.problem_set: ProblemSet = build_problem_set(dataset, split, difficulty, dataset_format)
+        self.split = split
+        self.code_timeout_s = float(code_timeout_s)
+        self.checker = checker if checker is not None else default_checker()
+        self._lease = self.checker.lease()
+        self.problem: MathProblem | None = None
+
+    # ------------------------------------------------------------------ rules
+
+    def _new_episode(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
+        problem_id = (options or {}).get("problem_id")
+        self.problem = (
+            self.problem_set.sample(rng) if problem_id is None else self.problem_set.get(problem_id)
+        )
+        self.reasoner_reply = ""
+        self.reasoner_answer: str | None = None
+        self.reasoner_correct = False
+        self.tool_code: str | None = None
+        self.tool_output = ""
+        self.tool_status = ""
+        self.tool_answer: str | None = None
+        self.tool_correct = False
+        self.agree = False
+        self.history: list[tuple[int, str, str | None, bool]] = []  # (turn, agent, answer, correct)
+
+    def _task_id(self) -> str:
+        assert self.problem is not None
+        return self.problem.id
+
+    def _prompt(self, agent: str) -> str:
+        assert self.problem is not None
+        header = f"Problem:\n{self.problem.question}\n\nRound {self.turn + 1} of {self.max_turns}."
+        if agent == "reasoner":
+            parts = [_REASONER_ROLE, header]
+            if self.tool_code is not None or self.tool_status:
+                parts.append(self._tool_report(for_reasoner=True))
+                previous = f"\\boxed{{{_short(self.reasoner_answer)}}}" if self.reasoner_answer else "(none)"
+                parts.append(
+                    f"Your previous answer: {previous}\nYour answer and the tool agent's answer do not "
+                    "agree yet. Check both solutions, find any mistake, and answer again."
+                )
+            parts.append(_REASONER_FORMAT)
+        else:
+            parts = [_TOOL_ROLE, header]
+            if self.reasoner_reply:
+                answer = (
+                    f"\\boxed{{{_short(self.reasoner_answer)}}}"
+                    if self.reasoner_answer
+                    else "(no \\boxed{} answer)"
+                )
+                parts.append(
+                    f"The reasoner's reply:\n<<<\n{_tail(self.reasoner_reply, _REPLY_TAIL_CHARS)}\n>>>\n"
+                    f"The reasoner's answer: {answer}"
+                )
+            if self.tool_code is not None or self.tool_status:
+                parts.append(self._tool_report(for_reasoner=False))
+                parts.append(
+                    "Your answer and the reasoner's answer do not agree yet. Check your program and the "
+                    "reasoning, fix what is wrong, and write the program again."
+                )
+            parts.append(_tool_format(self.code_timeout_s))
+        return "\n\n".join(parts)
+
+    def _tool_report(self, *, for_reasoner: bool) -> str:
+        whose = "The tool agent's" if for_reasoner else "Your previous"
+        if self.tool_code is None:
+            return f"{whose} reply had no ```python code block."
+        code = _tail(self.tool_code.strip("\n"), _REPLY_TAIL_CHARS)
+        lines = [f"{whose} program:\n```python\n{code}\n```"]
+        status = {
+            "ok": "It printed:",
+            "no_output": "It printed nothing.",
+            "error": "It failed. Its output and errors:",
+            "timeout": f"It was stopped after {self.code_timeout_s:g} seconds. Its output:",
+        }[self.tool_status]
+        lines.append(status)
+        if self.tool_output.strip():
+            lines.append(_tail(self.tool_output, _OUTPUT_TAIL_CHARS))
+        answer = _short(self.tool_answer) if self.tool_answer is not None else "(none)"
+        lines.append(f"{'Its' if for_reasoner else 'Your'} answer: {answer}")
+        return "\n".join(lines)
+
+    def _act(self, agent: str, action: str) -> Outcome:
+        assert self.problem is not None
+        if agent == "reasoner":
+            role_reward, format_ok, feedback, check, extra = self._reasoner_acts(action)
+        else:
+            role_reward, format_ok, feedback, check, extra = self._tool_acts(action)
+        correct = self.reasoner_correct if agent == "reasoner" else self.tool_correct
+        answer = self.reasoner_answer if agent == "reasoner" else self.tool_answer
+        shown = _short(answer) if format_ok and answer is not None else None
+        self.history.append((self.turn, agent, shown, bool(correct and format_ok)))
+        self.agree = False
+        if self.reasoner_answer is not None and self.tool_answer is not None:
+            self.agree = self.checker.check(self.reasoner_answer, self.tool_answer).correct
+        last_action = self.agree or (agent == self.possible_agents[-1] and self.turn + 1 >= self.max_turns)
+        return Outcome(
+            role_reward=role_reward,
+            global_reward=float(self.reasoner_correct),
+            format_ok=format_ok,
+            feedback=feedback,
+            terminated=self.agree,
+            success=last_action and self.reasoner_correct,
+            info={
+                "problem_id": self.problem.id,
+                "answer": shown,
+                "correct": bool(correct and format_ok),
+                "check": check,
+                "agree": self.agree,
+                "reasoner_correct": self.reasoner_correct,
+                **extra,
+            },
+        )
+
+    def _reasoner_acts(self, action: str) -> tuple[float, bool, str, str, dict[str, Any]]:
+        assert self.problem is not None
+        self.reasoner_reply = action
+        try:
+            answer = extract_boxed(action)
+        except ParseError as error:
+            self.reasoner_answer, self.reasoner_correct = None, False
+            return FORMAT_PENALTY, False, f"Your previous reply could not be used: {error}.", "none", {}
+        result = self.checker.check(self.problem.answer, answer)
+        self.reasoner_answer, self.reasoner_correct = answer, result.correct
+        return float(result.correct), True, "", result.method, {}
+
+    def _tool_acts(self, action: str) -> tuple[float, bool, str, str, dict[str, Any]]:
+        assert self.problem is not None
+        self.tool_answer, self.tool_correct, self.tool_output = None, False, ""
+        try:
+            code = extract_code_block(action)
+        except ParseError as error:
+            self.tool_code, self.tool_status = None, "no_code"
+            feedback = f"Your previous reply could not be used: {error}."
+            return FORMAT_PENALTY, False, feedback, "none", {"tool_status": "no_code"}
+        self.tool_code = code
+        run = run_python(code, timeout=self.code_timeout_s)
+        answer = answer_from_output(run.stdout)
+        if run.timed_out:
+            status, output = "timeout", run.stdout
+        elif run.exit_code != 0:
+            status, output = "error", (run.stdout + "\n" + run.stderr).strip()
+        elif answer is None:
+            status, output = "no_output", run.stdout
+        else:
+            status, output = "ok", run.stdout
+        self.tool_output = _clean_output(output)
+        self.tool_status = status
+        if status != "ok":
+            return FORMAT_PENALTY, False, "", "none", {"tool_status": status}
+        assert answer is not None
+        result = self.checker.check(self.problem.answer, answer)
+        self.tool_answer, self.tool_correct = answer, result.correct
+        return float(result.correct), True, "", result.method, {"tool_status": status}
+
+    def _render_state(self) -> str:
+        assert self.problem is not None
+        over = all(self.terminations.values()) or all(self.truncations.values())
+        gold = self.problem.answer if over else "(shown when the episode is over)"
+        lines = [
+            f"Math-v0  problem {self.problem.id}  ({self.problem.source}, difficulty {self.problem.difficulty})",
+            self.problem.question,
+            f"gold answer: {gold}",
+        ]
+        for turn, agent, answer, correct in self.history:
+            mark = "-" if answer is None else ("correct" if correct else "wrong")
+            lines.append(f"  turn {turn + 1} {agent:<10} answer: {answer!s:<20} {mark}")
+        state = "agreed" if self.agree else f"turn {self.turn + 1} of {self.max_turns}"
+        lines.append(f"status: {state}; success: {self.success}")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Release this env's claim on the checker (its workers stop when no env needs them)."""
+        self._lease.release()
+
+
+def oracle_action(env: MathEnv, agent: str) -> str:
+    """A perfect reply for ``agent`` on ``env``'s current problem (tests and benchmarks):
+    ``\\boxed{gold}`` for the reasoner, a program printing the gold answer for the tool agent."""
+    assert env.problem is not None
+    gold = env.problem.answer
+    if agent == "reasoner":
+        return f"The answer follows from the problem statement.\n\n\\boxed{{{gold}}}"
+    return f"```python\nanswer = {gold!r}\nprint(answer)\n```"
+
+
+def oracle_policy(env: MathEnv) -> Callable[[str, str], str]:
+    """``policy(agent, prompt) -> action`` playing :func:`oracle_action` on ``env`` (the shape
+    ``benchmarks/env_speed.py`` and :func:`llm_zoo.testing.play_episode` expect)."""
+    return lambda agent, prompt: oracle_action(env, agent)
