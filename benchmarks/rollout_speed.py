@@ -1,0 +1,215 @@
+"""Generation speed of the transformers engine in the shape tree rollouts use it.
+
+A tree rollout step asks, for E live envs, K candidates per prompt. This script times that same
+request (E real env prompts, K samples each, one LoRA adapter active, sampled at temperature 1)
+four ways and reports generated tokens per second:
+
+* ``engine_n_k``: ``HFEngine.generate(prompts, n=K)``, one call; each prompt is prefilled once and
+  its KV cache copied to its K rows (what the rollout does);
+* ``engine_n_k_no_share``: the same call with ``share_prefill=False`` (each row prefills);
+* ``engine_k_requests``: K separate ``HFEngine.generate(prompts, n=1)`` calls;
+* ``raw_generate``: plain ``model.generate`` on the E x K left-padded rows, no logprob recording,
+  no chat-template or bookkeeping: the ceiling the engine's own overhead is measured against.
+
+Then one whole ``tree_rollout`` (engine calls + env clones and steps) is timed in tokens/s.
+Methods alternate within each repeat; the best repeat of each is reported (least disturbed by
+other load). Ratios ``engine_n_k / other`` are printed and written with everything else to
+``benchmarks/results/rollout_speed.json``.
+
+    python benchmarks/rollout_speed.py            # SmolLM2-135M (embedded), 4 envs x K=4, 32 tokens
+    python benchmarks/rollout_speed.py --quick    # smoke run: 2 envs x K=2, 8 tokens, 1 repeat
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import llm_zoo
+from llm_zoo_train.chat import encode_prompt
+from llm_zoo_train.engines.base import SamplingParams
+from llm_zoo_train.engines.hf import HFEngine
+from llm_zoo_train.rollout import tree_rollout
+
+RESULTS = Path(__file__).parent / "results" / "rollout_speed.json"
+ADAPTER = "policy"
+
+
+def load_model(name: str, dtype: str):
+    if os.path.isdir(name):
+        path = name
+    else:
+        from llm_zoo_train.policy import resolve_model_path
+
+        path = resolve_model_path(name)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    # A LoRA adapter is active during rollouts; its cost belongs in the measurement.
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    model = get_peft_model(model, lora, adapter_name=ADAPTER).eval()
+    return model, tokenizer
+
+
+def env_prompts(env_id: str, count: int) -> list[str]:
+    prompts = []
+    for seed in range(count):
+        env = llm_zoo.make(env_id)
+        env.reset(seed=seed)
+        prompts.append(env.observe(env.agent_selection)["prompt"])
+    return prompts
+
+
+def count_tokens(results) -> int:
+    return sum(len(c.token_ids) for row in results for c in row)
+
+
+def time_engine(engine: HFEngine, prompts, k: int, sampling: SamplingParams) -> tuple[float, int]:
+    start = time.perf_counter()
+    results = engine.generate(prompts, [ADAPTER] * len(prompts), k, sampling)
+    return time.perf_counter() - start, count_tokens(results)
+
+
+def time_k_requests(engine: HFEngine, prompts, k: int, sampling: SamplingParams) -> tuple[float, int]:
+    start, tokens = time.perf_counter(), 0
+    for request in range(k):
+        seeded = SamplingParams(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            seed=(sampling.seed or 0) + request,
+        )
+        tokens += count_tokens(engine.generate(prompts, [ADAPTER] * len(prompts), 1, seeded))
+    return time.perf_counter() - start, tokens
+
+
+def time_raw_generate(model, tokenizer, prompts, k: int, sampling: SamplingParams) -> tuple[float, int]:
+    encoded = [encode_prompt(tokenizer, p) for p in prompts for _ in range(k)]
+    width = max(len(e) for e in encoded)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    device = next(model.parameters()).device
+    input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for row, ids in enumerate(encoded):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        mask[row, width - len(ids) :] = 1
+    torch.manual_seed(sampling.seed or 0)
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=input_ids.to(device), attention_mask=mask.to(device), do_sample=True,
+            temperature=sampling.temperature, top_k=0, top_p=1.0, max_new_tokens=sampling.max_tokens,
+            pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
+        )  # fmt: skip
+    elapsed = time.perf_counter() - start
+    new = out[:, width:].cpu()
+    tokens = 0
+    for row in new.tolist():
+        tokens += row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+    return elapsed, tokens
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 envs x K=2, 8 tokens, 1 repeat")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="alias, local path or hub id")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--env", default="PlanPath-v0", help="env whose prompts are used")
+    parser.add_argument("--envs", type=int, default=4, help="E: prompts (live envs) per step")
+    parser.add_argument("--k", type=int, default=4, help="K: candidates per prompt")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.envs, args.k, args.max_tokens, args.repeats = 2, 2, 8, 1
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
+    model, tokenizer = load_model(args.model, args.dtype)
+    prompts = env_prompts(args.env, args.envs)
+    prompt_tokens = [len(encode_prompt(tokenizer, p)) for p in prompts]
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=0)
+    shared = HFEngine(model, tokenizer, max_batch_size=args.envs * args.k)
+    unshared = HFEngine(model, tokenizer, max_batch_size=args.envs * args.k, share_prefill=False)
+
+    methods = {
+        "engine_n_k": lambda: time_engine(shared, prompts, args.k, sampling),
+        "engine_n_k_no_share": lambda: time_engine(unshared, prompts, args.k, sampling),
+        "engine_k_requests": lambda: time_k_requests(shared, prompts, args.k, sampling),
+        "raw_generate": lambda: time_raw_generate(model, tokenizer, prompts, args.k, sampling),
+    }
+    time_engine(shared, prompts[:1], 1, SamplingParams(max_tokens=2, seed=0))  # warm-up
+    runs: dict[str, list[dict]] = {name: [] for name in methods}
+    for repeat in range(args.repeats):
+        for name, method in methods.items():
+            seconds, tokens = method()
+            runs[name].append({"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds})
+            print(
+                f"repeat {repeat} {name:22s} {tokens:6d} tokens {seconds:7.2f} s {tokens / seconds:8.1f} tok/s"
+            )
+    best = {name: max(r["tokens_per_s"] for r in rs) for name, rs in runs.items()}
+
+    start = time.perf_counter()
+    samples = tree_rollout(
+        args.env, {"max_turns": 1}, list(range(args.envs)), shared, {a: ADAPTER for a in llm_zoo.make(args.env).possible_agents},
+        args.k, sampling, np.random.default_rng(0),
+    )  # fmt: skip
+    rollout_seconds = time.perf_counter() - start
+    rollout_tokens = sum(len(s.completion_token_ids) for s in samples)
+
+    ratios = {f"engine_n_k/{name}": best["engine_n_k"] / best[name] for name in best if name != "engine_n_k"}
+    result = {
+        "benchmark": "rollout_speed",
+        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "model": args.model,
+        "dtype": args.dtype,
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "threads": torch.get_num_threads(),
+        "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
+        "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs".strip(),
+        "env": args.env,
+        "envs": args.envs,
+        "k": args.k,
+        "max_tokens": args.max_tokens,
+        "prompt_tokens_mean": float(np.mean(prompt_tokens)),
+        "repeats": args.repeats,
+        "tokens_per_s_best": best,
+        "ratios": ratios,
+        "runs": runs,
+        "tree_rollout": {
+            "max_turns": 1,
+            "samples": len(samples),
+            "tokens": rollout_tokens,
+            "seconds": rollout_seconds,
+            "tokens_per_s": rollout_tokens / rollout_seconds,
+        },
+        "torch": torch.__version__,
+        "quick": args.quick,
+    }
+    print(f"prompts: {args.envs} x K={args.k}, {np.mean(prompt_tokens):.0f} prompt tokens on average")
+    for name, value in best.items():
+        print(f"best {name:22s} {value:8.1f} tok/s")
+    for name, value in ratios.items():
+        print(f"ratio {name:40s} {value:5.2f}")
+    print(f"tree_rollout (1 turn, {len(samples)} samples): {rollout_tokens / rollout_seconds:.1f} tok/s")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.output}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

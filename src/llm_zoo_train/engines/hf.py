@@ -1,0 +1,408 @@
+"""The transformers engine: ``model.generate`` on the live (training) model, adapters by name.
+
+:class:`HFEngine` serves completions from the same model object the trainer updates, so it never
+needs to reload weights. It is the engine for CPU runs, tests and small GPU runs; the vLLM engine
+is faster for anything large.
+
+How one :meth:`HFEngine.generate` call runs:
+
+1. Each prompt gets the tokenizer's chat template (:func:`llm_zoo_train.chat.encode_prompt`;
+   encodings are cached, since tree rollouts ask the same prompt again rarely but evaluation and
+   independent rollouts do).
+2. Prompts are grouped by adapter. For each group the adapter is activated (``set_adapter``), or
+   all adapters are disabled (``disable_adapter()``) for ``None``. The model's active adapter,
+   its ``requires_grad`` flags (``set_adapter`` makes the activated adapter trainable) and its
+   train/eval mode are restored afterwards, so generation never changes what the trainer trains.
+3. Each prompt is repeated ``n`` times (one row per sample), rows are sorted by length and cut
+   into batches of ``max_batch_size`` rows, left-padded, and generated with sampling parameters
+   that are exactly ``SamplingParams`` (the model's own generation defaults such as a repetition
+   penalty are neutralised, because the recorded logprobs must describe the real sampling).
+   The ``n`` rows of one prompt share one prefill: the prompt's KV cache is computed once and
+   copied to its rows (``share_prefill``), as vLLM's prefix cache would.
+4. Per-token logprobs are recorded during generation by a logits processor that sees the raw
+   logits before any warper: ``log_softmax(logits / temperature)`` at the sampled token
+   (temperature 1 for greedy). That is the quantity :func:`llm_zoo_train.loss.completion_logprobs`
+   recomputes, so importance ratios start at 1 (up to float error). ``top_k``/``top_p``
+   truncation is applied to sampling but not to the recorded logprobs (as in TRL).
+5. Completions are cut after the first end-of-sequence token (kept in ``token_ids``; the
+   ``finish_reason`` is ``"stop"``) or at ``max_tokens`` (``"length"``); padding is removed.
+
+Seeding: when ``SamplingParams.seed`` is set, the call samples from a forked torch RNG seeded with
+it (the global RNG is left untouched), so one seed and one batch give one result.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+from llm_zoo_train.chat import encode_prompt
+from llm_zoo_train.engines.base import Completion, SamplingParams
+
+__all__ = ["HFEngine"]
+
+_PROMPT_CACHE_SIZE = 4096
+
+
+class _LogprobRecorder(LogitsProcessor):
+    """Records ``log_softmax(raw_logits / temperature)`` of each sampled token, without changing
+    the scores. At step t it sees the token chosen at step t-1 (last column of ``input_ids``); the
+    last step's token is read from the final sequences by :meth:`finish`. Keeps one [B, V] tensor,
+    not the whole [B, T, V] history."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.steps: list[torch.Tensor] = []
+        self._previous: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._previous is not None:
+            self.steps.append(self._previous.gather(1, input_ids[:, -1:]).squeeze(1))
+        self._previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """The [B, T] logprobs of the ``new_tokens`` [B, T] generated."""
+        if self._previous is not None:
+            self.steps.append(self._previous.gather(1, new_tokens[:, -1:]).squeeze(1))
+            self._previous = None
+        if len(self.steps) != new_tokens.shape[1]:
+            raise RuntimeError(
+                f"recorded {len(self.steps)} logprob steps for {new_tokens.shape[1]} generated tokens"
+            )
+        return (
+            torch.stack(self.steps, dim=1)
+            if self.steps
+            else new_tokens.new_zeros(new_tokens.shape, dtype=torch.float)
+        )
+
+
+def _is_peft(model: Any) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a [train] dependency
+        return False
+    return isinstance(model, PeftModel)
+
+
+class HFEngine:
+    """An :class:`~llm_zoo_train.engines.base.Engine` on a transformers model (optionally peft).
+
+    Args:
+        model: A ``peft.PeftModel`` holding named adapters, or a plain causal LM (then every
+            prompt's adapter must be ``None``). Not wrapped by DDP/FSDP: pass the unwrapped model.
+        tokenizer: Its tokenizer (chat template, end-of-sequence and padding tokens).
+        max_batch_size: Most rows (prompt x sample) generated in one ``model.generate`` call.
+        system_prompt: A system message put before every prompt (``None``: none).
+        share_prefill: Compute each prompt's KV cache once for its ``n`` samples (and copy it to
+            them) instead of once per sample. Same results; faster for long prompts and large n.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 32,
+        system_prompt: str | None = None,
+        share_prefill: bool = True,
+    ):
+        if int(max_batch_size) < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = int(max_batch_size)
+        self.system_prompt = system_prompt
+        self.share_prefill = bool(share_prefill)
+        self.eos_token_ids = self._eos_token_ids()
+        if not self.eos_token_ids:
+            raise ValueError("neither the tokenizer nor the model's generation config names an eos token")
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = int(pad) if pad is not None else min(self.eos_token_ids)
+        self._prompt_cache: OrderedDict[str, list[int]] = OrderedDict()
+
+    # ------------------------------------------------------------------ Engine interface
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        adapters: Sequence[str | None],
+        n: int,
+        sampling: SamplingParams,
+    ) -> list[list[Completion]]:
+        """Sample ``n`` completions per prompt, ``adapters[i]`` answering ``prompts[i]``."""
+        if len(prompts) != len(adapters):
+            raise ValueError(
+                f"got {len(prompts)} prompts but {len(adapters)} adapters: give one adapter per prompt"
+            )
+        if int(n) < 1:
+            raise ValueError(f"n must be >= 1, got {n!r}")
+        if int(sampling.max_tokens) < 1:
+            raise ValueError(f"sampling.max_tokens must be >= 1, got {sampling.max_tokens!r}")
+        self._check_adapters(adapters)
+        encoded = [self._encode(prompt) for prompt in prompts]
+
+        by_adapter: dict[str | None, list[int]] = {}
+        for index, adapter in enumerate(adapters):
+            by_adapter.setdefault(adapter, []).append(index)
+
+        results: list[list[Completion | None]] = [[None] * n for _ in prompts]
+        generation_config = self._generation_config(sampling)
+        with self._preserved_model_state(), self._seeded(sampling.seed):
+            for adapter, indices in by_adapter.items():
+                # Longest first: rows of similar length share a batch (less padding).
+                indices = sorted(indices, key=lambda i: -len(encoded[i]))
+                rows = [(i, j) for i in indices for j in range(n)]
+                with self._adapter(adapter):
+                    for start in range(0, len(rows), self.max_batch_size):
+                        chunk = rows[start : start + self.max_batch_size]
+                        completions = self._generate_batch(
+                            [encoded[i] for i, _ in chunk], sampling, generation_config
+                        )
+                        for (i, j), completion in zip(chunk, completions, strict=True):
+                            results[i][j] = completion
+        return [[c for c in row if c is not None] for row in results]
+
+    def load_adapters(self, paths: Mapping[str, str], version: int) -> None:
+        """Serve the adapters saved (PEFT format) at ``paths[name]`` from now on.
+
+        This engine generates with the live model that the trainer updates in place, so training
+        never needs this call (new weights are served as soon as the optimizer steps). When called,
+        an adapter the model already has gets the saved weights copied into its parameters in place
+        (same tensors, so an optimizer holding them stays valid; nothing changes if the path holds
+        the live weights); a name the model lacks is added as a new, frozen adapter (e.g. to
+        evaluate a checkpoint next to the live adapters). ``version`` is unused: nothing here is
+        cached by name.
+        """
+        del version
+        if not paths:
+            return
+        if not _is_peft(self.model):
+            raise ValueError(
+                f"cannot load adapters {sorted(paths)}: the model is not a peft PeftModel "
+                "(wrap it with peft.get_peft_model or PeftModel.from_pretrained first)"
+            )
+        from peft import set_peft_model_state_dict
+        from peft.utils import load_peft_weights
+
+        device = str(next(self.model.parameters()).device)
+        with self._preserved_model_state():
+            for name, path in paths.items():
+                if name not in self.model.peft_config:
+                    self.model.load_adapter(str(path), adapter_name=name, is_trainable=False)
+                    continue
+                weights = load_peft_weights(str(path), device=device)
+                result = set_peft_model_state_dict(self.model, weights, adapter_name=name)
+                missing = [key for key in getattr(result, "missing_keys", []) if f".{name}." in key]
+                if missing:
+                    raise ValueError(
+                        f"{path} does not hold every weight of adapter {name!r}: missing {missing[:3]}"
+                    )
+
+    # ------------------------------------------------------------------ internals
+
+    def _eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        config = getattr(self.model, "generation_config", None)
+        configured = getattr(config, "eos_token_id", None)
+        if isinstance(configured, int):
+            ids.add(configured)
+        elif configured is not None:
+            ids.update(int(i) for i in configured)
+        return ids
+
+    def _encode(self, prompt: str) -> list[int]:
+        cached = self._prompt_cache.get(prompt)
+        if cached is None:
+            cached = encode_prompt(self.tokenizer, prompt, self.system_prompt)
+            self._prompt_cache[prompt] = cached
+            if len(self._prompt_cache) > _PROMPT_CACHE_SIZE:
+                self._prompt_cache.popitem(last=False)
+        else:
+            self._prompt_cache.move_to_end(prompt)
+        return cached
+
+    def _check_adapters(self, adapters: Sequence[str | None]) -> None:
+        named = {a for a in adapters if a is not None}
+        if not named:
+            return
+        if not _is_peft(self.model):
+            raise ValueError(
+                f"adapters {sorted(named)} were requested but the model has no adapters "
+                f"({type(self.model).__name__} is not a peft PeftModel): use adapter None"
+            )
+        unknown = named - set(self.model.peft_config)
+        if unknown:
+            raise ValueError(
+                f"unknown adapter(s) {sorted(unknown)}; the model has {sorted(self.model.peft_config)} (or None for the base model)"
+            )
+
+    def _generation_config(self, sampling: SamplingParams) -> GenerationConfig:
+        # Every knob that changes the distribution is set explicitly: generate() fills unset (None)
+        # fields from the model's own generation_config (e.g. Qwen3 ships top_k=20, top_p=0.95).
+        neutral = dict(
+            repetition_penalty=1.0,
+            encoder_repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            min_p=None,
+            min_length=0,
+            min_new_tokens=None,
+            num_beams=1,
+            num_return_sequences=1,
+        )
+        if sampling.greedy:
+            # Sampling knobs are unused by greedy search (and setting them makes generate() warn).
+            strategy: dict[str, Any] = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+        else:
+            strategy = dict(
+                do_sample=True,
+                temperature=float(sampling.temperature),
+                top_p=float(sampling.top_p),
+                top_k=int(sampling.top_k) if sampling.top_k and sampling.top_k > 0 else 0,
+            )
+        return GenerationConfig(
+            max_new_tokens=int(sampling.max_tokens),
+            eos_token_id=sorted(self.eos_token_ids),
+            pad_token_id=self.pad_token_id,
+            **neutral,
+            **strategy,
+        )
+
+    def _generate_batch(
+        self, prompt_ids: list[list[int]], sampling: SamplingParams, generation_config: GenerationConfig
+    ) -> list[Completion]:
+        """Generate one completion per row; rows that repeat a prompt (the n samples) are adjacent."""
+        device = next(self.model.parameters()).device
+        # Unique prompts of this batch, and which one each row answers.
+        unique: list[list[int]] = []
+        row_to_unique: list[int] = []
+        for ids in prompt_ids:
+            if not unique or unique[-1] is not ids:
+                unique.append(ids)
+            row_to_unique.append(len(unique) - 1)
+        width = max(len(ids) for ids in unique)
+        input_ids = torch.full((len(unique), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(unique), width), dtype=torch.long)
+        for row, ids in enumerate(unique):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, width - len(ids) :] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        index = torch.tensor(row_to_unique, dtype=torch.long, device=device)
+
+        cache = None
+        if self.share_prefill and len(unique) < len(prompt_ids) and min(len(ids) for ids in unique) >= 2:
+            cache = self._prefill(input_ids[:, :-1], attention_mask[:, :-1], index)
+        recorder = _LogprobRecorder(1.0 if sampling.greedy else float(sampling.temperature))
+        with torch.no_grad():
+            sequences = self.model.generate(
+                input_ids=input_ids[index],
+                attention_mask=attention_mask[index],
+                past_key_values=cache,
+                generation_config=generation_config,
+                logits_processor=LogitsProcessorList([recorder]),
+            )
+        new_tokens = sequences[:, width:]
+        logprobs = recorder.finish(new_tokens).cpu().tolist()
+        new_tokens = new_tokens.cpu().tolist()
+
+        completions = []
+        for row, ids in enumerate(prompt_ids):
+            tokens, finish_reason = new_tokens[row], "length"
+            for position, token in enumerate(tokens):
+                if token in self.eos_token_ids:
+                    tokens, finish_reason = tokens[: position + 1], "stop"
+                    break
+            completions.append(
+                Completion(
+                    text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                    prompt_token_ids=list(ids),
+                    token_ids=tokens,
+                    logprobs=logprobs[row][: len(tokens)],
+                    finish_reason=finish_reason,
+                )
+            )
+        return completions
+
+    def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, index: torch.Tensor) -> Any:
+        """The KV cache of every prompt but its last token, computed once per unique prompt and
+        copied to the rows (``index``) that sample from it. ``generate`` then runs only the last
+        prompt token per row before decoding. ``None`` (no sharing) for models whose cache cannot be
+        built or indexed this way; a warning says so once."""
+        try:
+            from transformers import DynamicCache
+
+            cache = DynamicCache(config=self.model.config)
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+            with torch.no_grad():
+                self.model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+            cache.batch_select_indices(index)
+        except (AttributeError, NotImplementedError, TypeError, ValueError) as err:
+            self.share_prefill = False
+            warnings.warn(
+                f"HFEngine: cannot share the prompt prefill between samples for "
+                f"{type(self.model).__name__} ({type(err).__name__}: {err}); each sample prefills its prompt",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
+        return cache
+
+    @contextmanager
+    def _adapter(self, adapter: str | None) -> Iterator[None]:
+        if adapter is None:
+            with self.model.disable_adapter() if _is_peft(self.model) else nullcontext():
+                yield
+            return
+        if self.model.active_adapter != adapter:
+            self.model.set_adapter(adapter)
+        yield
+
+    @contextmanager
+    def _preserved_model_state(self) -> Iterator[None]:
+        """Eval mode during generation; afterwards the previous mode, active adapter and
+        ``requires_grad`` flags (``set_adapter`` changes them) come back."""
+        was_training = self.model.training
+        peft = _is_peft(self.model)
+        active = self.model.active_adapter if peft else None
+        flags = [(p, p.requires_grad) for p in self.model.parameters()] if peft else []
+        self.model.eval()
+        try:
+            yield
+        finally:
+            if peft and self.model.active_adapter != active:
+                if isinstance(active, str):
+                    self.model.set_adapter(active)
+                else:
+                    self.model.base_model.set_adapter(active)
+            for parameter, flag in flags:
+                if parameter.requires_grad != flag:
+                    parameter.requires_grad_(flag)
+            self.model.train(was_training)
+
+    @contextmanager
+    def _seeded(self, seed: int | None) -> Iterator[None]:
+        if seed is None:
+            yield
+            return
+        device = next(self.model.parameters()).device
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(int(seed))
+            yield
