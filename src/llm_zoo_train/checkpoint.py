@@ -1,0 +1,211 @@
+"""Checkpoints: everything needed to continue a run exactly where it stopped.
+
+A checkpoint is a directory ``OUTPUT_DIR/checkpoint-STEP/``::
+
+    adapters/<name>/      every adapter, PEFT format (PeftModel.from_pretrained loads it)
+    optimizers.pt         optimizer state per trainable adapter
+    schedulers.pt         LR scheduler state per trainable adapter
+    rng_state.pt          Python, NumPy, torch (CPU and CUDA) RNG states and the trainer's generator
+    trainer_state.json    step, adapter version, metrics history
+    config.yaml           the run's configuration
+
+It is written into a temporary sibling directory and renamed into place, so a run killed while
+saving never leaves a half-written checkpoint that ``--resume`` would pick up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "CHECKPOINT_PREFIX",
+    "capture_rng_state",
+    "changed_keys",
+    "checkpoint_path",
+    "find_checkpoint",
+    "list_checkpoints",
+    "load_training_state",
+    "read_trainer_state",
+    "restore_rng_state",
+    "rotate_checkpoints",
+    "save_training_state",
+    "write_checkpoint",
+]
+
+CHECKPOINT_PREFIX = "checkpoint-"
+_CHECKPOINT_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
+TRAINER_STATE = "trainer_state.json"
+
+
+def checkpoint_path(output_dir: str | Path, step: int) -> Path:
+    return Path(output_dir) / f"{CHECKPOINT_PREFIX}{step}"
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints in ``output_dir``, oldest first."""
+    directory = Path(output_dir)
+    if not directory.is_dir():
+        return []
+    found = []
+    for child in directory.iterdir():
+        match = _CHECKPOINT_NAME.match(child.name)
+        if match and (child / TRAINER_STATE).is_file():
+            found.append((int(match[1]), child))
+    return [path for _, path in sorted(found)]
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """``path`` if it is a checkpoint, else the newest checkpoint inside it; FileNotFoundError if none."""
+    path = Path(path)
+    if (path / TRAINER_STATE).is_file():
+        return path
+    checkpoints = list_checkpoints(path)
+    if not checkpoints:
+        raise FileNotFoundError(
+            f"no checkpoint to resume from in {path} (expected {path}/{CHECKPOINT_PREFIX}STEP/{TRAINER_STATE})"
+        )
+    return checkpoints[-1]
+
+
+def write_checkpoint(directory: str | Path, write: Callable[[Path], None]) -> Path:
+    """Create checkpoint ``directory`` atomically: ``write(tmp)`` fills a temporary directory,
+    which is then renamed to ``directory`` (replacing an older one of the same name)."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{directory.name}-", dir=directory.parent))
+    make_world_readable(tmp)
+    try:
+        write(tmp)
+        if directory.exists():
+            old = directory.with_name(f".old-{directory.name}-{os.getpid()}")
+            os.rename(directory, old)
+            os.rename(tmp, directory)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, directory)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+def make_world_readable(directory: Path) -> None:
+    """Give a ``mkdtemp`` directory (mode 0700) the permissions a plain ``mkdir`` would (umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(directory, 0o777 & ~umask)
+
+
+def rotate_checkpoints(output_dir: str | Path, keep: int | None) -> None:
+    """Delete all but the newest ``keep`` checkpoints (``None``: keep all)."""
+    if keep is None:
+        return
+    for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else list_checkpoints(output_dir):
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_training_state(
+    directory: Path,
+    *,
+    policy: Any,
+    optimizers: Mapping[str, Any],
+    schedulers: Mapping[str, Any],
+    scaler: Any,
+    rng_states: list[dict[str, Any]],
+    trainer_state: dict[str, Any],
+) -> None:
+    """Write adapters, optimizer/scheduler/scaler states, RNG states (one per process) and the
+    trainer state into ``directory`` (the temporary directory of :func:`write_checkpoint`)."""
+    policy.save_adapters(directory / "adapters")
+    torch.save({name: o.state_dict() for name, o in optimizers.items()}, directory / "optimizers.pt")
+    torch.save({name: s.state_dict() for name, s in schedulers.items()}, directory / "schedulers.pt")
+    if scaler is not None:
+        torch.save(scaler.state_dict(), directory / "scaler.pt")
+    torch.save({"ranks": rng_states}, directory / "rng_state.pt")
+    write_json(directory / TRAINER_STATE, trainer_state)
+
+
+def load_training_state(
+    checkpoint: Path,
+    *,
+    policy: Any,
+    optimizers: Mapping[str, Any],
+    schedulers: Mapping[str, Any],
+    scaler: Any,
+) -> list[dict[str, Any]]:
+    """Load what :func:`save_training_state` wrote into live objects; returns the RNG states (one
+    per process that wrote the checkpoint) for :func:`restore_rng_state`."""
+    for name in policy.adapter_names:
+        policy.load_adapter_weights(name, checkpoint / "adapters" / name)
+    optimizer_states = torch.load(checkpoint / "optimizers.pt", weights_only=True)
+    scheduler_states = torch.load(checkpoint / "schedulers.pt", weights_only=True)
+    for name, optimizer in optimizers.items():
+        optimizer.load_state_dict(optimizer_states[name])
+        schedulers[name].load_state_dict(scheduler_states[name])
+    if scaler is not None and (checkpoint / "scaler.pt").is_file():
+        scaler.load_state_dict(torch.load(checkpoint / "scaler.pt", weights_only=True))
+    return list(torch.load(checkpoint / "rng_state.pt", weights_only=True)["ranks"])
+
+
+def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts (e.g. a saved and a new config)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(set(old) | set(new))
+        return [c for k in keys for c in changed_keys(old.get(k), new.get(k), f"{prefix}{k}.")]
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+def read_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
+    return json.loads((Path(checkpoint) / TRAINER_STATE).read_text(encoding="utf-8"))
+
+
+def write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- RNG states
+
+
+def capture_rng_state(trainer_rng: np.random.Generator) -> dict[str, Any]:
+    """All RNG states as plain values and tensors (loadable with ``torch.load(weights_only=True)``)."""
+    version, state, gauss = random.getstate()
+    legacy = np.random.get_state(legacy=False)
+    return {
+        "python": [version, list(state), gauss],
+        "numpy": json.dumps(legacy, default=_json_array),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "trainer": json.dumps(trainer_rng.bit_generator.state),
+    }
+
+
+def restore_rng_state(saved: dict[str, Any], trainer_rng: np.random.Generator) -> None:
+    """Undo :func:`capture_rng_state` (the trainer's generator is restored in place)."""
+    version, state, gauss = saved["python"]
+    random.setstate((version, tuple(state), gauss))
+    legacy = json.loads(saved["numpy"])
+    legacy["state"]["key"] = np.asarray(legacy["state"]["key"], dtype=np.uint32)
+    np.random.set_state(legacy)
+    torch.set_rng_state(saved["torch"])
+    if saved["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(saved["cuda"])
+    trainer_rng.bit_generator.state = json.loads(saved["trainer"])
+
+
+def _json_array(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.integer | np.floating):
+        return value.item()
+    raise TypeError(f"cannot serialise {type(value).__name__}")

