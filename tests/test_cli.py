@@ -18,7 +18,7 @@ def test_list_shows_ids_and_descriptions():
     assert code == 0
     assert "PlanPath-v0" in text and "Math-v0" in text
     assert any(
-        line.split() == ["test/CliKeyword-v0", *"toy env for the CLI tests".split()]
+        line.split() == ["test/CliKeyword-v0", *["toy", "env", "for", "the", "CLI", "tests"]]
         for line in text.splitlines()
     )
 

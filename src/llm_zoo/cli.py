@@ -60,7 +60,7 @@ def cmd_list(out: TextIO) -> int:
 def _read_answer(stdin: TextIO, out: TextIO) -> str | None:
     print(f"--- your answer (finish with a line '{END_OF_ANSWER}', '{QUIT}' to stop) ---", file=out)
     out.flush()
-    lines = []
+    lines: list[str] = []
     for line in stdin:
         stripped = line.rstrip("\n")
         if stripped.strip() == END_OF_ANSWER:

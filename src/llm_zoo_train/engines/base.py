@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["SamplingParams", "Completion", "Engine"]
+__all__ = ["Completion", "Engine", "SamplingParams"]
 
 
 @dataclass(frozen=True)
