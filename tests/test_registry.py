@@ -5,7 +5,9 @@ import textwrap
 import pytest
 
 import llm_zoo
+from llm_zoo.envs import BUILTIN_ENVS
 from llm_zoo.registry import EnvRegistry, EnvSpec, PluginLoadWarning, UnknownEnvError
+from llm_zoo.testing import check_env
 from toy_envs import KeywordEnv
 
 
@@ -157,3 +159,10 @@ def test_installed_plugin_distribution_is_discovered(tmp_path):
     assert "coins/Coin-v0" in listing.stdout and "[plugin: throwaway_plugin]" in listing.stdout
     assert "PlanPath-v0" in listing.stdout
     assert "plugin 'broken_plugin' failed to load: RuntimeError: plugin exploded" in listing.stdout
+
+
+@pytest.mark.parametrize("env_id", sorted(BUILTIN_ENVS))
+def test_every_builtin_env_passes_check_env(env_id):
+    # Each env's own tests run check_env with valid answers too; this guards that no registered
+    # env is left out.
+    check_env(env_id, num_cycles=20, fuzz_count=100)
