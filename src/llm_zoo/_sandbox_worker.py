@@ -248,6 +248,9 @@ def _bwrap_args(bwrap: str, root: bool) -> list[str]:
     else:
         args = [bwrap, "--unshare-all"]
     args += ["--new-session", "--hostname", "sandbox"]
+    # The private /tmp first: the interpreter's directories bound below may live under /tmp (a
+    # virtualenv in a CI checkout there), and a later tmpfs would hide them.
+    args += ["--perms", "0755", "--tmpfs", "/tmp"]
     visible = ["/usr"]  # then the interpreter's directories that /usr does not already hold
     for path in _python_paths():
         if not any(path == seen or path.startswith(seen.rstrip("/") + "/") for seen in visible):
@@ -268,7 +271,7 @@ def _bwrap_args(bwrap: str, root: bool) -> list[str]:
     args += ["--perms", "0755", "--dir", "/etc"]
     for name in _ETC_FILES:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "0755", "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc", "--dev", "/dev"]
     return [*args, "--chdir", "/tmp"]
 
 
