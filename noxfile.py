@@ -81,8 +81,8 @@ def install_check(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     session.install("ruff")
-    session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py")
-    session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "noxfile.py")
+    session.run("ruff", "check", "src", "tests", "benchmarks", "docs/_gen", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "docs/_gen", "noxfile.py")
 
 
 @nox.session(python=PYTHON)
@@ -98,3 +98,15 @@ def plugin_example(session: nox.Session) -> None:
     session.install("-e", ".[dev]", "-e", "examples/plugin_env")
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "examples/plugin_env/tests",
                 "-o", "addopts=")  # fmt: skip
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Build the site strictly (any warning fails) and run every code block of the docs."""
+    session.install(TORCH)
+    session.install("-e", ".[train,dev,docs]", "-e", "examples/plugin_env")
+    session.env["NO_MKDOCS_2_WARNING"] = "1"  # Material for MkDocs' end-of-life banner
+    session.run("mkdocs", "build", "--strict", "--site-dir", "site")
+    session.run("python", "-m", "pytest", "-q", "-ra", "tests/test_docs.py",
+                "--deselect", "tests/test_docs.py::test_mkdocs_build_strict", "-o", "addopts=",
+                *session.posargs)  # fmt: skip

@@ -27,7 +27,7 @@ def test_play_shows_each_agent_its_prompt_and_takes_multiline_answers():
     answers = "I say\napple\n/end\nbanana\n/end\n"
     code, text = run(["play", "test/CliKeyword-v0", "--seed", "4"], stdin=answers)
     assert code == 0
-    assert "=========== alice, turn 0 ===========" in text
+    assert "=========== alice, turn 1 of 3 ===========" in text
     assert "alice, say the word 'apple'" in text
     assert "bob, say the word 'banana'" in text
     assert "success=True" in text

@@ -80,7 +80,7 @@ def cmd_play(env_id: str, seed: int | None, env_kwargs: dict[str, Any], stdin: T
         if termination or truncation:
             env.step(None)
             continue
-        print(f"\n=========== {agent}, turn {env.turn} ===========", file=out)
+        print(f"\n=========== {agent}, turn {env.turn + 1} of {env.max_turns} ===========", file=out)
         print(env.observe(agent)["prompt"], file=out)
         answer = _read_answer(stdin, out)
         if answer is None:
