@@ -112,7 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ModelNotAvailableError) as err:
         print(f"llm-zoo-train: error: {err}", file=sys.stderr)
         return 2
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
     return 0
 
 

@@ -450,10 +450,17 @@ class Trainer:
                 logger.print(f"success rate after training:  {_describe(after)}")
         accelerator.wait_for_everyone()
         accelerator.end_training()
+        return {"before": before, "after": after, "history": self.history}
+
+    def close(self) -> None:
+        """Stop the engine's worker processes (vLLM); the trainer cannot generate afterwards.
+
+        Separate from :meth:`train` so callers can still use the engine after a run (for example to
+        compare what it serves with the live policy).
+        """
         close = getattr(self.engine, "close", None)
         if close is not None and not isinstance(self.engine, HFEngine):
-            close()  # stop vLLM's worker processes
-        return {"before": before, "after": after, "history": self.history}
+            close()
 
 
 def _describe(record: Mapping[str, float]) -> str:
