@@ -110,3 +110,13 @@ def docs(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-q", "-ra", "tests/test_docs.py",
                 "--deselect", "tests/test_docs.py::test_mkdocs_build_strict", "-o", "addopts=",
                 *session.posargs)  # fmt: skip
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Smoke run of the CPU benchmarks with reduced sizes. The quick figures go to the session's
+    temporary directory, so they never overwrite the published ones in benchmarks/results/."""
+    install_train(session)
+    out = session.create_tmp()
+    session.run("python", "benchmarks/env_speed.py", "--quick", "--output", f"{out}/env_speed.json")
+    session.run("python", "benchmarks/sandbox_speed.py", "--quick", "--output", f"{out}/sandbox_speed.json")
