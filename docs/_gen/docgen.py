@@ -61,6 +61,9 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.engines.hf", "llm_zoo_train.engines.hf"),
     ("llm_zoo_train.engines.vllm", "llm_zoo_train.engines.vllm"),
     ("llm_zoo_train.evaluate", "llm_zoo_train.evaluate"),
+    ("llm_zoo_train.eval_cli", "llm_zoo_train.eval_cli"),
+    ("llm_zoo_train.eval_plan", "llm_zoo_train.eval_plan"),
+    ("llm_zoo_train.engines.openai_compat", "llm_zoo_train.engines.openai_compat"),
     ("llm_zoo_train.checkpoint", "llm_zoo_train.checkpoint"),
     ("llm_zoo_train.tracking", "llm_zoo_train.tracking"),
 ]

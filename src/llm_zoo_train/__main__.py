@@ -1,5 +1,7 @@
 """Command line: ``llm-zoo-train CONFIG.yaml [--section.field VALUE ...] [--resume [DIR]]``.
 
+``llm-zoo-train eval RUN_DIR [options]`` evaluates a run instead (:mod:`llm_zoo_train.eval_cli`).
+
 Also ``accelerate launch -m llm_zoo_train CONFIG.yaml ...`` (multi-process, mixed precision as
 configured by ``accelerate config``/``launch`` flags). The configuration is checked completely -
 names, types, values, the env id and the agents - before any model is loaded.
@@ -14,6 +16,7 @@ from pathlib import Path
 USAGE = """\
 usage: llm-zoo-train [CONFIG.yaml] [--section.field VALUE ...] [--resume [DIR]] [--print-config]
        accelerate launch [launch options] -m llm_zoo_train [same arguments]
+       llm-zoo-train eval RUN_DIR|CHECKPOINT_DIR|CONFIG.yaml [options]   (see `llm-zoo-train eval --help`)
 
 Train one LoRA adapter per agent (or a shared one) on an llm-zoo environment with AT-GRPO.
 
@@ -67,6 +70,10 @@ def parse_args(argv: Sequence[str]) -> tuple[str | None, bool, str | None, bool,
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "eval":
+        from llm_zoo_train.eval_cli import main as eval_main
+
+        return eval_main(argv[1:])
     if "-h" in argv or "--help" in argv:
         from llm_zoo_train.config import format_help
 

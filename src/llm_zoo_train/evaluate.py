@@ -4,19 +4,23 @@ One episode per task seed, no branching (:func:`llm_zoo_train.rollout.evaluation
 greedy by default. The success rate comes with a 95% Wilson score interval, which stays inside
 [0, 1] and is honest for the small episode counts a CPU run affords (the normal approximation
 claims zero uncertainty at 0% or 100%).
+
+The trainer calls :func:`evaluate` during a run; the command ``llm-zoo-train eval`` (also
+``python -m llm_zoo_train.evaluate``, implemented in :mod:`llm_zoo_train.eval_cli`) evaluates a
+saved run, the base model, a role swap or a served model after it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from llm_zoo_train.engines.base import Engine, SamplingParams
 from llm_zoo_train.rollout import EpisodeResult, evaluation_rollout
 
-__all__ = ["EvalResult", "evaluate", "summarize", "wilson_interval"]
+__all__ = ["EvalResult", "episode_to_dict", "evaluate", "summarize", "wilson_interval"]
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
@@ -41,8 +45,11 @@ class EvalResult:
         ci_low: Lower end of the 95% Wilson interval of the success rate.
         ci_high: Upper end.
         mean_turns: Mean number of turns per episode.
-        mean_rewards: Per agent, the mean over episodes of its summed reward.
-        format_ok_rate: Fraction of all actions the env could parse.
+        mean_rewards: Per agent, the mean over episodes of its summed reward (role + alpha x global).
+        format_ok_rate: Mean over episodes of the fraction of actions the env could parse.
+        mean_role_rewards: Per agent, the mean over episodes of its summed role reward.
+        mean_global_rewards: Per agent, the mean over episodes of the summed global reward it
+            received after its own actions.
     """
 
     num_episodes: int
@@ -53,6 +60,12 @@ class EvalResult:
     mean_turns: float
     mean_rewards: dict[str, float] = field(default_factory=dict)
     format_ok_rate: float = 1.0
+    mean_role_rewards: dict[str, float] = field(default_factory=dict)
+    mean_global_rewards: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON-ready values."""
+        return asdict(self)
 
     def metrics(self, prefix: str = "eval/") -> dict[str, float]:
         """Flat metrics for logging."""
@@ -81,6 +94,10 @@ def summarize(episodes: Sequence[EpisodeResult]) -> EvalResult:
     successes = sum(bool(e.success) for e in episodes)
     low, high = wilson_interval(successes, n)
     agents = sorted({a for e in episodes for a in e.rewards})
+
+    def mean(values: Sequence[Mapping[str, float]], agent: str) -> float:
+        return sum(v.get(agent, 0.0) for v in values) / n
+
     return EvalResult(
         num_episodes=n,
         successes=successes,
@@ -88,9 +105,16 @@ def summarize(episodes: Sequence[EpisodeResult]) -> EvalResult:
         ci_low=low,
         ci_high=high,
         mean_turns=sum(e.turns for e in episodes) / n if n else 0.0,
-        mean_rewards={a: sum(e.rewards.get(a, 0.0) for e in episodes) / n for a in agents} if n else {},
+        mean_rewards={a: mean([e.rewards for e in episodes], a) for a in agents} if n else {},
         format_ok_rate=sum(e.format_ok_rate for e in episodes) / n if n else 1.0,
+        mean_role_rewards={a: mean([e.role_rewards for e in episodes], a) for a in agents} if n else {},
+        mean_global_rewards={a: mean([e.global_rewards for e in episodes], a) for a in agents} if n else {},
     )
+
+
+def episode_to_dict(episode: EpisodeResult) -> dict[str, Any]:
+    """One episode's result as plain JSON-ready values."""
+    return asdict(episode)
 
 
 def evaluate(
@@ -104,3 +128,11 @@ def evaluate(
     """Play one episode per seed and summarize; returns the summary and the episodes."""
     episodes = evaluation_rollout(env_id, env_kwargs, seeds, engine, agent_adapters, sampling)
     return summarize(episodes), episodes
+
+
+if __name__ == "__main__":  # python -m llm_zoo_train.evaluate: the same as `llm-zoo-train eval`
+    import sys
+
+    from llm_zoo_train.eval_cli import main
+
+    sys.exit(main())
