@@ -26,17 +26,14 @@ the hidden answer of the current task).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import bar_chart, finish, run_facts
 
 import llm_zoo
 from llm_zoo import sandbox
@@ -155,12 +152,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     env_ids = args.env or sorted(llm_zoo.registry)
 
     results: dict[str, Any] = {
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "llm_zoo": llm_zoo.__version__,
+        "benchmark": "env_speed",
+        **run_facts(__file__, argv),
         "seconds_per_measurement": seconds,
         "envs": {},
     }
@@ -189,10 +182,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"sandbox: {results['sandbox']['batch']['runs_per_s']} runs/s (trivial program, run_many batch)"
         )
 
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    finish(results, args.output, lambda png: plot(results, png))
     return results
+
+
+def plot(results: dict[str, Any], png: Path) -> None:
+    env_ids = [e for e, entry in results["envs"].items() if "random" in entry]
+    series = {
+        kind: [results["envs"][e].get(kind, {}).get("steps_per_s", 0.0) for e in env_ids]
+        for kind in ("random", "oracle")
+    }
+    bar_chart(png, "Env steps per second (one process)", env_ids, series, "env steps/s", log=True)
 
 
 if __name__ == "__main__":

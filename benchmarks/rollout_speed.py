@@ -11,10 +11,14 @@ four ways and reports generated tokens per second:
 * ``raw_generate``: plain ``model.generate`` on the E x K left-padded rows, no logprob recording,
   no chat-template or bookkeeping: the ceiling the engine's own overhead is measured against.
 
-Then one whole ``tree_rollout`` (engine calls + env clones and steps) is timed in tokens/s.
+Then whole ``tree_rollout`` calls (generation + env clones and steps + the tool agents' programs in
+the sandbox, for every agent of ``--turns`` turns) are timed in tokens/s, and the generation calls
+each one made are replayed as ``raw_generate`` calls (same prompts, K, lengths):
+``tree_rollout / raw replay`` is the share of the raw generation rate a real rollout keeps.
+
 Methods alternate within each repeat; the best repeat of each is reported (least disturbed by
-other load). Ratios ``engine_n_k / other`` are printed and written with everything else to
-``benchmarks/results/rollout_speed.json``.
+other load). Ratios are printed and written with everything else to
+``benchmarks/results/rollout_speed.json`` (and a PNG).
 
     python benchmarks/rollout_speed.py            # SmolLM2-135M (embedded), 4 envs x K=4, 32 tokens
     python benchmarks/rollout_speed.py --quick    # smoke run: 2 envs x K=2, 8 tokens, 1 repeat
@@ -23,15 +27,13 @@ other load). Ratios ``engine_n_k / other`` are printed and written with everythi
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _common import RecordingEngine, bar_chart, finish, run_facts
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -129,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--k", type=int, default=4, help="K: candidates per prompt")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--turns", type=int, default=1, help="max_turns of the timed tree rollouts")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -137,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()[0]
+    facts = run_facts(__file__, argv)
     model, tokenizer = load_model(args.model, args.dtype)
     prompts = env_prompts(args.env, args.envs)
     prompt_tokens = [len(encode_prompt(tokenizer, p)) for p in prompts]
@@ -162,24 +165,44 @@ def main(argv: list[str] | None = None) -> dict:
             )
     best = {name: max(r["tokens_per_s"] for r in rs) for name, rs in runs.items()}
 
-    start = time.perf_counter()
-    samples = tree_rollout(
-        args.env, {"max_turns": 1}, list(range(args.envs)), shared, {a: ADAPTER for a in llm_zoo.make(args.env).possible_agents},
-        args.k, sampling, np.random.default_rng(0),
-    )  # fmt: skip
-    rollout_seconds = time.perf_counter() - start
-    rollout_tokens = sum(len(s.completion_token_ids) for s in samples)
+    agents = llm_zoo.make(args.env).possible_agents
+    tree_runs, replay_runs = [], []
+    for repeat in range(args.repeats):
+        recorder = RecordingEngine(shared)
+        start = time.perf_counter()
+        samples = tree_rollout(
+            args.env, {"max_turns": args.turns}, [1000 * repeat + i for i in range(args.envs)], recorder,
+            dict.fromkeys(agents, ADAPTER), args.k, sampling, np.random.default_rng(repeat),
+        )  # fmt: skip
+        seconds = time.perf_counter() - start
+        tokens = sum(len(s.completion_token_ids) for s in samples)
+        tree_runs.append({"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds})
+        replay_seconds, replay_tokens = 0.0, 0
+        for call_prompts, _, n, call_sampling in recorder.calls:
+            call_seconds, call_tokens = time_raw_generate(model, tokenizer, call_prompts, n, call_sampling)
+            replay_seconds, replay_tokens = replay_seconds + call_seconds, replay_tokens + call_tokens
+        replay_runs.append(
+            {
+                "seconds": replay_seconds,
+                "tokens": replay_tokens,
+                "tokens_per_s": replay_tokens / replay_seconds,
+            }
+        )
+        print(
+            f"repeat {repeat} tree_rollout {tokens:6d} tokens {seconds:7.2f} s {tokens / seconds:8.1f} tok/s; "
+            f"raw replay of its {len(recorder.calls)} calls {replay_tokens / replay_seconds:8.1f} tok/s"
+        )
+    tree_best = max(r["tokens_per_s"] for r in tree_runs)
+    replay_best = max(r["tokens_per_s"] for r in replay_runs)
 
     ratios = {f"engine_n_k/{name}": best["engine_n_k"] / best[name] for name in best if name != "engine_n_k"}
     result = {
         "benchmark": "rollout_speed",
-        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        **facts,
         "model": args.model,
         "dtype": args.dtype,
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "threads": torch.get_num_threads(),
-        "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
-        "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs".strip(),
         "env": args.env,
         "envs": args.envs,
         "k": args.k,
@@ -190,11 +213,12 @@ def main(argv: list[str] | None = None) -> dict:
         "ratios": ratios,
         "runs": runs,
         "tree_rollout": {
-            "max_turns": 1,
-            "samples": len(samples),
-            "tokens": rollout_tokens,
-            "seconds": rollout_seconds,
-            "tokens_per_s": rollout_tokens / rollout_seconds,
+            "max_turns": args.turns,
+            "runs": tree_runs,
+            "raw_replay_runs": replay_runs,
+            "tokens_per_s_best": tree_best,
+            "raw_replay_tokens_per_s_best": replay_best,
+            "tokens_per_s_over_raw": tree_best / replay_best,
         },
         "torch": torch.__version__,
         "quick": args.quick,
@@ -204,11 +228,26 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"best {name:22s} {value:8.1f} tok/s")
     for name, value in ratios.items():
         print(f"ratio {name:40s} {value:5.2f}")
-    print(f"tree_rollout (1 turn, {len(samples)} samples): {rollout_tokens / rollout_seconds:.1f} tok/s")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    print(
+        f"tree_rollout ({args.turns} turn(s)): {tree_best:.1f} tok/s = {tree_best / replay_best:.2f} x the raw "
+        f"replay of the same generation calls ({replay_best:.1f} tok/s)"
+    )
+    finish(result, args.output, lambda png: plot(result, png))
     return result
+
+
+def plot(result: dict, png: Path) -> None:
+    rates = dict(result["tokens_per_s_best"])
+    rates["tree_rollout"] = result["tree_rollout"]["tokens_per_s_best"]
+    rates["raw_replay"] = result["tree_rollout"]["raw_replay_tokens_per_s_best"]
+    bar_chart(
+        png,
+        f"transformers engine, {result['model']}: {result['envs']} envs x K={result['k']}, "
+        f"{result['max_tokens']} tokens",
+        list(rates),
+        {"tokens/s (best repeat)": list(rates.values())},
+        "generated tokens per second",
+    )
 
 
 if __name__ == "__main__":

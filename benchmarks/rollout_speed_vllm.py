@@ -8,14 +8,20 @@ request three ways and reports generated tokens per second:
   and the K samples share its KV-cache blocks (what the rollout does);
 * ``engine_k_requests``: K separate ``VLLMEngine.generate(prompts, n=1)`` calls (with prefix
   caching on, later calls still reuse the first call's prefill: ``--no-prefix-caching`` shows the
-  cost without it);
+  cost without it); the prefix cache is emptied before every timed method, so none profits from
+  the one before it;
 * ``raw_generate``: ``vllm.LLM.generate`` on the E x K prompts as separate requests, no logprobs,
   no chat template or bookkeeping: the engine's raw generation rate for the same tokens.
 
-Then one whole ``tree_rollout`` (engine calls + env clones and steps) is timed in tokens/s.
-Methods alternate within each repeat; the best repeat of each is reported. Ratios
-``engine_n_k / other`` are printed and written with everything else to
-``benchmarks/results/rollout_speed_vllm.json``. Run it in the vLLM environment (docs/vllm.md)::
+Then whole ``tree_rollout`` calls (generation + env clones and steps + the tool agents' programs in
+the sandbox, for every agent of ``--turns`` turns) are timed in tokens/s, and the generation
+calls each one made are replayed straight through ``vllm.LLM.generate`` (same prompts, same ``n``,
+same lengths, no logprobs, no rollout around them): ``tree_rollout / raw replay`` is the share of
+the engine's raw generation rate that a real rollout keeps (issue 6's target: >= 0.9).
+
+Methods alternate within each repeat; the best repeat of each is reported. Ratios are printed and
+written with everything else to ``benchmarks/results/rollout_speed_vllm.json`` (and a PNG). Run it
+in the vLLM environment (docs/vllm.md)::
 
     python benchmarks/rollout_speed_vllm.py            # SmolLM2-135M (embedded), 4 envs x K=4, 32 tokens
     python benchmarks/rollout_speed_vllm.py --quick    # smoke run: 2 envs x K=2, 8 tokens, 1 repeat
@@ -24,15 +30,12 @@ Methods alternate within each repeat; the best repeat of each is reported. Ratio
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from _common import bar_chart, finish, run_facts
 
 RESULTS = Path(__file__).parent / "results" / "rollout_speed_vllm.json"
 ADAPTER = "policy"
@@ -72,7 +75,14 @@ def count_tokens(results) -> int:
     return sum(len(c.token_ids) for row in results for c in row)
 
 
+def cold_cache(engine) -> None:
+    """Forget cached prompt prefixes, so no timed method profits from the prefill of the one
+    before it (every method and the replay see the same prompts)."""
+    engine.llm.reset_prefix_cache()
+
+
 def time_engine(engine, prompts, k, sampling) -> tuple[float, int]:
+    cold_cache(engine)
     start = time.perf_counter()
     results = engine.generate(prompts, [ADAPTER] * len(prompts), k, sampling)
     return time.perf_counter() - start, count_tokens(results)
@@ -81,6 +91,7 @@ def time_engine(engine, prompts, k, sampling) -> tuple[float, int]:
 def time_k_requests(engine, prompts, k, sampling) -> tuple[float, int]:
     from llm_zoo_train.engines.base import SamplingParams
 
+    cold_cache(engine)
     start, tokens = time.perf_counter(), 0
     for request in range(k):
         seeded = SamplingParams(
@@ -106,10 +117,60 @@ def time_raw_generate(engine, prompts, k, sampling) -> tuple[float, int]:
         )
         for i in range(len(requests))
     ]
+    cold_cache(engine)
     start = time.perf_counter()
     outputs = engine.llm.generate(requests, params, lora_request=lora, use_tqdm=False)
     elapsed = time.perf_counter() - start
     return elapsed, sum(len(o.outputs[0].token_ids) for o in outputs)
+
+
+def time_tree_rollout(engine, env_id, turns, envs, agents, k, sampling, repeat) -> tuple[float, int, list]:
+    """One whole tree rollout (generation, env clones and steps, sandbox runs), timed; returns the
+    generation calls it made so they can be replayed."""
+    from _common import RecordingEngine
+
+    from llm_zoo_train.rollout import tree_rollout
+
+    recorder = RecordingEngine(engine)
+    cold_cache(engine)
+    start = time.perf_counter()
+    samples = tree_rollout(
+        env_id, {"max_turns": turns}, [1000 * repeat + i for i in range(envs)], recorder,
+        dict.fromkeys(agents, ADAPTER), k, sampling, np.random.default_rng(repeat),
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    return seconds, sum(len(s.completion_token_ids) for s in samples), recorder.calls
+
+
+def time_replay(engine, calls) -> tuple[float, int]:
+    """The same generation requests straight through ``vllm.LLM.generate``: token-id prompts, one
+    request per prompt with ``n`` samples, no logprobs, no detokenizing, no rollout around them."""
+    import vllm
+    from vllm.inputs import TokensPrompt
+
+    from llm_zoo_train.chat import encode_prompt
+
+    prepared = []
+    for prompts, adapters, n, sampling in calls:
+        requests = [TokensPrompt(prompt_token_ids=encode_prompt(engine.tokenizer, p)) for p in prompts]
+        loras = [engine.lora_request(a) for a in adapters]
+        params = [
+            vllm.SamplingParams(
+                n=n,
+                max_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                seed=i,
+                detokenize=False,
+            )
+            for i in range(len(requests))
+        ]
+        prepared.append((requests, params, loras))
+    cold_cache(engine)
+    start, tokens = time.perf_counter(), 0
+    for requests, params, loras in prepared:
+        outputs = engine.llm.generate(requests, params, lora_request=loras, use_tqdm=False)
+        tokens += sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return time.perf_counter() - start, tokens
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -122,6 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--k", type=int, default=4, help="K: candidates per prompt")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--turns", type=int, default=1, help="max_turns of the timed tree rollouts")
     parser.add_argument("--no-prefix-caching", action="store_true", help="turn off vLLM's prefix cache")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV-cache size (GiB)")
     parser.add_argument("--output", type=Path, default=RESULTS)
@@ -133,9 +195,8 @@ def main(argv: list[str] | None = None) -> dict:
     from llm_zoo_train.engines.base import SamplingParams
     from llm_zoo_train.engines.vllm import VLLMEngine
     from llm_zoo_train.policy import resolve_model_path
-    from llm_zoo_train.rollout import tree_rollout
 
-    load_before = os.getloadavg()[0]
+    facts = run_facts(__file__, argv)
     model_path = resolve_model_path(args.model)
     scratch = tempfile.TemporaryDirectory(prefix="rollout_speed_vllm_")
     adapter_path = save_random_adapter(model_path, Path(scratch.name))
@@ -169,27 +230,40 @@ def main(argv: list[str] | None = None) -> dict:
             )
     best = {name: max(r["tokens_per_s"] for r in rs) for name, rs in runs.items()}
 
-    start = time.perf_counter()
     agents = llm_zoo.make(args.env).possible_agents
-    samples = tree_rollout(
-        args.env, {"max_turns": 1}, list(range(args.envs)), engine, dict.fromkeys(agents, ADAPTER),
-        args.k, sampling, np.random.default_rng(0),
-    )  # fmt: skip
-    rollout_seconds = time.perf_counter() - start
-    rollout_tokens = sum(len(s.completion_token_ids) for s in samples)
+    tree_runs, replay_runs = [], []
+    for repeat in range(args.repeats):
+        seconds, tokens, calls = time_tree_rollout(
+            engine, args.env, args.turns, args.envs, agents, args.k, sampling, repeat
+        )
+        tree_runs.append(
+            {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "calls": len(calls)}
+        )
+        replay_seconds, replay_tokens = time_replay(engine, calls)
+        replay_runs.append(
+            {
+                "seconds": replay_seconds,
+                "tokens": replay_tokens,
+                "tokens_per_s": replay_tokens / replay_seconds,
+            }
+        )
+        print(
+            f"repeat {repeat} tree_rollout {tokens:6d} tokens {seconds:7.2f} s {tokens / seconds:8.1f} tok/s; "
+            f"raw replay of its {len(calls)} calls {replay_tokens / replay_seconds:8.1f} tok/s"
+        )
+    tree_best = max(r["tokens_per_s"] for r in tree_runs)
+    replay_best = max(r["tokens_per_s"] for r in replay_runs)
     engine.close()
     scratch.cleanup()
 
     ratios = {f"engine_n_k/{name}": best["engine_n_k"] / best[name] for name in best if name != "engine_n_k"}
     result = {
         "benchmark": "rollout_speed_vllm",
-        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        **facts,
         "model": args.model,
         "dtype": args.dtype,
         "prefix_caching": not args.no_prefix_caching,
         "engine_startup_s": startup_seconds,
-        "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
-        "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs".strip(),
         "env": args.env,
         "envs": args.envs,
         "k": args.k,
@@ -200,12 +274,12 @@ def main(argv: list[str] | None = None) -> dict:
         "ratios": ratios,
         "runs": runs,
         "tree_rollout": {
-            "max_turns": 1,
-            "samples": len(samples),
-            "tokens": rollout_tokens,
-            "seconds": rollout_seconds,
-            "tokens_per_s": rollout_tokens / rollout_seconds,
-            "tokens_per_s_over_raw": rollout_tokens / rollout_seconds / best["raw_generate"],
+            "max_turns": args.turns,
+            "runs": tree_runs,
+            "raw_replay_runs": replay_runs,
+            "tokens_per_s_best": tree_best,
+            "raw_replay_tokens_per_s_best": replay_best,
+            "tokens_per_s_over_raw": tree_best / replay_best,
         },
         "vllm": __import__("vllm").__version__,
         "quick": args.quick,
@@ -215,15 +289,25 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"best {name:22s} {value:8.1f} tok/s")
     for name, value in ratios.items():
         print(f"ratio {name:40s} {value:5.2f}")
-    tree = result["tree_rollout"]
     print(
-        f"tree_rollout (1 turn, {len(samples)} samples): {tree['tokens_per_s']:.1f} tok/s "
-        f"= {tree['tokens_per_s_over_raw']:.2f} x raw"
+        f"tree_rollout ({args.turns} turn(s)): {tree_best:.1f} tok/s = {tree_best / replay_best:.2f} x the raw "
+        f"replay of the same generation calls ({replay_best:.1f} tok/s)"
     )
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    finish(result, args.output, lambda png: plot(result, png))
     return result
+
+
+def plot(result: dict, png: Path) -> None:
+    rates = dict(result["tokens_per_s_best"])
+    rates["tree_rollout"] = result["tree_rollout"]["tokens_per_s_best"]
+    rates["raw_replay"] = result["tree_rollout"]["raw_replay_tokens_per_s_best"]
+    bar_chart(
+        png,
+        f"vLLM engine, {result['model']}: {result['envs']} envs x K={result['k']}, {result['max_tokens']} tokens",
+        list(rates),
+        {"tokens/s (best repeat)": list(rates.values())},
+        "generated tokens per second",
+    )
 
 
 if __name__ == "__main__":

@@ -12,22 +12,22 @@ answer) and a crashing one (exceptions of several kinds, a failed 1 TiB allocati
 category is timed on both sides, alternating, and the verdicts (passed / failed / timed out) of the
 two sides are compared test by test. The overall ratio is total plain time / total sandbox time.
 
-    python benchmarks/sandbox_speed.py            # full run, writes benchmarks/results/sandbox_speed.json
+    python benchmarks/sandbox_speed.py            # full run, writes benchmarks/results/sandbox_speed.{json,png}
     python benchmarks/sandbox_speed.py --quick    # smoke run (a few problems, a couple of tests)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from _common import bar_chart, finish, run_facts
 
 from llm_zoo import sandbox
 from llm_zoo.data.code import load_builtin_problems
@@ -114,6 +114,7 @@ def main() -> None:
     parser.add_argument("--slow-every", type=int, default=10, help="a slow program every N problems")
     parser.add_argument("--output", type=Path, default=RESULTS, help="JSON results file")
     args = parser.parse_args()
+    facts = run_facts(__file__)
 
     programs = build_workload(args.quick, args.slow_every)
     categories = sorted({p.category for p in programs}, key=["reference", "wrong", "crashing", "slow"].index)
@@ -155,18 +156,12 @@ def main() -> None:
     }
     report = {
         "benchmark": "sandbox_speed",
+        **facts,
         "quick": args.quick,
         "layer": box.layer,
         "isolation": sandbox.isolation_info(box.layer),
         "workers": box.workers,
         "timeout_s": args.timeout,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "usable_cpus": len(os.sched_getaffinity(0)),
-            "load_average_at_end": os.getloadavg(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
         "categories": rows,
         "summary": summary,
     }
@@ -180,9 +175,19 @@ def main() -> None:
     print(f"{'all':<10} {total_tests:>6} {summary['plain_tests_per_s']:>10} {summary['sandbox_tests_per_s']:>12} "
           f"{summary['ratio']:>6}x  (without the slow category: {summary['ratio_without_timeouts']}x)")  # fmt: skip
     print(f"verdicts differing between the two sides: {mismatches}")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    finish(report, args.output, lambda png: plot(report, png))
+
+
+def plot(report: dict, png: Path) -> None:
+    rows = [*report["categories"], {"category": "all", **report["summary"]}]
+    bar_chart(
+        png,
+        f"Sandbox ({report['layer']}, {report['workers']} workers) vs a fresh process per test",
+        [r["category"] for r in rows],
+        {"ratio (tests/s ours / plain)": [r["ratio"] for r in rows]},
+        "throughput ratio",
+        target=5.0,
+    )
 
 
 if __name__ == "__main__":

