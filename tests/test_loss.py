@@ -227,3 +227,45 @@ def test_completion_logprobs_carry_gradients_and_handle_empty_completions(model)
     assert empty.shape == empty_mask.shape == (1, 0)
     with pytest.raises(ValueError, match="at least one token"):
         completion_logprobs(model, [[]], [[3]], pad_token_id=0)
+
+
+def test_rows_sharing_a_prompt_match_separate_forwards(tiny_model_dir, monkeypatch):
+    """A GRPO group's rows share one pass over their prompt: same logprobs, entropies and LoRA
+    gradients as one full forward per row."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    import llm_zoo_train.loss as loss_module
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = get_peft_model(base, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    prompts = [[1, 50, 60], [1, 50, 60], [1, 80], [1, 50, 60], [1, 80], [1, 90, 91, 92]]
+    completions = [[10, 11, 12], [13], [14, 15], [], [16, 17, 18, 19], [20, 21]]
+    shared_calls = []
+    real = loss_module._logits_with_shared_prompts
+    monkeypatch.setattr(
+        loss_module,
+        "_logits_with_shared_prompts",
+        lambda *a, **k: shared_calls.append(1) or real(*a, **k),
+    )
+
+    def run():
+        model.zero_grad()
+        logprobs, mask, entropy = loss_module.completion_logprobs(
+            model, prompts, completions, pad_token_id=0, temperature=0.7, with_entropy=True
+        )
+        logprobs.sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        return logprobs.detach(), mask, entropy, grads
+
+    shared = run()
+    assert shared_calls == [1]
+    monkeypatch.setattr(loss_module, "_can_share_prompts", lambda model: False)
+    separate = run()
+    assert shared_calls == [1]
+    assert torch.equal(shared[1], separate[1])
+    torch.testing.assert_close(shared[0], separate[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared[2], separate[2], atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared[3], separate[3], atol=1e-5, rtol=1e-4)
+    assert shared[3].abs().sum() > 0

@@ -27,6 +27,7 @@ and the loss aggregates ``per_token`` over the completion tokens (``mask``) by `
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any
 
 import torch
@@ -45,6 +46,86 @@ def _accepts_logits_to_keep(model: Any) -> bool:
         return False
 
 
+# Model classes whose cache could not be shared (warned once; they use the plain forward).
+_shared_prompts_unsupported: set[str] = set()
+
+
+def _first_rows_of_each_prompt(prompt_ids: list[list[int]]) -> list[int]:
+    """For each distinct prompt (by token ids), the first row that has it, in row order."""
+    first: dict[tuple[int, ...], int] = {}
+    for row, prompt in enumerate(prompt_ids):
+        first.setdefault(tuple(prompt), row)
+    return list(first.values())
+
+
+def _can_share_prompts(model: Any) -> bool:
+    """The shared-prompt forward needs a KV cache that carries gradients: not with gradient
+    checkpointing (which turns the cache off in training)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if type(model).__name__ in _shared_prompts_unsupported:
+        return False
+    return not getattr(base, "is_gradient_checkpointing", False) and _accepts_logits_to_keep(model)
+
+
+def _logits_with_shared_prompts(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    unique_rows: list[int],
+    prompt_ids: list[list[int]],
+    prompt_width: int,
+) -> torch.Tensor | None:
+    """The ``[B, T, V]`` logits that predict each completion token, running each distinct prompt
+    through the model once (GRPO's K samples of a group share their prompt).
+
+    The prompts' KV cache (with its autograd graph) is computed once per distinct prompt and
+    copied to every row that continues it; the rows then run only their completion tokens on top.
+    The same attention, positions and masks as one forward over prompt + completion, so the values
+    and gradients are the same up to float rounding. ``None`` (the caller falls back to the plain
+    forward) for models whose cache cannot be built or indexed this way."""
+    try:
+        from transformers import DynamicCache
+
+        device = input_ids.device
+        index = {tuple(prompt_ids[row]): position for position, row in enumerate(unique_rows)}
+        row_to_unique = torch.tensor([index[tuple(p)] for p in prompt_ids], dtype=torch.long, device=device)
+        unique = torch.tensor(unique_rows, dtype=torch.long, device=device)
+        config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
+        cache = DynamicCache(config=config)
+        # The prompt pass: its last position predicts the first completion token.
+        first = model(
+            input_ids=input_ids[unique, :prompt_width],
+            attention_mask=attention_mask[unique, :prompt_width],
+            position_ids=position_ids[unique, :prompt_width],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[row_to_unique]
+        width = input_ids.shape[1] - prompt_width
+        if width == 1:
+            return first
+        cache.batch_select_indices(row_to_unique)
+        # The completion pass: every completion token but the last (whose prediction is unused).
+        rest = model(
+            input_ids=input_ids[:, prompt_width:-1],
+            attention_mask=attention_mask[:, :-1],
+            position_ids=position_ids[:, prompt_width:-1],
+            past_key_values=cache,
+            use_cache=True,
+        ).logits
+    except (AttributeError, NotImplementedError, TypeError, ValueError) as err:
+        _shared_prompts_unsupported.add(type(model).__name__)
+        warnings.warn(
+            f"completion_logprobs: cannot share the prompt pass between rows for {type(model).__name__} "
+            f"({type(err).__name__}: {err}); each row runs its whole prompt",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    return torch.cat([first, rest], dim=1)
+
+
 def completion_logprobs(
     model: Any,
     prompt_ids: list[list[int]],
@@ -54,12 +135,15 @@ def completion_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Log-probabilities of each completion token given its prompt, in one forward pass.
+    """Log-probabilities of each completion token given its prompt.
 
     Prompts are left-padded and completions right-padded, so every completion starts at the same
     column and only the last ``T + 1`` positions need logits (``logits_to_keep``); position ids
     count real tokens only, exactly as ``generate`` numbers them, so the values match the
-    engine's recorded logprobs.
+    engine's recorded logprobs. Rows with the same prompt (a GRPO group's K samples) share one
+    pass over it: its KV cache, gradient graph included, is computed once and continued by each
+    row's completion, which gives the same values and gradients as one forward per row (up to
+    float rounding) for a fraction of the prompt's compute.
 
     Args:
         model: A causal LM (peft or plain); gradients flow unless the caller disables them.
@@ -106,16 +190,23 @@ def completion_logprobs(
         t.to(device) for t in (input_ids, attention_mask, position_ids)
     )
 
-    kwargs: dict[str, Any] = dict(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
-    )
-    if _accepts_logits_to_keep(model):
-        kwargs["logits_to_keep"] = width + 1
-        logits = model(**kwargs).logits[:, :-1, :]
-    else:
-        logits = model(**kwargs).logits[:, prompt_width - 1 : -1, :]
+    logits = None
+    unique_rows = _first_rows_of_each_prompt(prompt_ids)
+    if len(unique_rows) < batch and _can_share_prompts(model):
+        logits = _logits_with_shared_prompts(
+            model, input_ids, attention_mask, position_ids, unique_rows, prompt_ids, prompt_width
+        )
+    if logits is None:
+        kwargs: dict[str, Any] = dict(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
+        if _accepts_logits_to_keep(model):
+            kwargs["logits_to_keep"] = width + 1
+            logits = model(**kwargs).logits[:, :-1, :]
+        else:
+            logits = model(**kwargs).logits[:, prompt_width - 1 : -1, :]
     logits = logits.float()
-    if temperature > 0:
+    if temperature > 0 and temperature != 1:
         logits = logits / float(temperature)
 
     targets = input_ids[:, prompt_width:]

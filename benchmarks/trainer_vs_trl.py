@@ -1,0 +1,607 @@
+"""Training speed of llm_zoo_train against TRL's GRPOTrainer on the same single-agent GRPO job.
+
+Both trainers run the same job in one process, alternating: a few steps of ours, then a few of
+TRL's, repeated for ``--rounds`` rounds, so both see the same machine load (the machine is shared).
+The job, identical on both sides:
+
+* model: SmolLM2-135M-Instruct (the embedded alias, converted to a local HF directory), base
+  weights in ``--dtype``, no autocast; LoRA r=8, alpha=16, dropout 0, all linear layers but the head;
+* task: one prompt, one answer (a single-agent, one-turn env registered here as
+  ``bench/WriteAbout-v0``); ``--prompts-per-step`` prompts per step from a fixed list, the same
+  prompts at the same step on both sides (checked after the run), chat template applied, K =
+  ``--num-generations`` samples each at temperature 1 (no top-p/top-k), at most
+  ``--max-completion-length`` new tokens; reward :func:`score` of the completion on both sides;
+* update: group-relative advantages scaled by the group std, loss ``dapo``, clip 0.2, beta 0 (no
+  reference model), one pass, micro-batches of ``--micro-batch`` completions accumulated into ONE
+  AdamW step per generation batch (TRL: ``gradient_accumulation_steps = steps_per_generation =
+  prompts x K / micro-batch``, so it needs no old-logprob pass either), constant LR, grad clip 1.0;
+  no gradient checkpointing, evaluation, checkpoints, logging or progress bars during the steps.
+
+What one step's time covers:
+
+* ours: one ``Trainer.train_step`` (rollout with generation and env scoring, advantages,
+  forward/backward of every micro-batch, clipping, optimizer and scheduler step);
+* TRL: the wall time between two of its ``on_step_end`` callbacks, minus nothing but our own
+  rounds (which run inside that callback): data loading, generation, reward, advantages, every
+  micro-batch's forward/backward, clipping, optimizer and scheduler step, and the Trainer loop.
+
+The first ``--warmup-steps`` steps of each side are run and excluded. Results: time per step of
+each side (median, mean, per round), the ratio ours/TRL, the per-step breakdown of ours and
+TRL's generation time, written with every setting and the machine facts to
+``OUTPUT_DIR/trainer_vs_trl.json`` and a plot to ``OUTPUT_DIR/trainer_vs_trl.png``.
+
+    python benchmarks/trainer_vs_trl.py --threads 1 --rounds 5   # the published run (~12 min, 2 CPUs)
+    python benchmarks/trainer_vs_trl.py --quick --output-dir /tmp/bench   # smoke run: tiny random model
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import llm_zoo
+from llm_zoo import Outcome, TextAECEnv
+
+RESULTS = Path(__file__).parent / "results"
+ENV_ID = "bench/WriteAbout-v0"
+TOPICS = (
+    "the ocean", "mountains", "bread", "a lighthouse", "the moon", "bicycles", "rain", "a library",
+    "coffee", "volcanoes", "winter", "a train station", "honey bees", "the desert", "music", "a garden",
+)  # fmt: skip
+
+
+def prompt_for(topic: str) -> str:
+    return f"Write a short paragraph about {topic}. Mention {topic} by name."
+
+
+def score(completion: str, topic: str) -> float:
+    """The reward of both trainers: 1 if the completion names the topic's last word, plus up to
+    0.5 for vocabulary variety (distinct words / words), so the K samples of a group differ."""
+    words = completion.lower().split()
+    named = float(topic.split()[-1].lower() in completion.lower())
+    variety = len(set(words)) / len(words) if words else 0.0
+    return named + 0.5 * variety
+
+
+class WriteAboutEnv(TextAECEnv):
+    """Benchmark-only task: one agent writes about the topic ``TOPICS[seed % len(TOPICS)]``.
+
+    One turn; reward :func:`score` (role reward; the global reward is 0); the episode terminates
+    after the answer. Every reset is logged in :attr:`resets` (the prompts our trainer saw)."""
+
+    metadata = {"render_modes": ["ansi"], "name": "write_about_v0", "is_parallelizable": True}
+    roles = ("writer",)
+    resets: list[str] = []
+
+    def __init__(self, *, alpha: float = 1.0, render_mode: str | None = None):
+        super().__init__(max_turns=1, alpha=alpha, render_mode=render_mode)
+
+    def _new_episode(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
+        self.topic = TOPICS[self._episode_seed % len(TOPICS)]
+        WriteAboutEnv.resets.append(prompt_for(self.topic))
+
+    def _prompt(self, agent: str) -> str:
+        return prompt_for(self.topic)
+
+    def _act(self, agent: str, action: str) -> Outcome:
+        reward = score(action, self.topic)
+        return Outcome(reward, 0.0, terminated=True, success=reward >= 1.0)
+
+    def _render_state(self) -> str:
+        return f"topic: {self.topic}"
+
+
+def trl_reward(prompts, completions, topic, **kwargs) -> list[float]:
+    """TRL's reward function: the same :func:`score`; logs the prompts and completion lengths."""
+    trl_reward.calls.append(
+        {
+            "prompts": [p[-1]["content"] for p in prompts],
+            "lengths": [len(c) for c in kwargs["completion_ids"]],
+        }
+    )
+    return [score(c[-1]["content"], t) for c, t in zip(completions, topic, strict=True)]
+
+
+trl_reward.calls = []  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------- setup of both trainers
+
+
+def model_dir(args: argparse.Namespace, workdir: Path) -> str:
+    if args.quick:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from tiny_model import build_tiny_model_dir
+
+        return str(build_tiny_model_dir(workdir / "tiny-model"))
+    from llm_zoo_train.policy import resolve_model_path
+
+    return resolve_model_path(args.model)
+
+
+def step_topics(seed: int, step: int, prompts_per_step: int) -> list[str]:
+    """The topics our trainer's step ``step`` draws (its task seeds, derived as in Trainer.train_step)."""
+    from llm_zoo_train.trainer import _TASKS, derive_seed
+
+    seeds = np.random.default_rng(derive_seed(seed, step, 0, _TASKS)).integers(
+        0, 2**30, size=prompts_per_step
+    )
+    return [TOPICS[int(s) % len(TOPICS)] for s in seeds]
+
+
+def make_ours(args: argparse.Namespace, path: str, workdir: Path, total_steps: int):
+    from llm_zoo_train.config import (
+        AgentsConfig,
+        AlgorithmConfig,
+        Config,
+        EnvConfig,
+        EvalConfig,
+        LoggingConfig,
+        LoraSettings,
+        ModelConfig,
+        RolloutConfig,
+        TrainingConfig,
+    )
+    from llm_zoo_train.trainer import Trainer
+
+    config = Config(
+        model=ModelConfig(name_or_path=path, dtype=args.dtype),
+        env=EnvConfig(id=ENV_ID),
+        agents=AgentsConfig(adapters="shared"),
+        lora=LoraSettings(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear"),
+        rollout=RolloutConfig(
+            mode="tree",
+            num_generations=args.num_generations,
+            envs_per_step=args.prompts_per_step,
+            max_completion_length=args.max_completion_length,
+            temperature=1.0,
+            engine="hf",
+            generation_batch_size=args.prompts_per_step * args.num_generations,
+        ),
+        algorithm=AlgorithmConfig(loss_type="dapo", epsilon=0.2, beta=0.0, scale_rewards="group"),
+        training=TrainingConfig(
+            output_dir=str(workdir / "ours"),
+            max_steps=total_steps,
+            learning_rate=args.learning_rate,
+            lr_scheduler_type="constant",
+            max_grad_norm=1.0,
+            per_device_train_batch_size=args.micro_batch,
+            gradient_accumulation_steps=None,
+            seed=args.seed,
+        ),
+        eval=EvalConfig(num_episodes=0, eval_on_start=False),
+        logging=LoggingConfig(progress_bar=False, plot=False),
+    )
+    return Trainer(config), config
+
+
+def make_trl(args: argparse.Namespace, path: str, workdir: Path, total_steps: int, callback):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from llm_zoo_train.config import LoraSettings
+    from llm_zoo_train.policy import lora_config
+
+    topics = [
+        t for step in range(1, total_steps + 1) for t in step_topics(args.seed, step, args.prompts_per_step)
+    ]
+    dataset = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": prompt_for(t)}], "topic": t} for t in topics]
+    )
+    completions = args.prompts_per_step * args.num_generations
+    config = GRPOConfig(
+        output_dir=str(workdir / "trl"),
+        use_cpu=not torch.cuda.is_available(),
+        bf16=False,
+        fp16=False,
+        per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=completions // args.micro_batch,
+        num_generations=args.num_generations,
+        num_iterations=1,
+        max_completion_length=args.max_completion_length,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        loss_type="dapo",
+        epsilon=0.2,
+        scale_rewards="group",
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="constant",
+        optim="adamw_torch",  # torch.optim.AdamW, as ours
+        max_grad_norm=1.0,
+        max_steps=total_steps,
+        gradient_checkpointing=False,  # TRL defaults to True; ours to False
+        shuffle_dataset=False,  # dataset rows are already in our trainer's per-step order
+        logging_steps=10**9,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        log_completions=False,
+        seed=args.seed,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token  # as llm_zoo_train.policy.load_base_model
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype))
+    settings = LoraSettings(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear")
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=trl_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora_config(settings),
+        callbacks=[callback],
+    )
+    generate = trainer._generate
+
+    def timed_generate(prompts):  # TRL's generation (tokenize, generate, decode), for the breakdown
+        start = time.perf_counter()
+        try:
+            return generate(prompts)
+        finally:
+            callback.trl_generation_s.append(time.perf_counter() - start)
+
+    trainer._generate = timed_generate
+    return trainer, config
+
+
+# ---------------------------------------------------------------------- the alternating run
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def make_callback(ours, args: argparse.Namespace):
+    """A TRL callback that times TRL's steps and runs our rounds between them."""
+    from transformers import TrainerCallback
+
+    steps_per_round = args.steps_per_round
+
+    class Alternate(TrainerCallback):
+        def __init__(self):
+            self.ours_step = 0
+            self.ours: list[dict[str, Any]] = []
+            self.trl: list[dict[str, Any]] = []
+            self.trl_generation_s: list[float] = []
+            self.start = time.perf_counter()
+            self.mark = self.start
+
+        def run_ours(self, count: int, round_index: int) -> None:
+            for _ in range(count):
+                self.ours_step += 1
+                begin = time.perf_counter()
+                metrics = ours.train_step(self.ours_step)
+                end = time.perf_counter()
+                self.ours.append(
+                    {
+                        "step": self.ours_step,
+                        "round": round_index,
+                        "seconds": end - begin,
+                        "t_end": end - self.start,
+                        "load_1min": _load(),
+                        "generation_s": metrics["time/generation"],
+                        "env_s": metrics["time/env"],
+                        "update_s": metrics["time/update"],
+                        "completion_length_mean": metrics.get("update/shared/completion_length"),
+                    }
+                )
+                print(
+                    f"  ours step {self.ours_step:3d} (round {round_index}): {end - begin:6.2f} s", flush=True
+                )
+
+        def on_train_begin(self, args_, state, control, **kwargs):
+            self.run_ours(args.warmup_steps, 0)
+            self.mark = time.perf_counter()
+
+        def on_step_end(self, args_, state, control, **kwargs):
+            now = time.perf_counter()
+            step = state.global_step
+            round_index = (
+                0 if step <= args.warmup_steps else (step - args.warmup_steps - 1) // steps_per_round + 1
+            )
+            call = trl_reward.calls[-1] if trl_reward.calls else {"lengths": []}
+            self.trl.append(
+                {
+                    "step": step,
+                    "round": round_index,
+                    "seconds": now - self.mark,
+                    "t_end": now - self.start,
+                    "load_1min": _load(),
+                    "generation_s": self.trl_generation_s[-1] if self.trl_generation_s else None,
+                    "completion_length_mean": float(np.mean(call["lengths"])) if call["lengths"] else None,
+                }
+            )
+            print(f"  TRL  step {step:3d} (round {round_index}): {now - self.mark:6.2f} s", flush=True)
+            done = step - args.warmup_steps
+            if done >= 0 and done % steps_per_round == 0 and done // steps_per_round < args.rounds:
+                self.run_ours(steps_per_round, done // steps_per_round + 1)
+            self.mark = time.perf_counter()
+
+    return Alternate()
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    timed = [r["seconds"] for r in rows if r["round"] > 0]
+    rounds = sorted({r["round"] for r in rows if r["round"] > 0})
+    return {
+        "median_s": statistics.median(timed),
+        "mean_s": statistics.fmean(timed),
+        "min_s": min(timed),
+        "max_s": max(timed),
+        "timed_steps": len(timed),
+        "warmup_steps_excluded": [r["seconds"] for r in rows if r["round"] == 0],
+        "per_round_mean_s": {
+            str(i): statistics.fmean(r["seconds"] for r in rows if r["round"] == i) for i in rounds
+        },
+    }
+
+
+def check_same_prompts(ours_trainer, trl_trainer, total_steps: int, prompts_per_step: int) -> dict[str, Any]:
+    """Both sides saw the same prompts at each step, tokenized to the same ids (each side's own path)."""
+    from llm_zoo_train.chat import encode_prompt
+
+    ours_steps = [
+        WriteAboutEnv.resets[i * prompts_per_step : (i + 1) * prompts_per_step] for i in range(total_steps)
+    ]
+    k = ours_trainer.config.rollout.num_generations
+    trl_steps = [call["prompts"] for call in trl_reward.calls]  # each prompt K times
+    same_per_step = len(ours_steps) == len(trl_steps) == total_steps and all(
+        Counter(o * k) == Counter(t) for o, t in zip(ours_steps, trl_steps, strict=True)
+    )
+    prompts = sorted({p for step in ours_steps for p in step})
+    ours_ids = [
+        encode_prompt(ours_trainer.policy.tokenizer, p, ours_trainer.config.model.system_prompt)
+        for p in prompts
+    ]
+    trl_ids, _, _ = trl_trainer._tokenize_prompts([[{"role": "user", "content": p}] for p in prompts])
+    trl_ids = [list(ids) for ids in trl_ids]
+    return {
+        "same_prompts_every_step": bool(same_per_step),
+        "steps_compared": min(len(ours_steps), len(trl_steps)),
+        "trl_reward_calls": len(trl_steps),
+        "distinct_prompts": len(prompts),
+        "same_prompt_token_ids": ours_ids == trl_ids,
+        "prompt_tokens_ours": [len(i) for i in ours_ids],
+        "prompt_tokens_trl": [len(i) for i in trl_ids],
+        "example_templated_prompt": ours_trainer.policy.tokenizer.decode(ours_ids[0]),
+    }
+
+
+def machine_facts() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = None
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "memory_gib": round(memory, 1) if memory else None,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+    }
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in ("llm-zoo", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "numpy"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for side, color, label in (
+        ("ours", "tab:blue", "llm_zoo_train"),
+        ("trl", "tab:orange", "TRL GRPOTrainer"),
+    ):
+        rows = result["steps"][side]
+        timed = [r for r in rows if r["round"] > 0]
+        warm = [r for r in rows if r["round"] == 0]
+        ax.plot(
+            [r["t_end"] / 60 for r in timed], [r["seconds"] for r in timed], "o", color=color, label=label
+        )
+        ax.plot(
+            [r["t_end"] / 60 for r in warm],
+            [r["seconds"] for r in warm],
+            "x",
+            color=color,
+            label=f"{label} warm-up",
+        )
+        ax.axhline(result["summary"][side]["median_s"], color=color, linestyle="--", linewidth=1)
+    summary = result["summary"]
+    ax.set_title(
+        f"{result['settings']['model_label']}: s/step, ours/TRL = {summary['ratio_median']:.2f} (median), "
+        f"{summary['ratio_mean']:.2f} (mean)"
+    )
+    ax.set_xlabel("time since start of the run (min)")
+    ax.set_ylabel("seconds per training step")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="best", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="model alias, hub id or local dir")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--steps-per-round", type=int, default=2)
+    parser.add_argument("--warmup-steps", type=int, default=1, help="untimed steps per side before round 1")
+    parser.add_argument("--prompts-per-step", type=int, default=4)
+    parser.add_argument("--num-generations", type=int, default=4, help="K")
+    parser.add_argument("--max-completion-length", type=int, default=32)
+    parser.add_argument("--micro-batch", type=int, default=8, help="completions per forward/backward")
+    parser.add_argument("--learning-rate", type=float, default=1e-5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads, both sides (0: torch's default)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny random model, 1 round of 1 step: a smoke run"
+    )
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help=f"where the JSON and PNG go (default: {RESULTS}; with --quick, a new temporary directory)",
+    )
+    args = parser.parse_args(argv)
+    if args.output_dir is None:  # smoke runs never overwrite the published results
+        args.output_dir = Path(tempfile.mkdtemp(prefix="trainer_vs_trl-quick-")) if args.quick else RESULTS
+    if args.quick:
+        args.rounds, args.steps_per_round, args.warmup_steps = 1, 1, 1
+        args.max_completion_length = min(args.max_completion_length, 8)
+    completions = args.prompts_per_step * args.num_generations
+    if completions % args.micro_batch:
+        parser.error(f"--micro-batch {args.micro_batch} must divide prompts x K = {completions}")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    llm_zoo.register(ENV_ID, WriteAboutEnv, description="benchmark-only: write about a topic", override=True)
+
+    total_steps = args.warmup_steps + args.rounds * args.steps_per_round
+    started = datetime.datetime.now(datetime.UTC)
+    load_before = _load()
+    with tempfile.TemporaryDirectory(prefix="trainer_vs_trl-") as tmp:
+        workdir = Path(tmp)
+        path = model_dir(args, workdir)
+        ours, _ = make_ours(args, path, workdir, total_steps)
+        callback = make_callback(ours, args)
+        trl_trainer, trl_config = make_trl(args, path, workdir, total_steps, callback)
+        print(
+            f"{total_steps} steps per side ({args.warmup_steps} warm-up + {args.rounds} rounds x "
+            f"{args.steps_per_round}); {args.prompts_per_step} prompts x K={args.num_generations}, "
+            f"{args.max_completion_length} new tokens; {torch.get_num_threads()} torch threads",
+            flush=True,
+        )
+        trl_trainer.train()
+        verification = check_same_prompts(ours, trl_trainer, total_steps, args.prompts_per_step)
+        trl_step_time = list(trl_trainer._metrics["train"].get("step_time", []))
+
+    summary = {"ours": summarize(callback.ours), "trl": summarize(callback.trl)}
+    summary["ratio_median"] = summary["ours"]["median_s"] / summary["trl"]["median_s"]
+    summary["ratio_mean"] = summary["ours"]["mean_s"] / summary["trl"]["mean_s"]
+    summary["target"] = "ours <= 0.8 x TRL (median)"
+    summary["target_met"] = summary["ratio_median"] <= 0.8
+    timed_ours = [r for r in callback.ours if r["round"] > 0]
+    timed_trl = [r for r in callback.trl if r["round"] > 0]
+    summary["breakdown_ours_mean_s"] = {
+        key: statistics.fmean(r[key] for r in timed_ours) for key in ("generation_s", "env_s", "update_s")
+    }
+    summary["trl_generation_mean_s"] = statistics.fmean(r["generation_s"] for r in timed_trl)
+    result = {
+        "benchmark": "trainer_vs_trl",
+        "command": " ".join(
+            ["python", "benchmarks/trainer_vs_trl.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "date_utc": started.isoformat(timespec="seconds"),
+        "duration_s": (datetime.datetime.now(datetime.UTC) - started).total_seconds(),
+        "quick": args.quick,
+        "machine": machine_facts(),
+        "load_average_1min": {"before": load_before, "after": _load()},
+        "versions": versions(),
+        "settings": {
+            **vars(args),
+            "output_dir": str(args.output_dir),
+            "model_label": "tiny random Llama (quick)" if args.quick else args.model,
+            "model_path": path if not args.quick else "built by tests/tiny_model.py",
+            "torch_threads": torch.get_num_threads(),
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "completions_per_step": completions,
+            "micro_batches_per_step": completions // args.micro_batch,
+            "optimizer_steps_per_step": 1,
+            "lora": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"},
+            "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0},
+            "algorithm": {"loss_type": "dapo", "epsilon": 0.2, "beta": 0.0, "scale_rewards": "group"},
+            "ours": {
+                "engine": "hf",
+                "rollout_mode": "tree (1 agent, 1 turn)",
+                "gradient_checkpointing": False,
+            },
+            "trl": {
+                key: getattr(trl_config, key)
+                for key in (
+                    "per_device_train_batch_size",
+                    "gradient_accumulation_steps",
+                    "steps_per_generation",
+                    "generation_batch_size",
+                    "num_iterations",
+                    "gradient_checkpointing",
+                    "optim",
+                    "lr_scheduler_type",
+                    "shuffle_dataset",
+                    "use_vllm",
+                    "loss_type",
+                    "beta",
+                )
+            },
+            "warmup": f"the first {args.warmup_steps} step(s) of each side are run but not timed",
+            "timing": {
+                "ours": "wall time of Trainer.train_step",
+                "trl": "wall time between consecutive on_step_end callbacks, our rounds excluded",
+            },
+        },
+        "prompt_check": verification,
+        "summary": summary,
+        "steps": {"ours": callback.ours, "trl": callback.trl},
+        "trl_own_step_time_metric_s": trl_step_time,
+    }
+    print(f"ours: median {summary['ours']['median_s']:.2f} s/step, mean {summary['ours']['mean_s']:.2f}")
+    print(f"TRL:  median {summary['trl']['median_s']:.2f} s/step, mean {summary['trl']['mean_s']:.2f}")
+    print(
+        f"ratio ours/TRL: median {summary['ratio_median']:.3f}, mean {summary['ratio_mean']:.3f} (target <= 0.8)"
+    )
+    print(
+        f"same prompts: {verification['same_prompts_every_step']}, same prompt ids: {verification['same_prompt_token_ids']}"
+    )
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = args.output_dir / "trainer_vs_trl.json", args.output_dir / "trainer_vs_trl.png"
+    json_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    plot(result, png_path)
+    print(f"wrote {json_path} and {png_path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
