@@ -126,4 +126,6 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/rollout_speed.py", "--quick", "--output", f"{out}/rollout_speed.json")
     session.run("python", "benchmarks/trainer_vs_trl.py", "--quick", "--output-dir", out)
     session.run("python", "benchmarks/learning_plan_path.py", "--quick", "--output-dir", out)
-    session.run("python", "benchmarks/reproduce_paper.py", "--smoke", "--rows", "plan_path", "--output-dir", out)
+    session.run(
+        "python", "benchmarks/reproduce_paper.py", "--smoke", "--rows", "plan_path", "--output-dir", out
+    )

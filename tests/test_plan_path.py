@@ -453,12 +453,13 @@ def test_docstring_example_is_the_real_prompt():
     assert excerpt in env.observe("tool_agent")["prompt"]
 
 
-def test_env_speed_benchmark_smoke(tmp_path):
+def test_env_speed_benchmark_smoke(tmp_path, monkeypatch):
     import importlib.util
     import json
     from pathlib import Path
 
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "env_speed.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # the benchmarks import their shared _common module
     spec = importlib.util.spec_from_file_location("env_speed", path)
     env_speed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(env_speed)

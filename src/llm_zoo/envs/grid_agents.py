@@ -18,6 +18,18 @@ next prompt. It never raises. Text without a complete code block never reaches t
 
 The global (team) reward of both puzzles is ``1.0`` once the real state is solved, else ``0.0``.
 
+Options for small models (constructor arguments; the defaults are the behaviour above):
+
+* ``agents=("plan_agent",)``: the plan agent plays alone (the seed paper's single-agent baseline):
+  no tool agent, no program; its prompt has no tool section. Default ``("tool_agent", "plan_agent")``.
+* ``prompt_style="compact"``: short prompts (the board, the positions, the moves, one example
+  answer; no reward table) for models that lose the thread in the full ones. Default ``"full"``.
+* ``move_parser="lenient"``: the plan agent's moves are read from its ``#### [...]`` list when
+  there is one; otherwise every move word (up, down, left, right, any case) and every standalone
+  capital ``U``/``D``/``L``/``R`` after the last ``####`` (or in the whole answer when there is
+  none), in order. An answer with none earns the format penalty as before. Default ``"strict"``
+  (only the ``#### [...]`` list). The tool agent's program output is always read strictly.
+
 :class:`ToolPlanEnv` implements the pattern once; a puzzle supplies its rules through a handful of
 hooks (the board text, the task text, a pure ``simulate`` function, a "solved" test).
 """
@@ -25,6 +37,7 @@ hooks (the board text, the task text, a pure ``simulate`` function, a "solved" t
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Generic, TypeVar
@@ -41,12 +54,15 @@ __all__ = [
     "FORMAT_PENALTY",
     "MAX_MOVES",
     "MOVES",
+    "MOVE_PARSERS",
+    "PROMPT_STYLES",
     "MovesResult",
     "ToolPlanEnv",
     "ToolRun",
     "count",
     "describe_tool_run",
     "format_moves",
+    "parse_lenient_moves",
     "parse_plan_moves",
     "run_tool_agent",
     "shorten",
@@ -62,6 +78,16 @@ FINAL_MOVES_MARKER = "####"
 FORMAT_PENALTY = -1.0
 #: Longest move list accepted from either agent.
 MAX_MOVES = 1000
+#: Values of the ``prompt_style`` option (see the module docstring).
+PROMPT_STYLES = ("full", "compact")
+#: Values of the ``move_parser`` option.
+MOVE_PARSERS = ("strict", "lenient")
+#: The agent lists a tool/plan env can be played with.
+AGENT_SETS = (("tool_agent", "plan_agent"), ("plan_agent",))
+
+# A move word, or a capital move letter standing alone ("U" but not the "U" of "Up" or "USA").
+_MOVE_TOKEN = re.compile(r"(?i:\b(up|down|left|right)\b)|\b([UDLR])\b")
+_MOVE_WORDS = {"up": "U", "down": "D", "left": "L", "right": "R"}
 
 # How much of the tool agent's program and output the plan agent is shown.
 _MAX_CODE_SHOWN = 6000
@@ -138,17 +164,50 @@ def run_tool_agent(text: str, *, stdin: str, timeout: float, memory_mb: int) -> 
     return replace(ran, moves=tuple(moves))
 
 
-def parse_plan_moves(text: str) -> list[str]:
-    """The moves after the last ``####`` in the plan agent's answer; raises ``ParseError``."""
-    return extract_moves(text, FINAL_MOVES_MARKER, max_moves=MAX_MOVES)
+def parse_plan_moves(text: str, *, lenient: bool = False) -> list[str]:
+    """The moves after the last ``####`` in the plan agent's answer; raises ``ParseError``.
+
+    With ``lenient``, an answer without a valid ``#### [...]`` list is read by
+    :func:`parse_lenient_moves` instead (the strict error is raised if that finds no move either).
+    """
+    try:
+        return extract_moves(text, FINAL_MOVES_MARKER, max_moves=MAX_MOVES)
+    except ParseError:
+        if not lenient:
+            raise
+        moves = parse_lenient_moves(text)
+        if not moves:
+            raise
+        return moves
 
 
-def describe_tool_run(run: ToolRun | None) -> str:
-    """The plan agent's view of the tool agent's latest answer: program, output, moves or error."""
+def parse_lenient_moves(text: str) -> list[str]:
+    """Every move word (up/down/left/right, any case) and standalone capital U/D/L/R, in order,
+    after the last ``####`` (or in all of ``text`` without one). At most :data:`MAX_MOVES` are read."""
+    position = text.rfind(FINAL_MOVES_MARKER)
+    tail = text if position < 0 else text[position + len(FINAL_MOVES_MARKER) :]
+    moves = []
+    for match in _MOVE_TOKEN.finditer(tail):
+        word, letter = match.groups()
+        moves.append(_MOVE_WORDS[word.lower()] if word else letter)
+        if len(moves) == MAX_MOVES:
+            break
+    return moves
+
+
+def describe_tool_run(run: ToolRun | None, *, compact: bool = False) -> str:
+    """The plan agent's view of the tool agent's latest answer: program, output, moves or error.
+
+    ``compact`` leaves out the program and its output: only the moves, or why there are none.
+    """
     if run is None:
         return "The tool agent has not answered yet."
     if not run.code:
         return f"The tool agent's answer contained no usable program: {run.error}."
+    if compact:
+        if run.moves is None:
+            return f"The tool agent's program gave no moves: {run.error}."
+        return f"The tool agent's program suggests these moves: {format_moves(run.moves)}"
     parts = ["The tool agent's program:", f"```python\n{shorten(run.code.rstrip(), _MAX_CODE_SHOWN)}\n```"]
     stdout = run.stdout.rstrip()
     parts.append(
@@ -202,6 +261,10 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
         render_mode: ``None`` or ``"ansi"``.
         tool_timeout_s: Wall-clock (and CPU) seconds the tool agent's program may run.
         tool_memory_mb: Memory limit of the tool agent's program, in MiB.
+        agents: The agents, in turn order: ``("tool_agent", "plan_agent")`` or ``("plan_agent",)``
+            (the plan agent alone).
+        prompt_style: ``"full"`` or ``"compact"`` (short prompts for small models).
+        move_parser: ``"strict"`` or ``"lenient"`` (how the plan agent's moves are read).
     """
 
     roles: ClassVar[tuple[str, ...]] = ("tool_agent", "plan_agent")
@@ -216,14 +279,30 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
         render_mode: str | None = None,
         tool_timeout_s: float = 5.0,
         tool_memory_mb: int = 512,
+        agents: Sequence[str] = ("tool_agent", "plan_agent"),
+        prompt_style: str = "full",
+        move_parser: str = "strict",
     ):
         super().__init__(max_turns=max_turns, alpha=alpha, render_mode=render_mode)
         if not float(tool_timeout_s) > 0:
             raise ValueError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}")
         if int(tool_memory_mb) < 64:
             raise ValueError(f"tool_memory_mb must be >= 64, got {tool_memory_mb!r}")
+        if isinstance(agents, str) or tuple(agents) not in AGENT_SETS:
+            choices = " or ".join(str(list(a)) for a in AGENT_SETS)
+            raise ValueError(f"agents must be {choices}, got {agents!r}")
+        if prompt_style not in PROMPT_STYLES:
+            raise ValueError(f"prompt_style must be one of {list(PROMPT_STYLES)}, got {prompt_style!r}")
+        if move_parser not in MOVE_PARSERS:
+            raise ValueError(f"move_parser must be one of {list(MOVE_PARSERS)}, got {move_parser!r}")
         self.tool_timeout_s = float(tool_timeout_s)
         self.tool_memory_mb = int(tool_memory_mb)
+        self.prompt_style = prompt_style
+        self.move_parser = move_parser
+        if tuple(agents) != tuple(self.possible_agents):  # a subset of the roles, same order
+            self.possible_agents = list(agents)
+            self.observation_spaces = {a: self.observation_spaces[a] for a in self.possible_agents}
+            self.action_spaces = {a: self.action_spaces[a] for a in self.possible_agents}
         self.state: S
         self.last_tool_run: ToolRun | None = None
 
@@ -270,7 +349,26 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
     def _global_reward(self) -> float:
         return 1.0 if self._is_solved() else 0.0
 
+    def _short_task_text(self) -> str:
+        """The task in a few lines, for ``prompt_style="compact"`` (default: :meth:`_task_text`)."""
+        return self._task_text()
+
+    @property
+    def solo(self) -> bool:
+        """Whether the plan agent plays alone (``agents=("plan_agent",)``)."""
+        return "tool_agent" not in self.possible_agents
+
     def _prompt(self, agent: str) -> str:
+        if self.prompt_style == "compact":
+            return self._compact_prompt(agent)
+        if self.solo:
+            header = (
+                f"You are the plan agent solving a {self.puzzle_name} puzzle on your own; the moves you "
+                "submit are played on the real board."
+            )
+            board = f"Current board:\n```text\n{self._board()}\n```"
+            turn = f"Turn {min(self.turn, self.max_turns - 1) + 1} of {self.max_turns}. {self._status_text()}"
+            return "\n\n".join([header, self._task_text(), f"{turn}\n\n{board}", self._plan_instructions()])
         header = (
             f"You are the {agent.replace('_', ' ')} of a two-agent team solving a {self.puzzle_name} puzzle. "
         )
@@ -307,10 +405,30 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
             f"line earns {FORMAT_PENALTY:+g}."
         )
 
+    def _compact_prompt(self, agent: str) -> str:
+        board = f"Current board:\n```text\n{self._board()}\n```"
+        turn = f"Turn {min(self.turn, self.max_turns - 1) + 1} of {self.max_turns}. {self._status_text()}"
+        sections = [self._short_task_text(), board, turn]
+        if agent == "tool_agent":
+            sections.append(
+                "Write a Python program that reads the board from standard input and prints the moves "
+                f'as {ACTIONS_LIST_MARKER} ["D", "R"]. Put it in one ```python block.'
+            )
+        else:
+            if not self.solo:
+                sections.append(describe_tool_run(self.last_tool_run, compact=True))
+            sections.append(
+                f'End your answer with {FINAL_MOVES_MARKER} and your moves, for example: {FINAL_MOVES_MARKER} ["D", "R"]'
+            )
+        return "\n\n".join(sections)
+
     def _plan_instructions(self) -> str:
+        if self.solo:
+            check = "reason briefly if you need to"
+        else:
+            check = "check the tool agent's moves against the board (they may be wrong), reason briefly if you need to"
         return (
-            "How to answer: check the tool agent's moves against the board (they may be wrong), reason "
-            "briefly if you need to, and end your answer with the moves to play from the current "
+            f"How to answer: {check}, and end your answer with the moves to play from the current "
             "board, on one line of exactly this form:\n"
             f'{FINAL_MOVES_MARKER} ["U", "R", "D"]\n'
             f'Each move is "U", "D", "L" or "R". Only the list after the last {FINAL_MOVES_MARKER} '
@@ -344,7 +462,7 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
 
     def _act_plan(self, action: str) -> Outcome:
         try:
-            moves = parse_plan_moves(action)
+            moves = parse_plan_moves(action, lenient=self.move_parser == "lenient")
         except ParseError as err:
             return self._format_failure(
                 str(err), f'End your answer with a line {FINAL_MOVES_MARKER} ["U", "R", ...].', {}
