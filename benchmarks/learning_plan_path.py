@@ -238,10 +238,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--workdir", type=Path, default=None, help="where the runs go (default: a temporary dir)"
     )
-    parser.add_argument(
-        "overrides", nargs=argparse.REMAINDER, help="config overrides, e.g. --training.max_steps 5"
-    )
-    args = parser.parse_args(argv)
+    parser.epilog = "Any other --section.field VALUE is a config override, e.g. --training.max_steps 5."
+    args, extra = parser.parse_known_args(argv)
+    stray = [arg for arg in extra[:1] if not arg.startswith("--")]
+    if stray:
+        parser.error(f"unexpected argument {stray[0]!r}: config overrides look like --section.field VALUE")
+    args.overrides = extra
     names = [n for n in args.variants.split(",") if n]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
