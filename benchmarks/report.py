@@ -254,7 +254,16 @@ def reproduce_paper(result: dict[str, Any]) -> str:
 
 
 SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
-    ("learning_plan_path", "Learning Plan-Path on CPU (SmolLM2-135M)", learning_plan_path),
+    (
+        "learning_plan_path",
+        "Learning Plan-Path on CPU (SmolLM2-135M), 12 steps, all variants",
+        learning_plan_path,
+    ),
+    (
+        "learning_plan_path_single_agent_40_steps",
+        "Learning Plan-Path on CPU (SmolLM2-135M), single agent, 40 steps",
+        learning_plan_path,
+    ),
     ("trainer_vs_trl", "Trainer speed against TRL's GRPOTrainer", trainer_vs_trl),
     ("reproduce_paper", "The paper's Plan-Path and Sokoban rows, Qwen3-1.7B (GPU)", reproduce_paper),
     ("rollout_speed", "Rollout speed, transformers engine", _rollout_speed),
