@@ -150,6 +150,24 @@ def bar_chart(
     plt.close(figure)
 
 
+def plot_rollout_speed(result: dict[str, Any], png: Path, engine: str) -> None:
+    """The rollout benchmarks' chart: best tokens/s of every generation path, the whole tree
+    rollouts and their raw replay."""
+    rates = dict(result["tokens_per_s_best"])
+    rates["tree_rollout"] = result["tree_rollout"]["tokens_per_s_best"]
+    rates["raw_replay"] = result["tree_rollout"]["raw_replay_tokens_per_s_best"]
+    title = (
+        f"{engine}, {result['model']}: {result['envs']} envs x K={result['k']}, {result['max_tokens']} tokens"
+    )
+    bar_chart(
+        png,
+        title,
+        list(rates),
+        {"tokens/s (best repeat)": list(rates.values())},
+        "generated tokens per second",
+    )
+
+
 class RecordingEngine:
     """Wraps an engine and records every ``generate`` call, so the same requests can be replayed
     on a raw generation path and the rollout's own overhead measured against it."""

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _common import RecordingEngine, bar_chart, finish, run_facts
+from _common import RecordingEngine, finish, plot_rollout_speed, run_facts
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -232,22 +232,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"tree_rollout ({args.turns} turn(s)): {tree_best:.1f} tok/s = {tree_best / replay_best:.2f} x the raw "
         f"replay of the same generation calls ({replay_best:.1f} tok/s)"
     )
-    finish(result, args.output, lambda png: plot(result, png))
+    finish(result, args.output, lambda png: plot_rollout_speed(result, png, "transformers engine"))
     return result
-
-
-def plot(result: dict, png: Path) -> None:
-    rates = dict(result["tokens_per_s_best"])
-    rates["tree_rollout"] = result["tree_rollout"]["tokens_per_s_best"]
-    rates["raw_replay"] = result["tree_rollout"]["raw_replay_tokens_per_s_best"]
-    bar_chart(
-        png,
-        f"transformers engine, {result['model']}: {result['envs']} envs x K={result['k']}, "
-        f"{result['max_tokens']} tokens",
-        list(rates),
-        {"tokens/s (best repeat)": list(rates.values())},
-        "generated tokens per second",
-    )
 
 
 if __name__ == "__main__":

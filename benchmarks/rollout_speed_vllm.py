@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import bar_chart, finish, run_facts
+from _common import RecordingEngine, finish, plot_rollout_speed, run_facts
 
 RESULTS = Path(__file__).parent / "results" / "rollout_speed_vllm.json"
 ADAPTER = "policy"
@@ -127,8 +127,6 @@ def time_raw_generate(engine, prompts, k, sampling) -> tuple[float, int]:
 def time_tree_rollout(engine, env_id, turns, envs, agents, k, sampling, repeat) -> tuple[float, int, list]:
     """One whole tree rollout (generation, env clones and steps, sandbox runs), timed; returns the
     generation calls it made so they can be replayed."""
-    from _common import RecordingEngine
-
     from llm_zoo_train.rollout import tree_rollout
 
     recorder = RecordingEngine(engine)
@@ -293,21 +291,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"tree_rollout ({args.turns} turn(s)): {tree_best:.1f} tok/s = {tree_best / replay_best:.2f} x the raw "
         f"replay of the same generation calls ({replay_best:.1f} tok/s)"
     )
-    finish(result, args.output, lambda png: plot(result, png))
+    finish(result, args.output, lambda png: plot_rollout_speed(result, png, "vLLM engine"))
     return result
-
-
-def plot(result: dict, png: Path) -> None:
-    rates = dict(result["tokens_per_s_best"])
-    rates["tree_rollout"] = result["tree_rollout"]["tokens_per_s_best"]
-    rates["raw_replay"] = result["tree_rollout"]["raw_replay_tokens_per_s_best"]
-    bar_chart(
-        png,
-        f"vLLM engine, {result['model']}: {result['envs']} envs x K={result['k']}, {result['max_tokens']} tokens",
-        list(rates),
-        {"tokens/s (best repeat)": list(rates.values())},
-        "generated tokens per second",
-    )
 
 
 if __name__ == "__main__":

@@ -13,3 +13,14 @@ def tiny_model_dir(tmp_path_factory):
     from tiny_model import build_tiny_model_dir
 
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test: on a shared 2-core machine more threads make the tiny model
+    10x slower. Trainer-loop test modules use it for every test (``pytestmark``)."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

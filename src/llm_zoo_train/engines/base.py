@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Completion", "Engine", "SamplingParams"]
+__all__ = ["Completion", "Engine", "SamplingParams", "check_generate_args"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +87,18 @@ class Engine(Protocol):
         (adapter, version) a fresh name.
         """
         ...
+
+
+def check_generate_args(
+    prompts: Sequence[str], adapters: Sequence[str | None], n: int, sampling: SamplingParams
+) -> None:
+    """The checks every :meth:`Engine.generate` makes first: one adapter per prompt, ``n >= 1``,
+    ``max_tokens >= 1``; raises ``ValueError`` naming the bad value."""
+    if len(prompts) != len(adapters):
+        raise ValueError(
+            f"got {len(prompts)} prompts but {len(adapters)} adapters: give one adapter per prompt"
+        )
+    if int(n) < 1:
+        raise ValueError(f"n must be >= 1, got {n!r}")
+    if int(sampling.max_tokens) < 1:
+        raise ValueError(f"sampling.max_tokens must be >= 1, got {sampling.max_tokens!r}")

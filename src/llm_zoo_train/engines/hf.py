@@ -43,7 +43,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from llm_zoo_train.chat import encode_prompt
-from llm_zoo_train.engines.base import Completion, SamplingParams
+from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
 
 __all__ = ["HFEngine"]
 
@@ -137,14 +137,7 @@ class HFEngine:
         sampling: SamplingParams,
     ) -> list[list[Completion]]:
         """Sample ``n`` completions per prompt, ``adapters[i]`` answering ``prompts[i]``."""
-        if len(prompts) != len(adapters):
-            raise ValueError(
-                f"got {len(prompts)} prompts but {len(adapters)} adapters: give one adapter per prompt"
-            )
-        if int(n) < 1:
-            raise ValueError(f"n must be >= 1, got {n!r}")
-        if int(sampling.max_tokens) < 1:
-            raise ValueError(f"sampling.max_tokens must be >= 1, got {sampling.max_tokens!r}")
+        check_generate_args(prompts, adapters, n, sampling)
         self._check_adapters(adapters)
         encoded = [self._encode(prompt) for prompt in prompts]
 

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from llm_zoo_train.chat import chat_messages
-from llm_zoo_train.engines.base import Completion, SamplingParams
+from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
 
 __all__ = ["EndpointError", "OpenAICompatEngine"]
 
@@ -109,10 +109,7 @@ class OpenAICompatEngine:
         sampling: SamplingParams,
     ) -> list[list[Completion]]:
         """``n`` completions per prompt (one request each, with the API's ``n``), concurrently."""
-        if len(prompts) != len(adapters):
-            raise ValueError(f"got {len(prompts)} prompts but {len(adapters)} adapters: give one per prompt")
-        if int(n) < 1:
-            raise ValueError(f"n must be >= 1, got {n!r}")
+        check_generate_args(prompts, adapters, n, sampling)
         requests = [
             self._request_body(p, a, int(n), sampling) for p, a in zip(prompts, adapters, strict=True)
         ]

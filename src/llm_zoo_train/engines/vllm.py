@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 
 from llm_zoo_train.chat import encode_prompt
-from llm_zoo_train.engines.base import Completion, SamplingParams
+from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
 
 __all__ = ["VLLM_LORA_RANKS", "VLLMEngine", "adapter_rank", "engine_from_config", "supported_lora_rank"]
 
@@ -286,14 +286,7 @@ class VLLMEngine:
         """Sample ``n`` completions per prompt, ``adapters[i]`` answering ``prompts[i]``, in one vLLM call."""
         from vllm.inputs import TokensPrompt
 
-        if len(prompts) != len(adapters):
-            raise ValueError(
-                f"got {len(prompts)} prompts but {len(adapters)} adapters: give one adapter per prompt"
-            )
-        if int(n) < 1:
-            raise ValueError(f"n must be >= 1, got {n!r}")
-        if int(sampling.max_tokens) < 1:
-            raise ValueError(f"sampling.max_tokens must be >= 1, got {sampling.max_tokens!r}")
+        check_generate_args(prompts, adapters, n, sampling)
         unknown = sorted({a for a in adapters if a is not None and a not in self._served})
         if unknown:
             raise ValueError(
