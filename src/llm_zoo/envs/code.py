@@ -112,7 +112,7 @@ _SHOWN_DISAGREEMENTS = 5
 _PARALLEL_RUNS = 2  # worker threads for the per-test fallback when the sandbox has no batch API
 _CHUNK = 8  # tests run per batch call; time-outs are counted between batches
 
-_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")  # no overlapping quantifiers: linear
 _INTEGER = re.compile(r"[+-]?\d+")
 
 
