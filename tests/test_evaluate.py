@@ -378,3 +378,35 @@ def test_eval_endpoint_bad_input_and_dead_server(tmp_path, capsys):
     assert main([config, "--endpoint", url, "--served-model", "oracle", "--retries", "0"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"llm-zoo-train eval: error: cannot reach {url}/models"), err
+
+
+@pytest.fixture
+def trackers_not_installed(monkeypatch):
+    """Make TensorBoard and W&B look uninstalled to the config's checks (whatever is installed)."""
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    trackers = {"tensorboard", "tensorboardX", "wandb"}
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in trackers else real_find_spec(name, *a)
+    )
+
+
+def test_eval_never_needs_the_runs_trackers(tmp_path, capsys, trackers_not_installed):
+    """A run that logged to TensorBoard is evaluated where TensorBoard is not installed (issue 18.3)."""
+    from llm_zoo_train.config import ConfigError, load_config, validate
+
+    path = write_plan_path_config(tmp_path / "pp.yaml", tmp_path / "run", episodes=1)
+    config = yaml.safe_load(path.read_text())
+    config["logging"] = {"log_with": ["tensorboard"]}
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match="'tensorboard' is not installed"):
+        validate(load_config(path))  # training still checks its trackers
+    with FakeOpenAI(plan_path_server_answer, models=["oracle"]) as server:
+        code = main([str(path), "--endpoint", server.url, "--served-model", "oracle", "--report_to", "wandb"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "not installed" not in err
+    document = json.loads((tmp_path / "run" / "eval" / "eval_results.json").read_text())
+    assert document["results"][0]["result"]["success_rate"] == 1.0  # the oracle plays both roles
+    assert document["settings"]["config"]["logging"]["log_with"] == ["wandb"]  # the run's config, as given

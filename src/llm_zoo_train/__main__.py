@@ -28,7 +28,8 @@ Train one LoRA adapter per agent (or a shared one) on an llm-zoo environment wit
   --print-config     check the configuration, print it as YAML and exit (loads no model)
   -h, --help         show this help with every configuration field
 
-Configuration fields (section.field (type, default) and what it does):
+Configuration fields (section.field (type, default) and what it does). A field's "alias" is its
+TRL GRPOConfig name, accepted as a top-level YAML key or as --NAME VALUE (e.g. report_to, bf16):
 """
 
 

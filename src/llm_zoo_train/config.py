@@ -17,7 +17,9 @@ A config has ten sections, each a dataclass below whose fields carry their own d
 Command-line overrides look like ``--rollout.num_generations 8`` or ``--env.kwargs.rows=6``; the
 value is read as YAML (``8`` is an int, ``[a, b]`` a list, ``null`` is None) and checked against
 the field's type. Names follow TRL's ``GRPOConfig`` where the concept is the same
-(``learning_rate``, ``num_generations``, ``beta``, ``epsilon``, ``loss_type``, ...).
+(``learning_rate``, ``num_generations``, ``beta``, ``epsilon``, ``loss_type``, ...), and TRL's flat
+names are accepted as top-level keys (``report_to: tensorboard``, ``use_vllm: true``, ``--bf16
+true``; :mod:`llm_zoo_train.config_aliases` lists them).
 
 Everything here is checked before any model is loaded: :func:`load_config` checks names and types,
 :func:`validate` checks values, the env id (through :mod:`llm_zoo`'s registry), the env kwargs and
@@ -36,6 +38,7 @@ from typing import Any, Literal
 
 import yaml
 
+from llm_zoo_train.config_aliases import CONFIG_ALIASES
 from llm_zoo_train.typed_config import (
     ConfigError,
     config_from_dict,
@@ -147,8 +150,9 @@ class RolloutConfig:
     """Keep only the k most likely tokens when sampling (0: off)."""
     engine: Literal["hf", "vllm"] = "hf"
     """Generation backend: `hf` (transformers generate on the training model) or `vllm`."""
-    generation_batch_size: int = 32
-    """Most sequences the hf engine generates in one batch."""
+    max_rows_per_generate_call: int = 32
+    """hf engine only: most rows (prompt x sample) one transformers `generate` call takes; more are
+    split into several calls (a memory cap, not TRL's generation_batch_size)."""
     save_rollouts: bool = False
     """Write every step's samples to output_dir/rollouts/step_NNNNNN.jsonl (replayable)."""
 
@@ -301,7 +305,7 @@ class Config:
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Read the YAML file at ``path`` (None: defaults), apply ``--key value`` overrides, check types."""
-    return load_dataclass(Config, path, overrides)
+    return load_dataclass(Config, path, overrides, CONFIG_ALIASES)
 
 
 def save_config(config: Config, path: str | Path) -> None:
@@ -310,7 +314,7 @@ def save_config(config: Config, path: str | Path) -> None:
 
 def format_help() -> str:
     """Every field with its type, default and documentation, by section."""
-    return format_fields(Config)
+    return format_fields(Config, CONFIG_ALIASES)
 
 
 # --------------------------------------------------------------------------- agents -> adapters
@@ -444,7 +448,7 @@ def validate(config: Config) -> AgentPlan:
     _positive("rollout.temperature", r.temperature, allow_zero=True)
     if not 0 < r.top_p <= 1:
         raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p}")
-    _positive("rollout.generation_batch_size", r.generation_batch_size)
+    _positive("rollout.max_rows_per_generate_call", r.max_rows_per_generate_call)
     if r.num_generations < 2:
         raise ConfigError("rollout.num_generations must be >= 2: a group of one has no relative advantage")
     if r.temperature == 0:

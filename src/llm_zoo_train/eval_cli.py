@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import llm_zoo_train
-from llm_zoo_train.config import ConfigError, config_to_dict, validate
+from llm_zoo_train.config import Config, ConfigError, config_to_dict, validate
+from llm_zoo_train.config_aliases import CONFIG_ALIASES
 from llm_zoo_train.engines.base import Engine
 from llm_zoo_train.eval_plan import (
     POLICIES,
@@ -48,7 +49,7 @@ from llm_zoo_train.eval_plan import (
 )
 from llm_zoo_train.evaluate import EvalResult, episode_to_dict, evaluate
 
-__all__ = ["UsageError", "main", "print_table", "run"]
+__all__ = ["UsageError", "evaluation_view", "main", "print_table", "run", "split_overrides"]
 
 PROG = "llm-zoo-train eval"
 
@@ -155,10 +156,7 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
         raise UsageError("--served-model and --agent-model need --endpoint URL")
     source = resolve_source(options.input, overrides, endpoint=bool(endpoint))
     config = source.config
-    checked = copy.deepcopy(config)
-    if endpoint:  # the server generates: the local engine setting does not matter
-        checked.rollout.engine = "hf"
-    plan = validate(checked)
+    plan = validate(evaluation_view(config, endpoint=bool(endpoint)))
     served = agent_models(options.agent_model, list(plan.agent_adapters)) if endpoint else {}
     maps = choose_policies(
         _names(options.policies, POLICIES, "policy"), source, plan, endpoint=bool(endpoint), served=served
@@ -220,6 +218,22 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
     return document
 
 
+def evaluation_view(config: Config, *, endpoint: bool) -> Config:
+    """A copy of ``config`` with what evaluation never uses switched off, for :func:`validate`.
+
+    Evaluation logs to no tracker (a run that logged to TensorBoard is evaluated where TensorBoard
+    is not installed), starts from the run's saved adapters rather than ``agents.init_adapters``
+    (whose directories may be gone), and with ``--endpoint`` the server generates, so the local
+    engine setting does not matter either.
+    """
+    view = copy.deepcopy(config)
+    view.logging.log_with = []
+    view.agents.init_adapters = {}
+    if endpoint:
+        view.rollout.engine = "hf"
+    return view
+
+
 def _endpoint_engine(
     options: argparse.Namespace, system_prompt: str | None, maps: Mapping[str, Mapping[str, str | None]]
 ) -> Engine:
@@ -258,12 +272,15 @@ def _row(
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Separate config overrides (``--section.field V`` / ``--section.field=V``) from the rest."""
+    """Separate config overrides (``--section.field V`` / ``--section.field=V``, or a field's alias
+    such as ``--report_to V``) from the rest."""
+    alias_names = {alias.name for alias in CONFIG_ALIASES}
     args, rest, overrides = list(argv), [], []
     index = 0
     while index < len(args):
         arg = args[index]
-        if arg.startswith("--") and "." in arg.partition("=")[0]:
+        name = arg.partition("=")[0]
+        if arg.startswith("--") and ("." in name or name[2:].replace("-", "_") in alias_names):
             overrides.append(arg)
             if "=" not in arg and index + 1 < len(args):
                 index += 1

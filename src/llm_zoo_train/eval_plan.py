@@ -264,7 +264,7 @@ def local_engine(config: Config, adapters: Mapping[str, Path]) -> Engine:
         return HFEngine(
             base,
             tokenizer,
-            max_batch_size=config.rollout.generation_batch_size,
+            max_batch_size=config.rollout.max_rows_per_generate_call,
             system_prompt=config.model.system_prompt,
         )
     paths = {name: str(path) for name, path in adapters.items()}
@@ -279,7 +279,7 @@ def local_engine(config: Config, adapters: Mapping[str, Path]) -> Engine:
     return HFEngine(
         policy.model,
         tokenizer,
-        max_batch_size=config.rollout.generation_batch_size,
+        max_batch_size=config.rollout.max_rows_per_generate_call,
         system_prompt=config.model.system_prompt,
     )
 

@@ -336,7 +336,7 @@ class Trainer:
             return HFEngine(
                 self.model,
                 self.policy.tokenizer,
-                max_batch_size=rollout.generation_batch_size,
+                max_batch_size=rollout.max_rows_per_generate_call,
                 system_prompt=self.config.model.system_prompt,
             )
         from llm_zoo_train.engines import vllm as vllm_engine  # type: ignore[attr-defined]

@@ -9,8 +9,14 @@ Generic machinery over a *root* dataclass whose fields are section dataclasses (
   type annotations (``int``, ``float``, ``bool``, ``str``, ``None``, ``Literal``, unions, ``list``,
   ``dict``, ``Any``). An unknown key is an error naming it, suggesting close names and listing the
   valid keys; a wrong type names the key, the expected type and the value.
+* :class:`Alias` gives a field another name: a top-level key such as TRL's ``report_to`` for
+  ``logging.log_with`` (with a value conversion where the two differ in form), an old dotted name
+  kept for compatibility (``deprecated``: a ``FutureWarning`` names the new one), or a name refused
+  with an explanation (``target`` None: a same-named option that means something else). One
+  source - the YAML file, or the command line - may set a field under one name only; the command
+  line overrides the file whichever names each uses.
 * :func:`field_docs` reads the docstring under each field (CleanRL/tyro style) from the source;
-  :func:`format_fields` turns them into help text.
+  :func:`format_fields` turns them into help text (aliases included).
 """
 
 from __future__ import annotations
@@ -25,13 +31,17 @@ import re
 import textwrap
 import types
 import typing
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 __all__ = [
+    "SKIP",
+    "Alias",
     "ConfigError",
     "config_from_dict",
     "config_to_dict",
@@ -44,6 +54,32 @@ __all__ = [
 
 class ConfigError(ValueError):
     """A configuration problem, with a message naming the key and the valid choices."""
+
+
+#: Returned by an :attr:`Alias.convert` function when the value sets nothing (e.g. ``bf16: false``).
+SKIP: Any = object()
+
+
+@dataclass(frozen=True)
+class Alias:
+    """Another name for one config field.
+
+    Attributes:
+        name: The other name: a top-level key (``report_to``) or a dotted path (``rollout.old_name``).
+        target: The canonical dotted key it sets, e.g. ``logging.log_with``; None refuses ``name``
+            with ``note`` as the error (an option that looks equivalent but is not).
+        convert: Maps the alias's value to the target's value (None: the same value, checked against
+            the target's type); raises :class:`ConfigError` for a bad value; returns :data:`SKIP` to
+            set nothing.
+        note: How the value maps (shown in help), or the refusal message.
+        deprecated: An old name: accepted with a ``FutureWarning`` naming ``target``.
+    """
+
+    name: str
+    target: str | None
+    convert: Callable[[Any], Any] | None = None
+    note: str = ""
+    deprecated: bool = False
 
 
 # --------------------------------------------------------------------------- field docs and types
@@ -310,9 +346,109 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_ConfigYAMLLoader)
 
 
-def load_dataclass(root: Any, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
+# --------------------------------------------------------------------------- aliases
+
+
+def _annotation_at(root: Any, key: str) -> Any:
+    cls = root
+    for part in key.split("."):
+        cls = _hints(cls)[part]
+    return cls
+
+
+def _alias_value(root: Any, alias: Alias, value: Any, where: str) -> Any:
+    """The target's value for ``value`` given under ``alias.name`` (SKIP: set nothing)."""
+    if alias.target is None:
+        raise ConfigError(f"{where}{alias.name}: {alias.note}")
+    if alias.deprecated:
+        warnings.warn(
+            f"{where}{alias.name} is deprecated: use {alias.target} (same meaning)",
+            FutureWarning,
+            stacklevel=4,
+        )
+    if alias.convert is not None:
+        return alias.convert(value)
+    return _check_type(value, _annotation_at(root, alias.target), alias.name)
+
+
+def _pop_path(raw: dict[str, Any], key: str) -> tuple[bool, Any]:
+    *parents, last = key.split(".")
+    node: Any = raw
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or last not in node:
+        return False, None
+    return True, node.pop(last)
+
+
+def _has_path(raw: Mapping[str, Any], key: str) -> bool:
+    node: Any = raw
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _conflict(where: str, first: str, second: str, target: str) -> ConfigError:
+    """``where``: the file (``"PATH: "``), or ``"--"`` for the command line (each name gets it)."""
+    prefix, each = ("", "--") if where == "--" else (where, "")
+    names = " and ".join(
+        f"{each}{n} (alias of {target})" if n != target else f"{each}{n}" for n in (first, second)
+    )
+    return ConfigError(f"{prefix}{names} both set {target}; give it once, under one name")
+
+
+def _resolve_file_aliases(root: Any, raw: dict[str, Any], aliases: Sequence[Alias], where: str) -> None:
+    """Replace the alias keys of a YAML mapping by their targets (in place)."""
+    set_by: dict[str, str] = {}
+    for alias in aliases:
+        found, value = _pop_path(raw, alias.name)
+        if not found:
+            continue
+        value = _alias_value(root, alias, value, where)
+        if value is SKIP:
+            continue
+        assert alias.target is not None
+        if alias.target in set_by:
+            raise _conflict(where, set_by[alias.target], alias.name, alias.target)
+        if _has_path(raw, alias.target):
+            raise _conflict(where, alias.name, alias.target, alias.target)
+        set_by[alias.target] = alias.name
+        _set_path(root, raw, alias.target, value)
+
+
+def _resolve_override_aliases(
+    root: Any, pairs: Sequence[tuple[str, Any, str]], aliases: Sequence[Alias]
+) -> list[tuple[str, Any, str]]:
+    """Command-line ``(key, value, text)`` pairs with alias keys replaced by their targets."""
+    by_name = {alias.name: alias for alias in aliases}
+    set_by: dict[str, str] = {}
+    resolved = []
+    for key, value, text in pairs:
+        alias = by_name.get(key)
+        name = key
+        if alias is not None:
+            value = _alias_value(root, alias, value, "--")
+            if value is SKIP:
+                continue
+            assert alias.target is not None
+            key = alias.target
+            text = text if alias.convert is None else ""
+        if set_by.setdefault(key, name) != name:
+            raise _conflict("--", set_by[key], name, key)
+        resolved.append((key, value, text))
+    return resolved
+
+
+def load_dataclass(
+    root: Any,
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    aliases: Sequence[Alias] = (),
+) -> Any:
     """Build dataclass ``root`` from the YAML file at ``path`` (None: defaults) and ``--key value``
-    overrides, checking every key and type."""
+    overrides, checking every key and type; ``aliases`` are other names of fields (see :class:`Alias`)."""
     raw: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -325,13 +461,21 @@ def load_dataclass(root: Any, path: str | Path | None = None, overrides: Sequenc
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top, got {loaded!r}")
         raw = loaded or {}
-    for key, value, text in parse_overrides(overrides):
+        _resolve_file_aliases(root, raw, aliases, f"{path}: ")
+    for key, value, text in _resolve_override_aliases(root, parse_overrides(overrides), aliases):
         _set_path(root, raw, key, value, text)
     return config_from_dict(raw, root)
 
 
-def format_fields(root: Any) -> str:
-    """Every field of the sections of ``root`` with its type, default and documentation."""
+def format_fields(root: Any, aliases: Sequence[Alias] = ()) -> str:
+    """Every field of the sections of ``root`` with its type, default, documentation and aliases."""
+    other_names: dict[str, list[str]] = {}
+    for alias in aliases:
+        if alias.target is not None and not alias.deprecated:
+            other_names.setdefault(alias.target, []).append(
+                alias.name + (f": {alias.note}" if alias.note else "")
+            )
+    old_names = {a.target: a.name for a in aliases if a.deprecated}
     lines = []
     for section in dataclasses.fields(root):
         cls = _hints(root)[section.name]
@@ -345,6 +489,14 @@ def format_fields(root: Any) -> str:
             if f.name in docs:
                 lines.extend(
                     textwrap.wrap(docs[f.name], 100, initial_indent="      ", subsequent_indent="      ")
+                )
+            names = other_names.get(f"{section.name}.{f.name}")
+            if names:
+                text = ("alias: " if len(names) == 1 else "aliases: ") + "; ".join(names)
+                lines.extend(textwrap.wrap(text, 100, initial_indent="      ", subsequent_indent="        "))
+            if f"{section.name}.{f.name}" in old_names:
+                lines.append(
+                    f"      formerly {old_names[f'{section.name}.{f.name}']} (deprecated, still accepted)"
                 )
         lines.append("")
     return "\n".join(lines)
