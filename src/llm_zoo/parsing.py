@@ -3,14 +3,14 @@
 Everything here takes arbitrary text (model output) and either returns the extracted value or
 raises :class:`ParseError` whose message is written to be shown to the model in its next prompt.
 Nothing is ever ``eval``'d or ``exec``'d: list literals go through :func:`ast.literal_eval`, which
-only builds Python literals, after a size check.
+only builds Python literals, after a size check. Every function takes time linear in the length
+of the text (plain scanning, no regex): a policy can write megabytes.
 """
 
 from __future__ import annotations
 
 import ast
-import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 __all__ = [
     "ParseError",
@@ -18,16 +18,50 @@ __all__ = [
     "extract_code_block",
     "extract_marked_list",
     "extract_moves",
+    "iter_fenced_blocks",
 ]
 
 #: Literal lists longer than this many characters are refused before parsing.
 MAX_LIST_CHARS = 20_000
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+\-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_FENCE = "```"
+_TAG_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+-")
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 
 class ParseError(ValueError):
     """The text does not contain what was asked for. The message explains what was expected."""
+
+
+def iter_fenced_blocks(text: str) -> Iterator[tuple[str, str]]:
+    """Yield ``(tag, body)`` for each complete fenced block in ``text``, left to right.
+
+    A block opens with ```` ``` ```` followed, on the same line, by optional spaces or tabs, an
+    optional tag (letters, digits, ``_+-``) and anything else up to the newline; its body runs to
+    the next ```` ``` ```` (which may end a line of code). Blocks never overlap. This is what the
+    regex ```` ```[ \\t]*([A-Za-z0-9_+\\-]*)[^\\n]*\\n(.*?)``` ```` (DOTALL) matches, found with
+    ``str.find`` so that it takes linear time on any input: the regex took quadratic time on a
+    long run of backticks without a newline.
+    """
+    position = 0
+    while True:
+        opener = text.find(_FENCE, position)
+        if opener < 0:
+            return
+        newline = text.find("\n", opener + len(_FENCE))
+        if newline < 0:
+            return  # no later opener can have a newline either
+        closer = text.find(_FENCE, newline + 1)
+        if closer < 0:
+            return  # every later opener's body starts at or after this one's: none is closed
+        start = opener + len(_FENCE)
+        while start < newline and text[start] in " \t":
+            start += 1
+        end = start
+        while end < newline and text[end] in _TAG_CHARS:
+            end += 1
+        yield text[start:end], text[newline + 1 : closer]
+        position = closer + len(_FENCE)
 
 
 def extract_code_block(text: str, languages: Iterable[str] = ("python", "py", "python3")) -> str:
@@ -38,12 +72,11 @@ def extract_code_block(text: str, languages: Iterable[str] = ("python", "py", "p
     """
     wanted = {lang.lower() for lang in languages}
     tagged, untagged = [], []
-    for match in _FENCE.finditer(text):
-        tag = match.group(1).lower()
-        if tag in wanted:
-            tagged.append(match.group(2))
+    for tag, body in iter_fenced_blocks(text):
+        if tag.lower() in wanted:
+            tagged.append(body)
         elif not tag:
-            untagged.append(match.group(2))
+            untagged.append(body)
     blocks = tagged or untagged
     if not blocks:
         if "```" in text:
@@ -124,12 +157,31 @@ def extract_moves(text: str, marker: str, *, max_moves: int = 1000) -> list[str]
     return moves
 
 
+def _last_box_start(text: str) -> int:
+    """Index just after the ``{`` of the last ``\\boxed{`` / ``\\fbox{`` (whitespace allowed before
+    the brace), or -1. Scans backwards with ``str.rfind``: linear time."""
+    best = -1
+    for command in _BOX_COMMANDS:
+        end = len(text)
+        while True:
+            found = text.rfind(command, 0, end)
+            if found < 0 or found < best:
+                break  # not found, or too early to beat the start already known
+            index = found + len(command)
+            while index < len(text) and text[index].isspace():
+                index += 1
+            if index < len(text) and text[index] == "{":
+                best = index + 1
+                break
+            end = found  # try the previous occurrence of this command
+    return best
+
+
 def extract_boxed(text: str) -> str:
     """Return the content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced."""
-    starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
-    if not starts:
+    start = _last_box_start(text)
+    if start < 0:
         raise ParseError("no \\boxed{...} found: end your answer with \\boxed{your final answer}")
-    start = starts[-1]
     depth = 1
     for index in range(start, len(text)):
         char = text[index]
