@@ -1,4 +1,6 @@
-"""Code-v0 problem sets: the built-in set and the APPS / CodeContests / LiveCodeBench loaders."""
+"""Code-v0 problem sets: the built-in set and the APPS / CodeContests / LiveCodeBench loaders.
+
+HumanEval, MBPP, gzip files and call-based built-in problems: tests/test_code_call_data.py."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 
 import llm_zoo
 from llm_zoo.data.code import (
+    CallSpec,
     CodeDatasetError,
     CodeProblem,
     TestCase,
@@ -79,10 +82,17 @@ def test_problem_rejects_missing_tests_and_is_shared_by_deepcopy():
 # ---------------------------------------------------------------------------------------- APPS
 
 
-def test_apps_jsonl_loads_stdin_problems_and_skips_call_based():
+def test_apps_jsonl_loads_stdin_and_call_based_problems():
     problems = load_code_problems(FIXTURES / "apps.jsonl")
-    assert [p.id for p in problems] == ["apps/4001", "apps/4002"]  # 4003 is call-based (fn_name)
-    first, second = problems
+    assert [p.id for p in problems] == ["apps/4001", "apps/4002", "apps/4003"]
+    first, second, call_based = problems
+    assert first.kind == second.kind == "stdio" and first.call is None
+    # 4003 has fn_name and a LeetCode-style starter: called as Solution().add(1, 2)
+    assert call_based.kind == "call" and call_based.call == CallSpec(
+        "add", "Solution", "class Solution:\n    def add(self, a, b):", lenient_singleton=True
+    )
+    assert call_based.tests == (TestCase("[1, 2]", "3"),)
+    assert call_based.reference.startswith("class Solution")
     assert first.source == "apps" and first.difficulty == "easy" and first.reference.startswith("a, b")
     assert first.tests == (TestCase("1 2\n", "3\n"), TestCase("-5 5\n", "0\n"), TestCase("100 23\n", "123\n"))
     assert first.metadata["url"].endswith("/4001")
@@ -153,10 +163,14 @@ def test_parquet_without_pyarrow_names_the_package(monkeypatch):
 # ---------------------------------------------------------------------------------------- LiveCodeBench
 
 
-def test_livecodebench_decodes_compressed_private_tests_and_skips_functional():
+def test_livecodebench_decodes_compressed_private_tests_and_loads_functional():
     problems = load_code_problems(FIXTURES / "livecodebench.jsonl")
-    assert [p.id for p in problems] == ["livecodebench/abc900_a", "livecodebench/1999B"]  # leetcode skipped
-    atcoder, codeforces = problems
+    assert [p.id for p in problems] == ["livecodebench/abc900_a", "livecodebench/1999B", "livecodebench/9999"]
+    atcoder, codeforces, leetcode = problems
+    assert leetcode.call is not None and leetcode.call.target == "Solution().add"
+    assert "def add(self, a: int, b: int) -> int:" in leetcode.call.signature
+    # one JSON value per line of "input" -> the argument list; private tests decoded too
+    assert leetcode.tests[0] == TestCase("[1, 2]", "3") and len(leetcode.tests) >= 2
     assert atcoder.tests == (TestCase("1 2\n", "3\n"), TestCase("5 7\n", "12\n"), TestCase("0 0\n", "0\n"))
     assert atcoder.reference is None and atcoder.difficulty == "easy" and atcoder.title == "Sum of Two"
     assert atcoder.metadata["platform"] == "atcoder"
@@ -184,7 +198,7 @@ def test_livecodebench_refuses_pickles_that_are_not_plain_values(tmp_path, monke
 
 
 def test_livecodebench_refuses_a_decompression_bomb(monkeypatch):
-    monkeypatch.setattr("llm_zoo.data.code.MAX_DECOMPRESSED_BYTES", 1000)
+    monkeypatch.setattr("llm_zoo.data.code_formats.MAX_DECOMPRESSED_BYTES", 1000)
     payload = base64.b64encode(zlib.compress(pickle.dumps("x" * 5000))).decode()
     with pytest.raises(CodeDatasetError, match="exceeds 1000 bytes"):
         decode_livecodebench_tests(payload)
@@ -220,7 +234,7 @@ def test_a_real_datasets_object_loads_when_datasets_is_installed():
     datasets = pytest.importorskip("datasets")
     rows = [json.loads(line) for line in (FIXTURES / "apps.jsonl").read_text().splitlines()]
     dataset = datasets.Dataset.from_list(rows)
-    assert [p.id for p in load_code_problems(dataset)] == ["apps/4001", "apps/4002"]
+    assert [p.id for p in load_code_problems(dataset)] == ["apps/4001", "apps/4002", "apps/4003"]
     contests = datasets.Dataset.from_list(json.loads((FIXTURES / "code_contests.json").read_text()))
     assert [p.reference is not None for p in load_code_problems(contests)] == [True, False]
 
@@ -248,7 +262,7 @@ def test_bad_sources_give_clear_errors(tmp_path):
 
 def test_make_loads_a_local_file_and_uses_every_problem_in_it():
     env = llm_zoo.make("Code-v0", dataset=str(FIXTURES / "apps.jsonl"))
-    assert [p.id for p in env.problems] == ["apps/4001", "apps/4002"]  # no split: the file is the split
+    assert [p.id for p in env.problems] == ["apps/4001", "apps/4002", "apps/4003"]  # the file is the split
     env = llm_zoo.make(
         "Code-v0", dataset=FIXTURES / "code_contests.json", split="test", dataset_format="code_contests"
     )

@@ -13,12 +13,12 @@ from llm_zoo.envs import code as code_env
 from llm_zoo.envs.code import (
     FORMAT_PENALTY,
     INVALID_TEST_SCORE,
-    _run_program_on_inputs,
     oracle_action,
     oracle_policy,
     outputs_match,
     parse_tests,
 )
+from llm_zoo.envs.code_judge import run_program_on_inputs as _run_program_on_inputs
 from llm_zoo.parsing import ParseError
 from llm_zoo.testing import check_env, play_episode
 

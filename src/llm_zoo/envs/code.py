@@ -1,16 +1,24 @@
 """Code-v0: a coder writes a program, a unit tester writes tests for it.
 
 Competitive programming with two agents (PettingLLMs / AT-GRPO's code task). Each episode is one
-stdin/stdout problem (see :mod:`llm_zoo.data.code`: the built-in set, APPS, CodeContests,
-LiveCodeBench).
+problem (see :mod:`llm_zoo.data.code`: the built-in set, APPS, CodeContests, LiveCodeBench,
+HumanEval, MBPP) of one of two kinds:
+
+* *stdin/stdout*: the program reads the input and prints the answer;
+* *call-based* (``problem.call`` set: LeetCode / LiveCodeBench functional tests, APPS ``fn_name``,
+  HumanEval, MBPP, some built-in problems): the code defines the named function, or LeetCode's
+  ``class Solution`` with the named method, and each test calls it with arguments and compares
+  the return value. The prompts show the signature.
 
 Roles, in turn order:
 
-* ``coder``: answers with a complete Python 3 program in one ```` ```python ```` block. It is run
-  on the problem's hidden tests and on the unit tester's current tests.
+* ``coder``: answers with a complete Python 3 program (call-based: code defining the function or
+  class) in one ```` ```python ```` block. It is run on the problem's hidden tests and on the unit
+  tester's current tests.
 * ``unit_tester``: answers with a JSON list of at most ``max_tests`` (default 10) test cases in one
-  ```` ```json ```` block: ``[{"input": "<stdin>", "output": "<expected stdout>"}, ...]``. Parsed
-  with ``json`` (never evaluated). Each answer replaces the previous test list.
+  ```` ```json ```` block: ``[{"input": "<stdin>", "output": "<expected stdout>"}, ...]``, or for a
+  call-based problem ``[{"input": [<arguments>...], "output": <expected return value>}, ...]``.
+  Parsed with ``json`` (never evaluated). Each answer replaces the previous test list.
 
 Observations: each agent's prompt holds its role instructions, the problem, the coder's current
 program, the current tests, and the *disagreements* between them (input, expected, got), so on
@@ -22,7 +30,18 @@ whitespace and ignoring trailing empty lines; lines that differ are split into t
 tokens match when equal, when both are integers of equal value (exact, however long), or when both
 are numbers and one is not an integer, within absolute or relative tolerance 1e-6. A run that
 crashes, exceeds its time (``timeout`` seconds per test) or memory (``memory_mb``) fails the test.
-Test inputs lacking a final newline get one. A program's tests run in batches of 8 through the
+Test inputs lacking a final newline get one.
+
+Call-based judging (:mod:`llm_zoo.call_harness`): the coder's code runs inside a harness program
+in the sandbox that reads one test's arguments on standard input (a Python literal list), calls
+the function and prints its return value's ``repr``; the host compares it with the expected value
+(:func:`~llm_zoo.call_harness.values_match`: lists and tuples alike, dict keys exact, ``bool``
+only equals ``bool``, ints exact, floats within the same 1e-6 tolerance as above). Expected
+values never enter the sandbox. A crash, time-out, missing function or a return value that is
+not a plain value fails the test; the coder's prints are ignored. APPS's call-based problems also
+accept the only element of a one-element expected list, as APPS's own harness does.
+
+A program's tests run in batches of 8 through the
 sandbox's batch API (:func:`llm_zoo.sandbox.run_tests`, one ``run_python`` per test if it is
 absent); once :data:`MAX_TIMEOUTS` of them have timed out, its remaining batches fail unrun.
 Results are cached per episode, keyed by program and input. No model code runs outside the sandbox.
@@ -31,7 +50,8 @@ Test validity (for the tester's reward). A generated test is *valid* when its ex
 right, decided in this order:
 
 1. its input equals a hidden test's input (up to trailing whitespace on each line and trailing
-   empty lines): valid iff the expected output matches the hidden output;
+   empty lines; call-based: equal argument values): valid iff the expected output matches the
+   hidden output (call-based: the expected values match);
 2. the problem has a reference solution: valid iff the reference runs without error on the input
    and its output matches the expected output (an input the reference crashes or times out on
    breaks the problem's constraints: invalid);
@@ -50,7 +70,8 @@ Rewards (``rewards[agent] = role_reward + alpha * global_reward``; penalties are
   (:data:`INVALID_TEST_SCORE`) if t is invalid. Range [-0.5, 1].
 * global: ``h`` of the current program (0 before the first program), after every action.
 * Malformed answer (no complete code block; for the tester bad JSON, not a list, an empty list,
-  an item without string ``input`` / ``output``; a block over 65,536 characters): role reward
+  an item without string ``input`` / ``output``, for a call-based problem an ``input`` that is
+  not a list; a block over 65,536 characters): role reward
   :data:`FORMAT_PENALTY` (-1.0), the global reward as before, the previous program / tests stay,
   and the reason is shown at the top of that agent's next prompt. A tester list longer than
   ``max_tests`` is cut to its first ``max_tests`` tests (noted in the next prompt, no penalty).
@@ -68,24 +89,29 @@ Problems: ``reset`` picks one with the env's RNG from the selected split, or the
 ``tests_total``, ``tests_passed`` (current program on the current tests), ``tests_valid``,
 ``tests_invalid``, ``tests_unknown``.
 
-Version history: v0 - first version.
+Version history:
+
+* v0 - first version (stdin/stdout problems).
+* v0, call-based problems added (2026-12): LeetCode / LiveCodeBench functional, APPS ``fn_name``,
+  HumanEval and MBPP problems and built-in call-based problems, judged through the call harness.
+  Stdin/stdout episodes, rewards and prompts are unchanged.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import math
-import re
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from llm_zoo import sandbox
+from llm_zoo.call_harness import call_text, literal
 from llm_zoo.core import MAX_ACTION_CHARS, Outcome, TextAECEnv
-from llm_zoo.data.code import TestCase, load_code_problems
+from llm_zoo.data.code import CodeDatasetError, TestCase, load_code_problems
+from llm_zoo.data.code_problem import call_test
+from llm_zoo.envs.code_judge import judge_for, outputs_match, run_program_on_inputs
+from llm_zoo.envs.code_prompts import ROLE_INTRO, task_text
 from llm_zoo.parsing import ParseError, extract_code_block
 from llm_zoo.sandbox import RunResult
 
@@ -109,72 +135,22 @@ MAX_TESTS_JSON_CHARS = MAX_ACTION_CHARS
 MAX_PROGRAM_CHARS = MAX_ACTION_CHARS
 _SHOWN_CHARS = 400  # per input / output in prompts
 _SHOWN_DISAGREEMENTS = 5
-_PARALLEL_RUNS = 2  # worker threads for the per-test fallback when the sandbox has no batch API
 _CHUNK = 8  # tests run per batch call; time-outs are counted between batches
-
-_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")  # no overlapping quantifiers: linear
-_INTEGER = re.compile(r"[+-]?\d+")
-
-
-# ---------------------------------------------------------------------------------------- judging
-
-
-def _significant_lines(text: str) -> list[str]:
-    lines = [line.rstrip() for line in text.splitlines()]
-    while lines and not lines[-1]:
-        lines.pop()
-    return lines
-
-
-def _canonical_int(token: str) -> str:
-    sign = "-" if token.startswith("-") else ""
-    digits = token.lstrip("+-").lstrip("0") or "0"
-    return ("" if digits == "0" else sign) + digits
-
-
-def _tokens_match(expected: str, actual: str, tolerance: float) -> bool:
-    if expected == actual:
-        return True
-    if not (_NUMBER.fullmatch(expected) and _NUMBER.fullmatch(actual)):
-        return False
-    if _INTEGER.fullmatch(expected) and _INTEGER.fullmatch(actual):
-        return _canonical_int(expected) == _canonical_int(actual)  # big ints exactly, no float rounding
-    x, y = float(expected), float(actual)
-    return math.isfinite(x) and math.isfinite(y) and math.isclose(x, y, rel_tol=tolerance, abs_tol=tolerance)
-
-
-def outputs_match(expected: str, actual: str, *, tolerance: float = 1e-6) -> bool:
-    """Whether ``actual`` program output is accepted for ``expected``, as a judge would.
-
-    Line by line after stripping trailing whitespace, trailing empty lines ignored. Lines that
-    differ are split into whitespace-separated tokens: the token counts must agree and each pair be
-    equal, or both integers of equal value, or both numbers within ``tolerance`` (absolute or
-    relative). ``"1.0000001"`` matches ``"1"``; ``"1000000007"`` does not match ``"1000000008"``.
-    """
-    expected_lines, actual_lines = _significant_lines(expected), _significant_lines(actual)
-    if len(expected_lines) != len(actual_lines):
-        return False
-    for want, got in zip(expected_lines, actual_lines, strict=True):
-        if want == got:
-            continue
-        want_tokens, got_tokens = want.split(), got.split()
-        if len(want_tokens) != len(got_tokens):
-            return False
-        if not all(_tokens_match(w, g, tolerance) for w, g in zip(want_tokens, got_tokens, strict=True)):
-            return False
-    return True
-
-
-def _normalized(text: str) -> str:
-    return "\n".join(_significant_lines(text))
 
 
 # ---------------------------------------------------------------------------------------- parsing
 
 
-def parse_tests(text: str, max_tests: int) -> tuple[list[TestCase], str]:
-    """Parse the unit tester's answer: a ```` ```json ```` block holding a list of
-    ``{"input": str, "output": str}``. Returns the tests (at most ``max_tests``) and a note (non-empty
+def _test_json(item: Any) -> str:
+    return json.dumps(
+        item, default=lambda o: sorted(o, key=repr) if isinstance(o, (set, frozenset)) else repr(o)
+    )
+
+
+def parse_tests(text: str, max_tests: int, *, call: bool = False) -> tuple[list[TestCase], str]:
+    """Parse the unit tester's answer: a ```` ```json ```` block holding a list of test objects,
+    ``{"input": str, "output": str}`` for stdin/stdout, ``{"input": [arguments...], "output":
+    value}`` when ``call``. Returns the tests (at most ``max_tests``) and a note (non-empty
     when the list was cut). Raises :class:`ParseError` with a message for the model."""
     try:
         block = extract_code_block(text, languages=("json",))
@@ -189,7 +165,7 @@ def parse_tests(text: str, max_tests: int) -> tuple[list[TestCase], str]:
         data = json.loads(block)
     except (json.JSONDecodeError, RecursionError) as err:
         raise ParseError(f"the ```json block is not valid JSON ({err})") from None
-    example = '[{"input": "1 2\\n", "output": "3\\n"}]'
+    example = '[{"input": [[1, 2], 3], "output": 6}]' if call else '[{"input": "1 2\\n", "output": "3\\n"}]'
     if not isinstance(data, list):
         raise ParseError(f"the JSON must be a list of test objects, like {example}")
     if not data:
@@ -200,6 +176,16 @@ def parse_tests(text: str, max_tests: int) -> tuple[list[TestCase], str]:
             raise ParseError(
                 f'test {position} must be an object with the keys "input" and "output", like {example}'
             )
+        if call:
+            if not isinstance(item["input"], list):
+                raise ParseError(
+                    f'test {position}: "input" must be the list of arguments, got {type(item["input"]).__name__}'
+                )
+            try:
+                tests.append(call_test(item["input"], item["output"]))
+            except (CodeDatasetError, RecursionError) as err:
+                raise ParseError(f"test {position}: {err}") from None
+            continue
         for key in ("input", "output"):
             if not isinstance(item.get(key), str):
                 raise ParseError(
@@ -211,43 +197,7 @@ def parse_tests(text: str, max_tests: int) -> tuple[list[TestCase], str]:
     return tests, note
 
 
-# ---------------------------------------------------------------------------------------- running
-
-
-def _run_program_on_inputs(code: str, inputs: list[str], timeout: float, memory_mb: int) -> list[RunResult]:
-    """Run one program on many stdins through the sandbox; one :class:`RunResult` per input.
-
-    Uses the sandbox's batch API (``run_tests``) when it has one, else one ``run_python`` per
-    input on a few threads (each run is its own process, so threads only wait).
-    """
-    batch = getattr(sandbox, "run_tests", None)
-    if callable(batch):
-        return list(batch(code, list(inputs), timeout=timeout, memory_mb=memory_mb))
-
-    def run_one(stdin: str) -> RunResult:
-        return sandbox.run_python(code, stdin=stdin, timeout=timeout, memory_mb=memory_mb)
-
-    if len(inputs) <= 1:
-        return [run_one(stdin) for stdin in inputs]
-    with ThreadPoolExecutor(max_workers=_PARALLEL_RUNS) as pool:
-        return list(pool.map(run_one, inputs))
-
-
-def _stdin(text: str) -> str:
-    return text if not text or text.endswith("\n") else text + "\n"
-
-
-def _output_or_error(run: RunResult, timeout: float) -> str:
-    if run.timed_out:
-        return f"(time limit exceeded: {timeout:g} s)"
-    if getattr(run, "error", None):
-        return f"(not run: sandbox failure: {run.error})"
-    if run.exit_code is None:
-        return f"(not run: {run.stderr.strip()})"
-    if run.exit_code != 0:
-        tail = "\n".join(run.stderr.strip().splitlines()[-4:])
-        return f"(runtime error, exit code {run.exit_code})\n{tail}".rstrip()
-    return run.stdout
+# ---------------------------------------------------------------------------------------- text
 
 
 def _clip(text: str, limit: int = _SHOWN_CHARS) -> str:
@@ -347,6 +297,7 @@ class CodeEnv(TextAECEnv):
         else:
             self.problem = self.problems[int(rng.integers(len(self.problems)))]
         self.hidden_tests = self.problem.tests[: self.max_hidden_tests]
+        self.judge = judge_for(self.problem)
         self.program: str | None = None
         self.hidden_passed: list[bool] = []
         self.tests: list[TestCase] = []
@@ -362,10 +313,10 @@ class CodeEnv(TextAECEnv):
     def hidden_pass_rate(self) -> float:
         return sum(self.hidden_passed) / len(self.hidden_passed) if self.hidden_passed else 0.0
 
-    def _run(self, code: str, inputs: list[str]) -> list[RunResult]:
-        """Run ``code`` on ``inputs`` with a per-episode cache; stop after MAX_TIMEOUTS timeouts."""
+    def _run(self, program: str, stdins: list[str]) -> list[RunResult]:
+        """Run ``program`` on ``stdins`` with a per-episode cache; stop after MAX_TIMEOUTS timeouts."""
         results: dict[str, RunResult] = {}
-        todo = [s for s in dict.fromkeys(_stdin(s) for s in inputs) if (code, s) not in self._runs]
+        todo = [s for s in dict.fromkeys(stdins) if (program, s) not in self._runs]
         timeouts = 0
         for start in range(0, len(todo), _CHUNK):
             chunk = todo[start : start + _CHUNK]
@@ -374,30 +325,29 @@ class CodeEnv(TextAECEnv):
                 results.update(dict.fromkeys(chunk, skipped))
                 continue
             for stdin, run in zip(
-                chunk, _run_program_on_inputs(code, chunk, self.timeout, self.memory_mb), strict=True
+                chunk, run_program_on_inputs(program, chunk, self.timeout, self.memory_mb), strict=True
             ):
                 results[stdin] = run
                 if getattr(run, "error", None) is None:  # a sandbox failure is not the program's result
-                    self._runs[(code, stdin)] = run
+                    self._runs[(program, stdin)] = run
                 timeouts += run.timed_out
-        return [results.get(_stdin(s)) or self._runs[(code, _stdin(s))] for s in inputs]
+        return [results.get(s) or self._runs[(program, s)] for s in stdins]
 
     def _judge(self, code: str, tests: list[TestCase] | tuple[TestCase, ...]) -> list[tuple[bool, str]]:
-        runs = self._run(code, [t.input for t in tests])
-        return [
-            (run.ok and outputs_match(test.output, run.stdout), _output_or_error(run, self.timeout))
-            for test, run in zip(tests, runs, strict=True)
-        ]
+        """``(passed, shown output)`` of ``code`` on each test, judged by the problem's kind."""
+        judge = self.judge
+        runs = self._run(judge.program(code), [judge.stdin(t.input) for t in tests])
+        return [judge.verdict(test, run, self.timeout) for test, run in zip(tests, runs, strict=True)]
 
     def _validity(self, tests: list[TestCase]) -> list[bool | None]:
-        hidden = {_normalized(t.input): t.output for t in self.hidden_tests}
+        hidden = {self.judge.input_key(t.input): t.output for t in self.hidden_tests}
         judge_code = self.problem.reference or self.proxy_reference
         verdicts: list[bool | None] = [None] * len(tests)
         to_run = []
         for index, test in enumerate(tests):
-            known = hidden.get(_normalized(test.input))
+            known = hidden.get(self.judge.input_key(test.input))
             if known is not None:
-                verdicts[index] = outputs_match(known, test.output)
+                verdicts[index] = self.judge.expected_agrees(known, test.output)
             elif judge_code is not None:
                 to_run.append(index)
         if judge_code is not None and to_run:
@@ -459,7 +409,7 @@ class CodeEnv(TextAECEnv):
 
     def _act_tester(self, action: str) -> Outcome:
         try:
-            tests, note = parse_tests(action, self.max_tests)
+            tests, note = parse_tests(action, self.max_tests, call=self.problem.call is not None)
         except ParseError as err:
             return self._malformed(str(err), "Your previous tests (if any) are still the current ones.")
         self.tests = tests
@@ -485,8 +435,12 @@ class CodeEnv(TextAECEnv):
 
     def _prompt(self, agent: str) -> str:
         title = f"# Problem: {self.problem.title}" if self.problem.title else "# Problem"
-        parts = [_ROLE_INTRO[agent], f"{title}\n\n{self.problem.statement.strip()}"]
-        parts.append(_TASK[agent].format(max_tests=self.max_tests, timeout=self.timeout))
+        statement = self.problem.statement.strip()
+        call = self.problem.call
+        if call is not None and call.signature:
+            statement += f"\n\n## Signature\n```python\n{call.signature}\n```"
+        parts = [ROLE_INTRO[agent], f"{title}\n\n{statement}"]
+        parts.append(task_text(agent, call, max_tests=self.max_tests, timeout=self.timeout))
         parts.append(f"# Turn {min(self.turn + 1, self.max_turns)} of {self.max_turns}")
         parts.append(self._state_text(agent))
         return "\n\n".join(parts)
@@ -503,7 +457,7 @@ class CodeEnv(TextAECEnv):
             lines.append(f"## {whose_tests} current tests\n(none yet)")
             return "\n\n".join(lines)
         if agent == "unit_tester":
-            listing = ",\n".join(json.dumps({"input": t.input, "output": t.output}) for t in self.tests)
+            listing = ",\n".join(_test_json(self._shown_test(t)) for t in self.tests)
             lines.append(f"## Your current tests\n```json\n[\n{_clip(listing, 4000)}\n]\n```")
         if self.program is None:
             return "\n\n".join(lines)
@@ -512,48 +466,33 @@ class CodeEnv(TextAECEnv):
         lines.append(header if failing else header + " (no disagreements)")
         for index in failing[:_SHOWN_DISAGREEMENTS]:
             test, (_, got) = self.tests[index], self.results[index]
-            lines.append(
-                f"### Disagreement on test {index + 1}\n{_shown('input', test.input)}\n"
-                f"{_shown('expected output', test.output)}\n{_shown('program output', got)}"
-            )
+            lines.append(f"### Disagreement on test {index + 1}\n{self._disagreement(test, got)}")
         if len(failing) > _SHOWN_DISAGREEMENTS:
             lines.append(f"({len(failing) - _SHOWN_DISAGREEMENTS} more disagreements not shown)")
         return "\n\n".join(lines)
+
+    def _shown_test(self, test: TestCase) -> dict[str, Any]:
+        if self.problem.call is None:
+            return {"input": test.input, "output": test.output}
+        return {"input": literal(test.input), "output": literal(test.output)}
+
+    def _disagreement(self, test: TestCase, got: str) -> str:
+        if self.problem.call is None:
+            return f"{_shown('input', test.input)}\n{_shown('expected output', test.output)}\n{_shown('program output', got)}"
+        return (
+            f"{_shown('call', call_text(self.problem.call.target, test.input))}\n"
+            f"{_shown('expected return value', test.output)}\n{_shown('returned', got)}"
+        )
 
     def _render_state(self) -> str:
         counts = self._counts()
         program = "none" if self.program is None else f"{len(self.program.splitlines())} lines"
         return (
-            f"Code-v0 {self.problem.id} ({self.problem.difficulty}) turn {self.turn}/{self.max_turns}\n"
+            f"Code-v0 {self.problem.id} ({self.problem.difficulty}, {self.problem.kind}) turn {self.turn}/{self.max_turns}\n"
             f"program: {program}, hidden tests passed {counts['hidden_passed']}/{counts['hidden_total']}\n"
             f"generated tests: {counts['tests_total']} (passed {counts['tests_passed']}, valid "
             f"{counts['tests_valid']}, invalid {counts['tests_invalid']}, unknown {counts['tests_unknown']})"
         )
-
-
-_ROLE_INTRO = {
-    "coder": "You are the CODER in a team of two: you write a program that solves the problem below, "
-    "and a unit tester writes test cases for it.",
-    "unit_tester": "You are the UNIT TESTER in a team of two: a coder writes a program for the problem "
-    "below, and you write test cases that check whether it is correct.",
-}
-_TASK = {
-    "coder": (
-        "# Your task\nWrite a complete Python 3 program that reads the input from standard input and "
-        "prints the answer to standard output. It is judged on hidden tests (time limit {timeout:g} s per "
-        "test): output is compared line by line, ignoring trailing whitespace; numbers are compared with a "
-        "tolerance of 1e-6. Reply with the whole program in one ```python code block; text outside the "
-        "block is ignored. If the unit tester's tests disagree with your program, decide whether your "
-        "program or the test is wrong."
-    ),
-    "unit_tester": (
-        "# Your task\nWrite up to {max_tests} test cases: each an input that follows the problem's input "
-        "format and constraints, with the exact output a correct program prints for it. Correct tests "
-        "that the coder's current program fails are worth the most; a test with a wrong expected output "
-        "is penalized. Reply with a JSON list in one ```json code block (write line breaks as \\n); it "
-        'replaces your previous tests:\n```json\n[{{"input": "3\\n1 2 3\\n", "output": "6\\n"}}]\n```'
-    ),
-}
 
 
 def oracle_action(env: CodeEnv, agent: str) -> str:
@@ -567,11 +506,28 @@ def oracle_action(env: CodeEnv, agent: str) -> str:
         return f"```python\n{env.problem.reference.rstrip()}\n```"
     chosen: list[str] = []
     for test in sorted(env.hidden_tests, key=lambda t: len(t.input) + len(t.output)):
-        item = json.dumps({"input": test.input, "output": test.output})
+        item = _oracle_item(env, test)
+        if item is None:
+            continue
         if len(chosen) == env.max_tests or sum(map(len, chosen)) + len(item) + 20 > MAX_TESTS_JSON_CHARS:
             break
         chosen.append(item)
     return "```json\n[" + ", ".join(chosen) + "]\n```"
+
+
+def _oracle_item(env: CodeEnv, test: TestCase) -> str | None:
+    """A hidden test as the tester writes it; ``None`` for a call whose values JSON cannot carry
+    (sets, dicts with non-string keys, ...)."""
+    if env.problem.call is None:
+        return json.dumps({"input": test.input, "output": test.output})
+    try:
+        args, expected = literal(test.input), literal(test.output)
+        item = json.dumps({"input": args, "output": expected})
+        decoded = json.loads(item)
+        same = env.judge.matches(expected, decoded["output"]) and env.judge.matches(args, decoded["input"])
+    except (TypeError, ValueError):
+        return None
+    return item if same else None
 
 
 def oracle_policy(env: CodeEnv) -> Callable[[str, str], str]:

@@ -1,0 +1,231 @@
+"""Running call-based solutions: a harness program that calls a named function in the sandbox.
+
+A *call-based* problem (LeetCode / LiveCodeBench ``functional`` tests, APPS ``fn_name``,
+HumanEval, MBPP) is judged by calling a function, or a method of a class, with each test's
+arguments and comparing the return value with the expected one.
+
+How a call runs. :func:`harness_program` wraps the candidate's source in a small program for the
+sandbox (:mod:`llm_zoo.sandbox`). The program carries only the candidate's code; the test's
+arguments reach it on standard input as a Python literal list (:func:`args_text`); the expected
+value never enters the sandbox. The harness
+
+1. reads the arguments (``ast.literal_eval``, never ``eval``) and then gives the candidate an empty
+   standard input;
+2. runs :data:`PRELUDE` (common imports, as LeetCode and LiveCodeBench provide: ``List``,
+   ``Optional``, ``defaultdict``, ``deque``, ``heapq``, ``math``, ...) and then the candidate's code
+   in a fresh namespace named ``"solution"`` (so an ``if __name__ == "__main__":`` block does not run);
+3. finds the target: with a class name (``"Solution"``), that class's method called through a new
+   instance; if the class is missing, a top-level function of the method's name is accepted;
+4. calls it; the candidate's own prints go to standard error;
+5. converts the return value to plain built-in values (tuples, lists, dicts, sets, str, int, float,
+   bool, None, bytes; NumPy scalars and arrays via ``item()`` / ``tolist()``) and prints its ``repr``
+   on one line after :data:`RESULT_MARKER`. Any other type, a non-finite float or a crash is an
+   error (non-zero exit, message on standard error).
+
+The host reads that line with :func:`read_call_result` (``ast.literal_eval`` again) and compares it
+with :func:`values_match`, in the host process.
+
+Comparison (:func:`values_match`), "JSON-equal" with the stdout judge's number tolerance: lists and
+tuples are interchangeable; dicts need equal key sets and matching values; sets compare exactly;
+``bool`` matches only ``bool`` and ``None`` only ``None``; two ints compare exactly (however
+large); an int or float against a float matches within absolute or relative tolerance 1e-6;
+strings and bytes compare exactly.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from typing import Any
+
+__all__ = [
+    "PRELUDE",
+    "RESULT_MARKER",
+    "args_text",
+    "call_text",
+    "harness_program",
+    "literal",
+    "read_call_result",
+    "value_text",
+    "values_match",
+]
+
+#: Prefix of the harness's result line on standard output.
+RESULT_MARKER = "@@llm_zoo_call_result@@ "
+
+#: Names the candidate's code may use without importing them (as LeetCode's environment does).
+PRELUDE = """\
+from typing import *
+from collections import *
+from heapq import *
+from bisect import *
+from itertools import *
+from functools import *
+import math, string, re, heapq, bisect, itertools, functools, collections, operator, sys
+"""
+
+_HARNESS = """\
+import ast, io, math, sys
+
+SOURCE = {source!r}
+CLASS_NAME = {class_name!r}
+NAME = {name!r}
+PRELUDE = {prelude!r}
+
+
+def fail(message):
+    sys.stderr.write("harness: " + message + "\\n")
+    sys.stderr.flush()
+    sys.exit(3)
+
+
+def plain(value, depth=0):
+    if depth > 200:
+        fail("the return value is nested too deeply")
+    if value is None or isinstance(value, (bool, str, bytes)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            fail(f"the return value holds a non-finite float ({{value!r}})")
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        items = [plain(item, depth + 1) for item in value]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, (set, frozenset)):
+        return {{plain(item, depth + 1) for item in value}}
+    if isinstance(value, dict):
+        return {{plain(key, depth + 1): plain(item, depth + 1) for key, item in value.items()}}
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
+        return plain(value.tolist(), depth + 1)
+    fail(
+        f"the function returned a {{type(value).__name__}}, not a plain value "
+        "(None, bool, int, float, str, list, tuple, dict, set)"
+    )
+
+
+def target(namespace):
+    if CLASS_NAME:
+        cls = namespace.get(CLASS_NAME)
+        if isinstance(cls, type):
+            method = getattr(cls(), NAME, None)
+            if callable(method):
+                return method
+            fail(f"class {{CLASS_NAME}} has no method {{NAME}}")
+    function = namespace.get(NAME)
+    if callable(function):
+        return function
+    fail(f"the program defines no {{'class ' + CLASS_NAME + ' with a method ' if CLASS_NAME else 'function '}}{{NAME}}")
+
+
+def main():
+    try:
+        args = ast.literal_eval(sys.stdin.read())
+    except (ValueError, SyntaxError, MemoryError, RecursionError) as error:
+        fail(f"the test's arguments are not a Python literal ({{error}})")
+    if not isinstance(args, (list, tuple)):
+        fail("the test's arguments must be a list")
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)
+    sys.stdin = io.StringIO("")
+    real_stdout, sys.stdout = sys.stdout, sys.stderr
+    namespace = {{"__name__": "solution", "__builtins__": __builtins__}}
+    exec(PRELUDE, namespace)
+    exec(compile(SOURCE, "solution.py", "exec"), namespace)
+    result = plain(target(namespace)(*args))
+    text = repr(result)
+    sys.stdout = real_stdout
+    sys.stdout.write("\\n" + {marker!r} + text + "\\n")
+    sys.stdout.flush()
+
+
+main()
+"""
+
+
+def harness_program(source: str, name: str, class_name: str | None = None) -> str:
+    """The program that runs ``source`` and calls ``name`` (a method of ``class_name`` if given)
+    with the arguments it reads on standard input. It holds no expected value."""
+    return _HARNESS.format(
+        source=source, class_name=class_name or "", name=name, prelude=PRELUDE, marker=RESULT_MARKER
+    )
+
+
+def literal(text: str) -> Any:
+    """Read a Python literal (never evaluated as code); ``ValueError`` naming the problem."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as error:
+        raise ValueError(f"not a Python literal: {type(error).__name__}: {error}") from None
+
+
+def _check_literal(value: Any, what: str) -> str:
+    text = repr(value)
+    try:
+        if literal(text) == value or value != value:
+            return text
+    except ValueError:
+        pass
+    raise ValueError(
+        f"{what} {text[:80]!r} is not a plain value (None, bool, int, float, str, list, dict, ...)"
+    )
+
+
+def args_text(args: list[Any] | tuple[Any, ...]) -> str:
+    """The standard input of one call: the arguments as a Python literal list."""
+    return _check_literal(list(args), "the arguments")
+
+
+def value_text(value: Any) -> str:
+    """An expected return value as a Python literal (how call-based tests store it)."""
+    return _check_literal(value, "the value")
+
+
+def call_text(name: str, args_literal: str) -> str:
+    """``name(arg1, arg2)`` for prompts, from the stored argument list."""
+    try:
+        args = literal(args_literal)
+    except ValueError:
+        return f"{name}(<unreadable arguments>)"
+    return f"{name}({', '.join(repr(a) for a in args)})" if isinstance(args, list) else f"{name}(?)"
+
+
+def read_call_result(stdout: str) -> Any:
+    """The return value the harness printed; ``ValueError`` if there is none or it is unreadable."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(RESULT_MARKER):
+            return literal(line[len(RESULT_MARKER) :])
+    raise ValueError("the program ended without the function returning (no result line)")
+
+
+def _numbers_match(expected: float, actual: float, tolerance: float) -> bool:
+    if isinstance(expected, int) and isinstance(actual, int):
+        return expected == actual
+    if math.isnan(expected) or math.isnan(actual):
+        return math.isnan(expected) and math.isnan(actual)
+    return math.isclose(expected, actual, rel_tol=tolerance, abs_tol=tolerance)
+
+
+def values_match(expected: Any, actual: Any, *, tolerance: float = 1e-6) -> bool:
+    """Whether a returned ``actual`` is accepted for ``expected`` (see the module docstring)."""
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return isinstance(expected, bool) and isinstance(actual, bool) and expected == actual
+    if expected is None or actual is None:
+        return expected is None and actual is None
+    number = (int, float)
+    if isinstance(expected, number) and isinstance(actual, number):
+        return _numbers_match(expected, actual, tolerance)
+    if isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple)):
+        return len(expected) == len(actual) and all(
+            values_match(e, a, tolerance=tolerance) for e, a in zip(expected, actual, strict=True)
+        )
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        return expected.keys() == actual.keys() and all(
+            values_match(value, actual[key], tolerance=tolerance) for key, value in expected.items()
+        )
+    if isinstance(expected, (set, frozenset)) and isinstance(actual, (set, frozenset)):
+        return set(expected) == set(actual)
+    if type(expected) in (str, bytes, complex) and type(actual) is type(expected):
+        return expected == actual
+    return False

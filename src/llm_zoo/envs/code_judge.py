@@ -1,0 +1,208 @@
+"""Judging Code-v0 programs: stdout comparison, call-based return values, sandbox runs.
+
+:func:`outputs_match` is the stdin/stdout judge. :class:`StdioJudge` and :class:`CallJudge`
+turn a candidate's code and a :class:`~llm_zoo.data.code.TestCase` into what runs in the sandbox
+(a program and its standard input) and a verdict on the run; :func:`judge_for` picks one for a
+problem. :func:`run_program_on_inputs` runs one program on many standard inputs. See the
+:mod:`llm_zoo.envs.code` docstring for the rules and :mod:`llm_zoo.call_harness` for calls.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from llm_zoo import sandbox
+from llm_zoo.call_harness import harness_program, literal, read_call_result, values_match
+from llm_zoo.data.code import CallSpec, CodeProblem, TestCase
+from llm_zoo.sandbox import RunResult
+
+__all__ = [
+    "TOLERANCE",
+    "CallJudge",
+    "StdioJudge",
+    "judge_for",
+    "normalized_output",
+    "output_or_error",
+    "outputs_match",
+    "run_program_on_inputs",
+]
+
+#: Absolute / relative tolerance for numbers, in printed output and in return values.
+TOLERANCE = 1e-6
+_PARALLEL_RUNS = 2  # worker threads for the per-test fallback when the sandbox has no batch API
+
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def _significant_lines(text: str) -> list[str]:
+    lines = [line.rstrip() for line in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def _canonical_int(token: str) -> str:
+    sign = "-" if token.startswith("-") else ""
+    digits = token.lstrip("+-").lstrip("0") or "0"
+    return ("" if digits == "0" else sign) + digits
+
+
+def _tokens_match(expected: str, actual: str, tolerance: float) -> bool:
+    if expected == actual:
+        return True
+    if not (_NUMBER.fullmatch(expected) and _NUMBER.fullmatch(actual)):
+        return False
+    if _INTEGER.fullmatch(expected) and _INTEGER.fullmatch(actual):
+        return _canonical_int(expected) == _canonical_int(actual)  # big ints exactly, no float rounding
+    x, y = float(expected), float(actual)
+    return math.isfinite(x) and math.isfinite(y) and math.isclose(x, y, rel_tol=tolerance, abs_tol=tolerance)
+
+
+def outputs_match(expected: str, actual: str, *, tolerance: float = TOLERANCE) -> bool:
+    """Whether ``actual`` program output is accepted for ``expected``, as a judge would.
+
+    Line by line after stripping trailing whitespace, trailing empty lines ignored. Lines that
+    differ are split into whitespace-separated tokens: the token counts must agree and each pair be
+    equal, or both integers of equal value, or both numbers within ``tolerance`` (absolute or
+    relative). ``"1.0000001"`` matches ``"1"``; ``"1000000007"`` does not match ``"1000000008"``.
+    """
+    expected_lines, actual_lines = _significant_lines(expected), _significant_lines(actual)
+    if len(expected_lines) != len(actual_lines):
+        return False
+    for want, got in zip(expected_lines, actual_lines, strict=True):
+        if want == got:
+            continue
+        want_tokens, got_tokens = want.split(), got.split()
+        if len(want_tokens) != len(got_tokens):
+            return False
+        if not all(_tokens_match(w, g, tolerance) for w, g in zip(want_tokens, got_tokens, strict=True)):
+            return False
+    return True
+
+
+def normalized_output(text: str) -> str:
+    """``text`` without trailing whitespace on each line and without trailing empty lines."""
+    return "\n".join(_significant_lines(text))
+
+
+def run_program_on_inputs(code: str, inputs: list[str], timeout: float, memory_mb: int) -> list[RunResult]:
+    """Run one program on many stdins through the sandbox; one :class:`RunResult` per input.
+
+    Uses the sandbox's batch API (``run_tests``) when it has one, else one ``run_python`` per
+    input on a few threads (each run is its own process, so threads only wait).
+    """
+    batch = getattr(sandbox, "run_tests", None)
+    if callable(batch):
+        return list(batch(code, list(inputs), timeout=timeout, memory_mb=memory_mb))
+
+    def run_one(stdin: str) -> RunResult:
+        return sandbox.run_python(code, stdin=stdin, timeout=timeout, memory_mb=memory_mb)
+
+    if len(inputs) <= 1:
+        return [run_one(stdin) for stdin in inputs]
+    with ThreadPoolExecutor(max_workers=_PARALLEL_RUNS) as pool:
+        return list(pool.map(run_one, inputs))
+
+
+def output_or_error(run: RunResult, timeout: float) -> str | None:
+    """What to show for a failed run (time-out, sandbox failure, crash), ``None`` if it ran fine."""
+    if run.timed_out:
+        return f"(time limit exceeded: {timeout:g} s)"
+    if getattr(run, "error", None):
+        return f"(not run: sandbox failure: {run.error})"
+    if run.exit_code is None:
+        return f"(not run: {run.stderr.strip()})"
+    if run.exit_code != 0:
+        tail = "\n".join(run.stderr.strip().splitlines()[-4:])
+        return f"(runtime error, exit code {run.exit_code})\n{tail}".rstrip()
+    return None
+
+
+class StdioJudge:
+    """Stdin/stdout problems: the program itself runs, fed the test input; stdout is judged."""
+
+    kind = "stdio"
+
+    def program(self, code: str) -> str:
+        return code
+
+    def stdin(self, test_input: str) -> str:
+        """Test inputs lacking a final newline get one."""
+        return test_input if not test_input or test_input.endswith("\n") else test_input + "\n"
+
+    def verdict(self, test: TestCase, run: RunResult, timeout: float) -> tuple[bool, str]:
+        """``(passed, what the program printed or why it failed)``."""
+        failure = output_or_error(run, timeout)
+        if failure is not None:
+            return False, failure
+        return outputs_match(test.output, run.stdout), run.stdout
+
+    def input_key(self, test_input: str) -> str:
+        """Equal for inputs that are the same test (up to trailing whitespace)."""
+        return normalized_output(test_input)
+
+    def expected_agrees(self, known: str, claimed: str) -> bool:
+        """Whether a claimed expected output is right, given the known one."""
+        return outputs_match(known, claimed)
+
+
+class CallJudge:
+    """Call-based problems: a harness calls the named function with the test's arguments (its
+    standard input); the printed return value is compared in the host (:func:`values_match`)."""
+
+    kind = "call"
+
+    def __init__(self, call: CallSpec, tolerance: float = TOLERANCE):
+        self.call = call
+        self.tolerance = tolerance
+
+    def program(self, code: str) -> str:
+        return harness_program(code, self.call.name, self.call.class_name)
+
+    def stdin(self, test_input: str) -> str:
+        return test_input
+
+    def matches(self, expected: Any, actual: Any) -> bool:
+        if values_match(expected, actual, tolerance=self.tolerance):
+            return True
+        return bool(
+            self.call.lenient_singleton
+            and isinstance(expected, list)
+            and expected
+            and values_match(expected[0], actual, tolerance=self.tolerance)
+        )
+
+    def verdict(self, test: TestCase, run: RunResult, timeout: float) -> tuple[bool, str]:
+        """``(passed, the returned value's repr or why there is none)``."""
+        failure = output_or_error(run, timeout)
+        if failure is not None:
+            return False, failure
+        try:
+            actual = read_call_result(run.stdout)
+        except ValueError as err:
+            return False, f"(no return value: {err})"
+        try:
+            return self.matches(literal(test.output), actual), repr(actual)
+        except ValueError:
+            return False, repr(actual)
+
+    def input_key(self, test_input: str) -> str:
+        try:
+            return repr(literal(test_input))
+        except ValueError:
+            return test_input
+
+    def expected_agrees(self, known: str, claimed: str) -> bool:
+        try:
+            return self.matches(literal(known), literal(claimed))
+        except ValueError:
+            return False
+
+
+def judge_for(problem: CodeProblem) -> StdioJudge | CallJudge:
+    """The judge for ``problem``'s kind."""
+    return StdioJudge() if problem.call is None else CallJudge(problem.call)
