@@ -3,6 +3,9 @@
 Structural tests use ScriptedEngine (exact, no model) on ScriptedEnv, whose reward is the fraction
 of the reply that is the agent's letter ("a" for alice, "b" for bob) and which records every action
 it receives. One test runs the whole path with HFEngine and the tiny random model.
+
+The structural tests pin ``team_credit_lookahead=0``: the tree rollout as it was before team credit
+(immediate global). tests/test_team_credit.py covers the look-ahead, the default.
 """
 
 from __future__ import annotations
@@ -31,7 +34,17 @@ def ladder(prompt: str, adapter: str | None, index: int) -> str:
     return letter * index + "x" * (3 - index)
 
 
-def rollout(engine, *, seeds=(3, 4, 5), k=4, max_turns=3, rng_seed=0, sampling=SAMPLING, mode=tree_rollout):
+def rollout(
+    engine,
+    *,
+    seeds=(3, 4, 5),
+    k=4,
+    max_turns=3,
+    rng_seed=0,
+    sampling=SAMPLING,
+    mode=tree_rollout,
+    lookahead=0,
+):
     return mode(
         SCRIPTED_ENV_ID,
         {"max_turns": max_turns},
@@ -41,6 +54,7 @@ def rollout(engine, *, seeds=(3, 4, 5), k=4, max_turns=3, rng_seed=0, sampling=S
         k,
         sampling,
         np.random.default_rng(rng_seed),
+        team_credit_lookahead=lookahead,
     )
 
 
@@ -87,6 +101,13 @@ def test_siblings_share_one_state_and_each_action_lands_on_its_own_clone():
             # Each candidate is scored with its own action's reward (not one branch's for all K).
             assert s.role_reward == pytest.approx(letter_fraction(s.completion, LETTERS[s.agent]))
             assert s.reward == pytest.approx(s.role_reward + 1.0 * s.global_reward)
+            # Look-ahead 0: the immediate global is the credited one; nothing else was generated.
+            assert (s.credited_global, s.credit, s.lookahead_steps, s.lookahead_tokens) == (
+                s.global_reward,
+                "immediate",
+                0,
+                0,
+            )
 
 
 def test_greedy_choice_is_the_state_every_agent_continues_from():
@@ -169,10 +190,32 @@ def test_independent_rollout_gives_k_full_episodes_per_env():
             # The episode continues from its own actions.
             history = [f"{s.agent}={s.completion}" for s in episode]
             assert [s.extra["info"]["history_before"] for s in episode] == [history[:i] for i in range(4)]
-    for key, members in group_samples(samples).items():
-        assert len(members) == k and len({(s.env_index, s.turn, s.agent) for s in members}) == 1, key
-        if key.endswith("/t0/alice"):
-            assert len({s.prompt for s in members}) == 1  # same seed, same task
+    # One group per (env, agent): that agent's actions in the K episodes of that env.
+    groups = group_samples(samples)
+    assert sorted(groups) == ["e0/alice", "e0/bob", "e1/alice", "e1/bob"]
+    for key, members in groups.items():
+        assert len(members) == k * 2 and len({(s.env_index, s.agent) for s in members}) == 1, key
+        assert sorted({s.branch for s in members}) == list(range(k))
+        first_turn = [s for s in members if s.turn == 0]
+        if key.endswith("/alice"):
+            assert len({s.prompt for s in first_turn}) == 1  # same seed, same task
+
+
+def test_independent_rollout_rewards_are_episode_returns_of_the_immediate_rewards_at_lookahead_0():
+    samples = rollout(ScriptedEngine(), seeds=(3, 4), k=3, max_turns=3, mode=independent_rollout)
+    for s in samples:
+        assert s.credit == "episode" and s.credited_global == s.global_reward and s.lookahead_steps == 0
+        mine = [t for t in samples if (t.env_index, t.branch, t.agent) == (s.env_index, s.branch, s.agent)]
+        env_rewards = [t.extra["info"]["role_reward"] + 1.0 * t.extra["info"]["global_reward"] for t in mine]
+        assert s.reward == pytest.approx(sum(env_rewards))
+    # The advantage compares the K episode returns: one value per episode, whatever its length.
+    compute_advantages(samples)
+    for members in group_samples(samples).values():
+        returns = {s.branch: s.reward for s in members}
+        spread = np.std(list(returns.values()), ddof=1)
+        for s in members:
+            expected = 0.0 if spread == 0 else (s.reward - np.mean(list(returns.values()))) / (spread + 1e-4)
+            assert s.advantage == pytest.approx(expected)
 
 
 def test_rollouts_are_seedable_and_jsonl_replays_them(tmp_path):

@@ -1,15 +1,22 @@
 """Group-relative advantages (GRPO / AT-GRPO).
 
-Samples are grouped by :attr:`~llm_zoo_train.samples.Sample.group_key`, the ``(env, turn, agent)``
-of the state they were sampled from, so an agent's candidates are only ever compared with the
-other candidates for the same agent, turn and problem. Within a group ``g``::
+Samples are grouped by :attr:`~llm_zoo_train.samples.Sample.group_key`: in tree rollouts the
+``(env, turn, agent)`` of the state they were sampled from, so an agent's candidates are only ever
+compared with the other candidates for the same agent, turn and problem; in independent rollouts
+``(env, agent)``, every action of that agent in the K episodes of that problem.
 
-    advantage_i = (r_i - mean_g) / (std + epsilon)
+A group's statistics are taken over its *branches*: samples of one group that share
+:attr:`~llm_zoo_train.samples.Sample.branch` are one draw (an independent episode, whose every
+action carries the episode return) and must share its reward; in a tree group every sample is its
+own branch. Within a group ``g`` with branch rewards ``R_g``::
+
+    advantage_i = (r_i - mean(R_g)) / (std + epsilon)
 
 where ``std`` depends on ``scale_rewards`` (names as in TRL's ``GRPOConfig``):
 
-* ``"group"``: the standard deviation of the group's rewards (GRPO);
-* ``"batch"``: the standard deviation of all rewards passed in (more robust to tiny groups);
+* ``"group"``: the standard deviation of ``R_g`` (GRPO);
+* ``"batch"``: the standard deviation of the branch rewards of all groups passed in (more robust
+  to tiny groups);
 * ``"none"``: no division at all (Dr. GRPO: ``advantage_i = r_i - mean_g``).
 
 Standard deviations are the unbiased estimate (``ddof = 1``, like ``torch.std``, which TRL and the
@@ -52,6 +59,20 @@ def _std(values: np.ndarray) -> float:
     return float(np.std(values, ddof=1)) if values.size > 1 else 0.0
 
 
+def _branch_rewards(key: str, members: Sequence[Sample]) -> np.ndarray:
+    """One reward per branch of the group; raises ``ValueError`` if a branch's samples disagree."""
+    by_branch: dict[int, float] = {}
+    for sample in members:
+        seen = by_branch.setdefault(sample.branch, sample.reward)
+        if abs(seen - sample.reward) > _EQUAL_REWARDS:
+            raise ValueError(
+                f"group {key!r}: samples of branch {sample.branch} have rewards {seen!r} and "
+                f"{sample.reward!r}; samples sharing a group and a branch are one episode and must "
+                "carry its one return"
+            )
+    return np.array(list(by_branch.values()), dtype=np.float64)
+
+
 def compute_advantages(
     samples: list[Sample],
     *,
@@ -83,17 +104,18 @@ def compute_advantages(
         raise ValueError(f"epsilon must be >= 0, got {epsilon!r}")
 
     rewards = np.array([s.reward for s in samples], dtype=np.float64)
-    batch_std = _std(rewards)
     groups = group_samples(samples)
+    branch_rewards = {key: _branch_rewards(key, members) for key, members in groups.items()}
+    batch_std = _std(np.concatenate(list(branch_rewards.values()))) if groups else 0.0
     flat: set[str] = set()
     for key, members in groups.items():
-        group_rewards = np.array([s.reward for s in members], dtype=np.float64)
+        group_rewards = branch_rewards[key]
         if np.ptp(group_rewards) <= _EQUAL_REWARDS:
             flat.add(key)
             for sample in members:
                 sample.advantage = 0.0
             continue
-        centred = group_rewards - group_rewards.mean()
+        centred = np.array([s.reward for s in members], dtype=np.float64) - group_rewards.mean()
         if scale_rewards == "group":
             centred = centred / (_std(group_rewards) + epsilon)
         elif scale_rewards == "batch":

@@ -39,6 +39,7 @@ from typing import Any, Literal
 import yaml
 
 from llm_zoo_train.config_aliases import CONFIG_ALIASES
+from llm_zoo_train.team_credit import check_lookahead
 from llm_zoo_train.typed_config import (
     ConfigError,
     config_from_dict,
@@ -153,6 +154,13 @@ class RolloutConfig:
     max_rows_per_generate_call: int = 32
     """hf engine only: most rows (prompt x sample) one transformers `generate` call takes; more are
     split into several calls (a memory cap, not TRL's generation_batch_size)."""
+    team_credit_lookahead: int = -1
+    """Team credit: teammate actions played (one sample each, current adapters, not trained on)
+    after each candidate to score the team outcome it leads to; that global reward is the
+    candidate's global part (reward = role + alpha x it). -1: a full round of teammates (until the
+    agent would act again), 0: the immediate global (no look-ahead, no extra generation), n > 0:
+    at most n. Tree mode generates the look-ahead; independent mode reads it from each episode's
+    own next actions. See docs/training/team-credit.md."""
     save_rollouts: bool = False
     """Write every step's samples to output_dir/rollouts/step_NNNNNN.jsonl (replayable)."""
 
@@ -448,6 +456,10 @@ def validate(config: Config) -> AgentPlan:
     _positive("rollout.temperature", r.temperature, allow_zero=True)
     if not 0 < r.top_p <= 1:
         raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p}")
+    try:
+        check_lookahead(r.team_credit_lookahead)
+    except ValueError as err:
+        raise ConfigError(f"rollout.{err}") from None
     _positive("rollout.max_rows_per_generate_call", r.max_rows_per_generate_call)
     if r.num_generations < 2:
         raise ConfigError("rollout.num_generations must be >= 2: a group of one has no relative advantage")

@@ -4,37 +4,51 @@ Three modes, all batched across envs (one engine call per step of every live env
 
 * :func:`tree_rollout` - AT-GRPO (arXiv 2510.11062). At every step of every env the acting agent
   samples K candidates from one state (one engine call with ``n=K`` for all live envs); each
-  candidate is applied to its own copy of the env and scored with that agent's reward on that copy;
-  the K candidates form the group ``(env, turn, agent)``; the episode continues from the
-  highest-reward copy (ties broken by ``rng``), which is then the state every agent plays on.
-* :func:`independent_rollout` - the baseline: K independent episodes per env (same seed, so the
-  same task), ``n=1`` per step; samples are grouped per ``(env, turn, agent)`` the same way, so
-  the advantage and loss code is shared.
+  candidate is applied to its own copy of the env and scored on that copy with the agent's role
+  reward plus ``alpha`` times the team outcome it leads to: the global reward after the
+  teammates' next actions on that branch (the *look-ahead*, :mod:`llm_zoo_train.team_credit`; one
+  engine call per look-ahead position); the K candidates form the group ``(env, turn, agent)``;
+  the episode continues from the highest-reward copy (ties broken by ``rng``), which is then the
+  state every agent plays on. With ``team_credit_lookahead=0`` the global part is the immediate
+  one and the rollout is the one before team credit existed.
+* :func:`independent_rollout` - the baseline (the paper's GRPO): K independent episodes per env
+  (same seed, so the same task), ``n=1`` per step; every action of agent A in episode k gets A's
+  return in episode k as its reward, and the group is ``(env, agent)``: the K returns are compared.
 * :func:`evaluation_rollout` - one episode per seed, no branching, returning per-episode results.
 
 The tree rollout is built so that the seed system's bugs (REFERENCE.md) cannot happen: group keys
 are made from the env's position only once (``group_key(env_index, turn, agent)``); candidate k is
 stepped on clone k, created from the live env before any candidate is stepped, and its reward is
-read from clone k right after its own step; the chosen clone *replaces* the live env, so the next
-agent's prompt is observed on it.
+read from clone k right after its own step (its look-ahead plays on a further copy of clone k);
+the chosen clone *replaces* the live env, so the next agent's prompt is observed on it.
+
+Agents that finish before the others (PettingZoo AEC): every mode steps ``None`` for a selected
+dead agent and never generates for it (:func:`llm_zoo_train.env_play.step_dead_agents`).
 
 Seeding: with ``SamplingParams.seed`` set, engine call ``c`` of a rollout samples with a seed
-derived from ``(seed, c)``, so one seed gives one rollout, and successive calls do not repeat one
-random stream.
+derived from ``(seed, c)`` (its look-ahead position ``p`` from ``(seed, c, 1, p)``), so one seed
+gives one rollout, and successive calls do not repeat one random stream.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-import llm_zoo
 from llm_zoo_train.engines.base import Completion, Engine, SamplingParams
-from llm_zoo_train.samples import Sample, group_key
+from llm_zoo_train.env_play import generate_checked, is_done, make_env, seeded_sampling, step_dead_agents
+from llm_zoo_train.samples import Sample, episode_group_key, group_key
+from llm_zoo_train.team_credit import (
+    LOOKAHEAD_ROUND,
+    apply_credit,
+    check_lookahead,
+    credit_episode,
+    run_lookahead,
+)
 
 __all__ = ["EpisodeResult", "evaluation_rollout", "independent_rollout", "tree_rollout"]
 
@@ -68,45 +82,6 @@ class EpisodeResult:
 
 
 # ---------------------------------------------------------------------- shared pieces
-
-
-def _make_env(
-    env_id: str, env_kwargs: Mapping[str, Any], seed: int, agent_adapters: Mapping[str, str | None]
-) -> Any:
-    env = llm_zoo.make(env_id, **dict(env_kwargs))
-    env.reset(seed=int(seed))
-    agents = list(env.possible_agents)
-    missing = [a for a in agents if a not in agent_adapters]
-    unknown = [a for a in agent_adapters if a not in agents]
-    if missing or unknown:
-        raise ValueError(
-            f"agent_adapters must name an adapter (or None) for every agent of {env_id} "
-            f"{agents}: missing {missing}, unknown {unknown}"
-        )
-    return env
-
-
-def _is_done(env: Any) -> bool:
-    return not env.agents or all(env.terminations[a] or env.truncations[a] for a in env.agents)
-
-
-def _call_sampling(sampling: SamplingParams, call_index: int) -> SamplingParams:
-    if sampling.seed is None:
-        return sampling
-    seed = int(np.random.SeedSequence([int(sampling.seed), call_index]).generate_state(1)[0])
-    return replace(sampling, seed=seed)
-
-
-def _generate(
-    engine: Engine, prompts: list[str], adapters: list[str | None], n: int, sampling: SamplingParams
-) -> list[list[Completion]]:
-    results = engine.generate(prompts, adapters, n, sampling)
-    if len(results) != len(prompts) or any(len(group) != n for group in results):
-        shape = [len(group) for group in results]
-        raise RuntimeError(
-            f"{type(engine).__name__}.generate returned {shape} completions for {len(prompts)} prompts x n={n}"
-        )
-    return results
 
 
 def _jsonable(value: Any) -> bool:
@@ -149,11 +124,28 @@ def _step_and_record(
         reward=float(env.rewards[agent]),
         role_reward=float(info.get("role_reward", 0.0)),
         global_reward=float(info.get("global_reward", 0.0)),
+        credited_global=float(info.get("global_reward", 0.0)),
         format_ok=bool(info.get("format_ok", True)),
         success=bool(info.get("success", False)),
         finish_reason=completion.finish_reason,
         extra={"info": {k: v for k, v in info.items() if _jsonable(v)}},
     )
+
+
+def _still_live(envs: Sequence[Any]) -> list[bool]:
+    """Step ``None`` for dead agents selected in each env; which envs still have an agent to act."""
+    for env in envs:
+        step_dead_agents(env)
+    return [not is_done(env) for env in envs]
+
+
+def _check_finite(env_id: str, agent: str, env_index: int, group: Sequence[Sample]) -> np.ndarray:
+    rewards = np.array([s.reward for s in group])
+    if not np.isfinite(rewards).all():
+        raise ValueError(
+            f"{env_id} gave {agent} non-finite rewards {rewards.tolist()} (env {env_index}, turn {group[0].turn})"
+        )
+    return rewards
 
 
 # ---------------------------------------------------------------------- tree (AT-GRPO)
@@ -168,6 +160,8 @@ def tree_rollout(
     num_generations: int,
     sampling: SamplingParams,
     rng: np.random.Generator,
+    *,
+    team_credit_lookahead: int = LOOKAHEAD_ROUND,
 ) -> list[Sample]:
     """AT-GRPO tree rollouts: one episode per seed, K candidates per (turn, agent), greedy continue.
 
@@ -175,30 +169,34 @@ def tree_rollout(
         env_id: Registered env id, built with ``llm_zoo.make(env_id, **env_kwargs)``.
         env_kwargs: Constructor arguments of the env.
         seeds: One env per seed; the env's position in ``seeds`` is its ``env_index``.
-        engine: Generates the candidates.
+        engine: Generates the candidates and the look-ahead actions.
         agent_adapters: The adapter (or ``None``: base model) answering for each agent.
         num_generations: K, candidates per group.
         sampling: Sampling parameters (see the module docstring for seeding).
         rng: Breaks ties between equally rewarded candidates.
+        team_credit_lookahead: Teammate actions played after each candidate to credit the team
+            outcome: ``-1`` a full round (default), ``0`` the immediate global, ``n > 0`` at most
+            ``n`` (:mod:`llm_zoo_train.team_credit`).
 
     Returns:
         All K candidates of every group, in order of sampling; ``chosen`` marks the branch each
-        episode continued from.
+        episode continued from, which is the candidate with the highest ``reward`` (role + alpha x
+        credited global: the same reward the advantage uses).
     """
     k = int(num_generations)
     if k < 1:
         raise ValueError(f"num_generations must be >= 1, got {num_generations!r}")
-    envs = [_make_env(env_id, env_kwargs, seed, agent_adapters) for seed in seeds]
-    live = [i for i, env in enumerate(envs) if not _is_done(env)]
+    lookahead = check_lookahead(team_credit_lookahead)
+    envs = [make_env(env_id, env_kwargs, seed, agent_adapters) for seed in seeds]
+    live = [i for i, alive in enumerate(_still_live(envs)) if alive]
     samples: list[Sample] = []
     call_index = 0
     while live:
         agents = [envs[i].agent_selection for i in live]
         prompts = [envs[i].observe(agent)["prompt"] for i, agent in zip(live, agents, strict=True)]
         adapters = [agent_adapters[agent] for agent in agents]
-        groups = _generate(engine, prompts, adapters, k, _call_sampling(sampling, call_index))
-        call_index += 1
-        still_live = []
+        groups = generate_checked(engine, prompts, adapters, k, seeded_sampling(sampling, call_index))
+        stepped: list[tuple[int, list[Any], list[Sample]]] = []
         for i, agent, prompt, adapter, completions in zip(
             live, agents, prompts, adapters, groups, strict=True
         ):
@@ -217,19 +215,31 @@ def tree_rollout(
                 )
                 for b, (branch_env, completion) in enumerate(zip(branches, completions, strict=True))
             ]
-            rewards = np.array([s.reward for s in group])
-            if not np.isfinite(rewards).all():
-                raise ValueError(
-                    f"{env_id} gave {agent} non-finite rewards {rewards.tolist()} (env {i}, turn {group[0].turn})"
-                )
+            _check_finite(env_id, agent, i, group)
+            stepped.append((i, branches, group))
+        branch_states = [
+            (env, s.agent, s.global_reward)
+            for _, branches, group in stepped
+            for env, s in zip(branches, group, strict=True)
+        ]
+        credits: list[Any] = (
+            run_lookahead(branch_states, engine, agent_adapters, sampling, call_index, lookahead)
+            if lookahead != 0
+            else [None] * len(branch_states)
+        )
+        call_index += 1
+        position = 0
+        for i, branches, group in stepped:
+            for sample in group:
+                apply_credit(sample, credits[position], float(envs[i].alpha))
+                position += 1
+            rewards = _check_finite(env_id, group[0].agent, i, group)
             best = np.flatnonzero(rewards >= rewards.max() - _TIE)
             choice = int(best[0]) if best.size == 1 else int(rng.choice(best))
             group[choice].chosen = True
             samples.extend(group)
             envs[i] = branches[choice]
-            if not _is_done(envs[i]):
-                still_live.append(i)
-        live = still_live
+        live = [i for i, alive in zip(live, _still_live([envs[i] for i in live]), strict=True) if alive]
     return samples
 
 
@@ -245,33 +255,39 @@ def independent_rollout(
     num_generations: int,
     sampling: SamplingParams,
     rng: np.random.Generator,
+    *,
+    team_credit_lookahead: int = LOOKAHEAD_ROUND,
 ) -> list[Sample]:
-    """K independent full episodes per seed (the non-tree baseline), ``n=1`` per step.
+    """K independent full episodes per seed (the paper's GRPO baseline), ``n=1`` per step.
 
     Arguments as :func:`tree_rollout` (``rng`` is unused: nothing is chosen). Episode ``b`` of env
     ``i`` records ``branch=b``; every sample is ``chosen`` (each episode continues from its own
-    actions). Groups are ``(env_index, turn, agent)``: up to K samples, fewer at turns some
-    episodes did not reach; after the first step their prompts differ (the episodes diverge).
+    actions). Each action is credited with the global after the episode's own next teammate
+    actions (``team_credit_lookahead`` of them, no extra generation); every sample of agent A in
+    episode ``b`` gets A's episode return (the sum of ``role + alpha x credited global`` over A's
+    actions in that episode) as ``reward``, and the group ``e{i}/{A}``
+    (:func:`~llm_zoo_train.samples.episode_group_key`): the advantage compares A's K returns.
     """
     del rng  # same signature as tree_rollout; independent episodes make no choice
     k = int(num_generations)
     if k < 1:
         raise ValueError(f"num_generations must be >= 1, got {num_generations!r}")
+    lookahead = check_lookahead(team_credit_lookahead)
     episodes: list[tuple[int, int, Any]] = []  # (env_index, branch, env)
     for i, seed in enumerate(seeds):
-        env = _make_env(env_id, env_kwargs, seed, agent_adapters)
+        env = make_env(env_id, env_kwargs, seed, agent_adapters)
         episodes.extend((i, b, env if b == 0 else env.clone()) for b in range(k))
-    live = [e for e in episodes if not _is_done(e[2])]
-    samples: list[Sample] = []
+    played: dict[tuple[int, int], list[Sample]] = {(i, b): [] for i, b, _ in episodes}
+    live = [e for e, alive in zip(episodes, _still_live([e[2] for e in episodes]), strict=True) if alive]
     call_index = 0
     while live:
         agents = [env.agent_selection for _, _, env in live]
         prompts = [env.observe(agent)["prompt"] for (_, _, env), agent in zip(live, agents, strict=True)]
         adapters = [agent_adapters[agent] for agent in agents]
-        outputs = _generate(engine, prompts, adapters, 1, _call_sampling(sampling, call_index))
+        outputs = generate_checked(engine, prompts, adapters, 1, seeded_sampling(sampling, call_index))
         call_index += 1
         for (i, b, env), agent, prompt, adapter, (completion,) in zip(
-            live, agents, prompts, adapters, outputs, strict=False
+            live, agents, prompts, adapters, outputs, strict=True
         ):
             sample = _step_and_record(
                 env,
@@ -283,9 +299,15 @@ def independent_rollout(
                 completion=completion,
                 branch=b,
             )
+            _check_finite(env_id, agent, i, [sample])
             sample.chosen = True
-            samples.append(sample)
-        live = [e for e in live if not _is_done(e[2])]
+            sample.group_key = episode_group_key(i, agent)
+            played[(i, b)].append(sample)
+        live = [e for e, alive in zip(live, _still_live([e[2] for e in live]), strict=True) if alive]
+    samples: list[Sample] = []
+    for i, b, env in episodes:
+        credit_episode(played[(i, b)], float(env.alpha), lookahead, len(env.possible_agents))
+        samples.extend(played[(i, b)])
     order = (
         {agent: position for position, agent in enumerate(episodes[0][2].possible_agents)} if episodes else {}
     )
@@ -305,7 +327,7 @@ def evaluation_rollout(
     sampling: SamplingParams,
 ) -> list[EpisodeResult]:
     """One episode per seed, one action per step (greedy when ``sampling.temperature == 0``)."""
-    envs = [_make_env(env_id, env_kwargs, seed, agent_adapters) for seed in seeds]
+    envs = [make_env(env_id, env_kwargs, seed, agent_adapters) for seed in seeds]
     results = [
         EpisodeResult(
             env_index=i,
@@ -320,13 +342,13 @@ def evaluation_rollout(
     ]
     actions = [0] * len(envs)
     parsed = [0] * len(envs)
-    live = [i for i, env in enumerate(envs) if not _is_done(env)]
+    live = [i for i, alive in enumerate(_still_live(envs)) if alive]
     call_index = 0
     while live:
         agents = [envs[i].agent_selection for i in live]
         prompts = [envs[i].observe(agent)["prompt"] for i, agent in zip(live, agents, strict=True)]
         adapters = [agent_adapters[agent] for agent in agents]
-        outputs = _generate(engine, prompts, adapters, 1, _call_sampling(sampling, call_index))
+        outputs = generate_checked(engine, prompts, adapters, 1, seeded_sampling(sampling, call_index))
         call_index += 1
         for i, agent, (completion,) in zip(live, agents, outputs, strict=True):
             env, result = envs[i], results[i]
@@ -339,7 +361,7 @@ def evaluation_rollout(
             result.success = result.success or bool(info.get("success", False))
             actions[i] += 1
             parsed[i] += bool(info.get("format_ok", True))
-        live = [i for i in live if not _is_done(envs[i])]
+        live = [i for i, alive in zip(live, _still_live([envs[i] for i in live]), strict=True) if alive]
     for i, (env, result) in enumerate(zip(envs, results, strict=True)):
         result.success = result.success or bool(getattr(env, "success", False))
         result.format_ok_rate = parsed[i] / actions[i] if actions[i] else 1.0

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Sample", "group_key", "read_jsonl", "write_jsonl"]
+__all__ = ["Sample", "episode_group_key", "group_key", "read_jsonl", "write_jsonl"]
 
 
 @dataclass
@@ -22,22 +22,43 @@ class Sample:
         turn: Turn number within the episode (0-based).
         agent: The acting agent (role).
         adapter: The adapter that generated the action (``None``: base model).
-        group_key: ``(env_index, turn, agent)`` as a string ``"e{env_index}/t{turn}/{agent}"``;
-            the K candidates sampled from one state share it, and nothing else does.
-        branch: Index of this candidate among the K of its group.
+        group_key: The group the advantage compares this sample within. Tree rollouts:
+            ``(env_index, turn, agent)`` as ``"e{env_index}/t{turn}/{agent}"`` (:func:`group_key`);
+            the K candidates sampled from one state share it, and nothing else does. Independent
+            rollouts: ``(env_index, agent)`` as ``"e{env_index}/{agent}"``
+            (:func:`episode_group_key`): every action of that agent in the K episodes of that env.
+        branch: Index of this candidate among the K of its group (independent rollouts: of its
+            episode; samples of one group and branch are one draw and share one reward).
         prompt: The env's prompt text (before the chat template).
         completion: The decoded action text.
         prompt_token_ids: Templated prompt token ids.
         completion_token_ids: Generated token ids.
         behaviour_logprobs: Per-token log-probabilities under the sampling policy.
-        reward: The acting agent's reward for this action (role + alpha x global).
-        role_reward: Role part of ``reward``.
-        global_reward: Global (team) part of ``reward``, before ``alpha``.
+        reward: The reward the advantage uses. Tree rollouts: ``role_reward + alpha x
+            credited_global``. Independent rollouts: the agent's episode return, the sum over its
+            actions in the episode of ``role_reward + alpha x credited_global``
+            (:mod:`llm_zoo_train.team_credit`).
+        role_reward: The env's role reward for this action.
+        global_reward: The env's immediate global (team) reward right after this action, before
+            ``alpha``.
         format_ok: The env could parse the action.
         success: The env reported success right after this action.
         chosen: This candidate's branch is the one the episode continued from.
         finish_reason: ``"stop"`` or ``"length"``.
         advantage: Filled in by :mod:`llm_zoo_train.advantages`.
+        extra: JSON-safe extras: ``info`` (the env's infos after the action) and, for a
+            look-ahead, ``lookahead``: one record per teammate action played on a copy of this
+            branch (its prompt, adapter, completion, token ids, logprobs and the env's rewards;
+            :class:`llm_zoo_train.team_credit.Lookahead`), never trained on.
+        credited_global: The global part credited in ``reward`` (before ``alpha``): the global
+            after the look-ahead of teammate actions, or ``global_reward`` without one
+            (``None``: a record written before team credit existed).
+        credit: How ``credited_global`` was obtained: ``"immediate"`` (look-ahead 0),
+            ``"lookahead"`` (tree rollout, teammates played on a copy of this branch) or
+            ``"episode"`` (independent rollout, the episode's own next actions; ``reward`` is the
+            episode return).
+        lookahead_steps: Teammate actions after this one whose outcome was credited.
+        lookahead_tokens: Tokens generated for this sample's look-ahead (not trained on).
     """
 
     env_id: str
@@ -62,11 +83,20 @@ class Sample:
     finish_reason: str = "stop"
     advantage: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    credited_global: float | None = None
+    credit: str = "immediate"
+    lookahead_steps: int = 0
+    lookahead_tokens: int = 0
 
 
 def group_key(env_index: int, turn: int, agent: str) -> str:
     """The group of the K candidates sampled for ``agent`` at ``turn`` of env ``env_index``."""
     return f"e{env_index}/t{turn}/{agent}"
+
+
+def episode_group_key(env_index: int, agent: str) -> str:
+    """The group of every action of ``agent`` in the K independent episodes of env ``env_index``."""
+    return f"e{env_index}/{agent}"
 
 
 def write_jsonl(samples: Iterable[Sample], path: str | Path) -> None:

@@ -66,6 +66,7 @@ from llm_zoo_train.model_card import write_model_cards
 from llm_zoo_train.policy import Policy
 from llm_zoo_train.rollout import independent_rollout, tree_rollout
 from llm_zoo_train.samples import write_jsonl
+from llm_zoo_train.team_credit import team_credit_metrics
 from llm_zoo_train.tracking import RunLogger, flatten_config, plot_learning_curve, rollout_metrics
 from llm_zoo_train.update import AdapterUpdater, mean_across_processes
 
@@ -260,6 +261,7 @@ class Trainer:
             rollout.num_generations,
             sampling,
             np.random.default_rng(derive_seed(seed, step, rank, _TIES)),
+            team_credit_lookahead=rollout.team_credit_lookahead,
         )
         rollout_seconds = time.perf_counter() - start
         if rollout.save_rollouts:
@@ -274,7 +276,10 @@ class Trainer:
             zero_variance_groups=algorithm.zero_variance_groups,
             epsilon=algorithm.advantage_epsilon,
         )
-        metrics = mean_across_processes(self.accelerator, rollout_metrics(samples, kept, stats, rollout.mode))
+        metrics = mean_across_processes(
+            self.accelerator,
+            {**rollout_metrics(samples, kept, stats, rollout.mode), **team_credit_metrics(samples)},
+        )
 
         update_start = time.perf_counter()
         sleep, wake_up = getattr(self.engine, "sleep", None), getattr(self.engine, "wake_up", None)

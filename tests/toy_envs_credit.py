@@ -1,0 +1,81 @@
+"""A plugin-style toy env for team credit and dead-agent tests.
+
+Importing this module registers ``test/EarlyExit-v0`` -> :class:`EarlyExitEnv`: the ``scout``
+reports once and is done (terminated on its own, as the general PettingZoo AEC API allows), while
+the ``builder`` plays on until ``max_turns``. A rollout must then step ``None`` for the scout when
+it is selected, never text, and never generate for it.
+"""
+
+from __future__ import annotations
+
+import llm_zoo
+from llm_zoo.core import Outcome, TextAECEnv
+
+__all__ = ["EARLY_EXIT_ENV_ID", "EarlyExitEnv"]
+
+EARLY_EXIT_ENV_ID = "test/EarlyExit-v0"
+
+
+class EarlyExitEnv(TextAECEnv):
+    """``scout`` then ``builder``; the scout is terminated after its first action.
+
+    Rewards: scout ``role = 1`` if its report contains ``"map"``; builder ``role = 1`` if its
+    reply contains ``"build"``. ``global = 1`` once the scout has reported a map and the builder's
+    latest reply builds (``success``). Non-empty replies only; an empty one earns ``-0.5``.
+
+    Dead agents: after the scout's step(None) the builder is selected (the PettingZoo helper
+    leaves the removed agent selected when no other agent is dead, so the env moves on itself).
+    """
+
+    metadata = {"render_modes": ["ansi"], "name": "early_exit_v0", "is_parallelizable": True}
+    roles = ("scout", "builder")
+
+    def _new_episode(self, rng, options):
+        self.site = int(rng.integers(1000))
+        self.mapped = False
+        self.built = False
+        self.actions: list[str] = []
+
+    def _prompt(self, agent):
+        return f"Site {self.site}, turn {self.turn}: you are the {agent}. So far: {self.actions}"
+
+    def _act(self, agent, action):
+        self.actions.append(f"{agent}={action}")
+        if not action:
+            return Outcome(-0.5, float(self.mapped and self.built), format_ok=False)
+        if agent == "scout":
+            self.mapped = "map" in action
+            role = float(self.mapped)
+        else:
+            self.built = "build" in action
+            role = float(self.built)
+        both = self.mapped and self.built
+        return Outcome(role, float(both), success=both)
+
+    def _render_state(self):
+        return f"site={self.site} actions={self.actions}"
+
+    def step(self, action):
+        agent = self.agent_selection
+        was_dead = self.terminations.get(agent, False) or self.truncations.get(agent, False)
+        super().step(action)  # a dead agent's step: PettingZoo's _was_dead_step (None only)
+        if was_dead:
+            if self.agents and self.agent_selection not in self.agents:
+                self.agent_selection = self._next_agent(agent)
+            return
+        if agent == "scout" and not self.truncations.get("scout", False):
+            self.terminations["scout"] = True  # the scout's job is done; the builder goes on
+
+    def _next_agent(self, agent):
+        order = self.possible_agents
+        start = order.index(agent)
+        for offset in range(1, len(order) + 1):
+            candidate = order[(start + offset) % len(order)]
+            if candidate in self.agents:
+                return candidate
+        return agent
+
+
+llm_zoo.register(
+    EARLY_EXIT_ENV_ID, EarlyExitEnv, description="tests: an agent that finishes first", override=True
+)
