@@ -1,7 +1,14 @@
-import pytest
+import warnings
 
+import pytest
+from pettingzoo.test import render_test
+
+import llm_zoo
+from llm_zoo.core import TextAECEnv
 from llm_zoo.testing import check_env, play_episode
 from toy_envs import KeywordEnv
+
+BUILTIN_IDS = ("PlanPath-v0", "Sokoban-v0", "Code-v0", "Math-v0")
 
 
 def test_check_env_accepts_the_toy_env():
@@ -59,5 +66,107 @@ def test_clone_is_independent():
 def test_constructor_rejects_bad_arguments():
     with pytest.raises(ValueError, match="max_turns"):
         KeywordEnv(max_turns=0)
-    with pytest.raises(ValueError, match="render_mode"):
-        KeywordEnv(render_mode="human")
+    with pytest.raises(
+        ValueError, match=r"render_mode must be one of \['ansi', 'human'\] or None, got 'rgb_array'"
+    ):
+        KeywordEnv(render_mode="rgb_array")
+
+
+def test_human_mode_prints_the_ansi_picture(capsys):
+    ansi, human = KeywordEnv(render_mode="ansi"), KeywordEnv(render_mode="human")
+    ansi.reset(seed=4)
+    human.reset(seed=4)
+    assert human.render() is None
+    assert capsys.readouterr().out == ansi.render() + "\n"
+    assert KeywordEnv().render() is None  # no render_mode: nothing rendered
+
+
+@pytest.mark.parametrize("env_id", BUILTIN_IDS)
+def test_pettingzoo_render_test_passes_for_builtin_envs(env_id, capsys):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        render_test(lambda render_mode=None: llm_zoo.make(env_id, render_mode=render_mode))
+    assert llm_zoo.make(env_id).metadata["render_modes"] == ["ansi", "human"]
+    assert capsys.readouterr().out.strip()  # "human" printed the pictures
+
+
+def test_unsupported_render_mode_names_the_supported_ones():
+    with pytest.raises(ValueError, match=r"PlanPathEnv: render_mode must be one of \['ansi', 'human'\]"):
+        llm_zoo.make("PlanPath-v0", render_mode="rgb_array")
+
+
+@pytest.mark.parametrize("method", ["step", "observe", "render", "last"])
+def test_using_an_env_before_reset_is_a_one_line_error(method):
+    env = KeywordEnv(render_mode="ansi")
+    calls = {
+        "step": lambda: env.step("apple"),
+        "observe": lambda: env.observe("alice"),
+        "render": env.render,
+        "last": env.last,
+    }
+    with pytest.raises(
+        RuntimeError, match=r"^KeywordEnv\.\w+\(\) before reset\(\): call env\.reset\(\) first$"
+    ):
+        calls[method]()
+
+
+def test_step_after_the_episode_is_over_says_so():
+    env = KeywordEnv(max_turns=1)
+    play_episode(env, lambda agent, prompt: "nothing", seed=0)
+    with pytest.raises(RuntimeError, match="the episode is over"):
+        env.step("apple")
+
+
+def _env_class(name: str, **attributes: object) -> type:
+    rules = {
+        "_new_episode": lambda self, rng, options: None,
+        "_prompt": lambda self, agent: "say something",
+        "_act": lambda self, agent, action: KeywordEnv._act(self, agent, action),
+        "_render_state": lambda self: "state",
+        "said": {},
+        "keywords": KeywordEnv.keywords,
+    }
+    return type(name, (TextAECEnv,), {**rules, **attributes})
+
+
+def test_metadata_defaults_come_from_the_base_class():
+    env_class = _env_class("Minimal", roles=("alice", "bob"), metadata={"name": "minimal_v0"})
+    assert env_class.metadata == {
+        "name": "minimal_v0",
+        "render_modes": ["ansi", "human"],
+        "is_parallelizable": True,
+    }
+    assert env_class(render_mode="ansi").render_mode == "ansi"  # once a bare KeyError
+    declared = _env_class(
+        "AnsiOnly", roles=("alice", "bob"), metadata={"name": "a_v0", "render_modes": ["ansi"]}
+    )
+    assert declared.metadata["render_modes"] == ["ansi", "human"]
+
+
+@pytest.mark.parametrize(
+    ("attributes", "message"),
+    [
+        ({"metadata": {"name": "x_v0"}}, "must define the class attribute `roles`"),
+        ({"roles": ("a", "a"), "metadata": {"name": "x_v0"}}, "repeated agent"),
+        ({"roles": ("alice", "bob"), "metadata": {"render_modes": ["ansi"]}}, 'metadata lacks "name"'),
+        ({"roles": ("alice", "bob")}, 'metadata lacks "name"'),  # inherited the base's placeholder name
+        ({"roles": ("alice", "bob"), "metadata": {"name": "x_v0", "render_modes": "ansi"}}, "must be a list"),
+    ],
+)
+def test_missing_class_attributes_are_named_by_the_constructor_and_check_env(attributes, message):
+    env_class = _env_class("Broken", **attributes)
+    with pytest.raises(TypeError, match=message):
+        env_class()
+    with pytest.raises(AssertionError, match=message):
+        check_env(env_class)
+
+
+def test_check_env_runs_render_test_for_factories_that_take_render_mode(monkeypatch):
+    from llm_zoo import testing
+
+    seen = []
+    monkeypatch.setattr(
+        testing, "render_test", lambda maker: seen.append(maker(render_mode="human").render_mode)
+    )
+    check_env(KeywordEnv, num_cycles=2, fuzz_count=5, sample_actions=["apple", "banana"])
+    assert seen == ["human"]

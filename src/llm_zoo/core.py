@@ -10,6 +10,11 @@ rules, in four methods:
 * :meth:`TextAECEnv._act` - apply one agent's text action and return an :class:`Outcome`.
 * :meth:`TextAECEnv._render_state` - a human-readable picture of the state.
 
+and two class attributes: :attr:`TextAECEnv.roles` and ``metadata["name"]`` (``render_modes`` and
+``is_parallelizable`` default to the base class's). ``render()`` returns that picture in ``"ansi"``
+mode and prints it in ``"human"`` mode. There is no PettingZoo ``state()``: the Plan-Path and
+Sokoban envs keep their board in an attribute named ``state``.
+
 Contract (see ``DESIGN.md``):
 
 * Observations are ``{"prompt": str}`` (a ``Dict`` space with a ``prompt`` text key: PettingZoo's
@@ -38,13 +43,25 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv
 
-__all__ = ["MAX_ACTION_CHARS", "MAX_PROMPT_CHARS", "Outcome", "TextAECEnv", "TextSpace"]
+__all__ = [
+    "MAX_ACTION_CHARS",
+    "MAX_PROMPT_CHARS",
+    "RENDER_MODES",
+    "Outcome",
+    "TextAECEnv",
+    "TextSpace",
+    "class_attribute_problem",
+]
 
 #: Actions longer than this are still accepted by ``step`` (and truncated by the rules that read
 #: them), but are outside the declared action space.
 MAX_ACTION_CHARS = 65_536
 #: Upper bound of the declared observation space.
 MAX_PROMPT_CHARS = 1_000_000
+
+#: The render modes :meth:`TextAECEnv.render` implements: ``"ansi"`` returns the picture of the
+#: state, ``"human"`` prints it.
+RENDER_MODES = ("ansi", "human")
 
 _SAMPLE_CHARSET = string.printable  # letters, digits, punctuation, space, \t \n \r \x0b \x0c
 
@@ -96,31 +113,56 @@ class TextAECEnv(AECEnv):
     """A turn-based, text-in text-out multi-agent environment (PettingZoo AEC API).
 
     Subclasses set :attr:`roles` (the turn order) and :attr:`metadata` ``["name"]`` and implement
-    the four rule methods. Constructor keyword arguments common to every env:
+    the four rule methods. A subclass's ``metadata`` is completed with the base class's
+    ``render_modes`` and ``is_parallelizable`` when it omits them, and ``"human"`` is added to
+    ``render_modes`` wherever ``"ansi"`` is (unless the subclass renders by itself): both come from
+    :meth:`_render_state`. Constructor keyword arguments common to every env:
 
     Args:
         max_turns: Number of turns (one action by every role) before every agent is truncated.
         alpha: Weight of the global (team) reward in each agent's reward.
-        render_mode: ``None`` or ``"ansi"`` (``render()`` returns a string).
+        render_mode: ``None``, ``"ansi"`` (``render()`` returns the picture of the state) or
+            ``"human"`` (``render()`` prints it and returns ``None``).
     """
 
     metadata: ClassVar[dict[str, Any]] = {
-        "render_modes": ["ansi"],
+        "render_modes": list(RENDER_MODES),
         "name": "text_aec_env",
         "is_parallelizable": True,
     }
     #: The agents, in the order they act within a turn.
     roles: ClassVar[tuple[str, ...]] = ()
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("metadata")
+        if not isinstance(declared, dict):
+            return  # inherited (or not a dict: reported when the env is made)
+        metadata = dict(declared)
+        metadata.setdefault("render_modes", list(RENDER_MODES))
+        metadata.setdefault("is_parallelizable", True)
+        modes = metadata["render_modes"]
+        renders_itself = cls.render is not TextAECEnv.render
+        if (
+            isinstance(modes, (list, tuple))
+            and "ansi" in modes
+            and "human" not in modes
+            and not renders_itself
+        ):
+            metadata["render_modes"] = [*modes, "human"]
+        cls.metadata = metadata
+
     def __init__(self, *, max_turns: int = 3, alpha: float = 1.0, render_mode: str | None = None):
         super().__init__()
-        if not self.roles:
-            raise TypeError(f"{type(self).__name__} must define the class attribute `roles`")
+        problem = class_attribute_problem(type(self))
+        if problem:
+            raise TypeError(problem)
         if int(max_turns) < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+        modes = list(self.metadata["render_modes"])
+        if render_mode is not None and render_mode not in modes:
             raise ValueError(
-                f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
+                f"{type(self).__name__}: render_mode must be one of {modes} or None, got {render_mode!r}"
             )
         self.max_turns = int(max_turns)
         self.alpha = float(alpha)
@@ -132,6 +174,7 @@ class TextAECEnv(AECEnv):
         self.action_spaces = {a: TextSpace(MAX_ACTION_CHARS) for a in self.possible_agents}
         self.rng = np.random.default_rng()
         self._seeded = False
+        self._has_reset = False
         self.agents: list[str] = []
 
     # ------------------------------------------------------------------ rules (override these)
@@ -184,15 +227,26 @@ class TextAECEnv(AECEnv):
         self.infos = {a: self._base_info() for a in self.agents}
         self.agent_selection = self.agents[0]
         self._skip_agent_selection = None
+        self._has_reset = True
 
     def observe(self, agent: str) -> dict[str, str]:
+        self._require_reset("observe")
         prompt = self._prompt(agent)
         feedback = self._feedback.get(agent, "")
         if feedback:
             prompt = f"{feedback.strip()}\n\n{prompt}"
         return {"prompt": prompt}
 
+    def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        self._require_reset("last")
+        return super().last(observe)
+
     def step(self, action: str | None) -> None:
+        self._require_reset("step")
+        if not self.agents:
+            raise RuntimeError(
+                f"{type(self).__name__}.step(): the episode is over (no agent left); call reset() first"
+            )
         agent = self.agent_selection
         if self.terminations[agent] or self.truncations[agent]:
             self._was_dead_step(action)
@@ -230,9 +284,22 @@ class TextAECEnv(AECEnv):
         self._accumulate_rewards()
 
     def render(self) -> str | None:
+        """The picture of the state: returned in ``"ansi"`` mode, printed in ``"human"`` mode
+        (returns ``None``), nothing without a ``render_mode``."""
         if self.render_mode is None:
             return None
-        return self._render_state()
+        self._require_reset("render")
+        picture = self._render_state()
+        if self.render_mode == "human":
+            print(picture, flush=True)
+            return None
+        if self.render_mode == "ansi":
+            return picture
+        raise NotImplementedError(
+            f"{type(self).__name__} lists render mode {self.render_mode!r}, which TextAECEnv does not "
+            f"implement ({', '.join(RENDER_MODES)}): override render()"
+        )
+
 
     def close(self) -> None:
         pass
@@ -263,6 +330,35 @@ class TextAECEnv(AECEnv):
             "task_id": self.task_id,
         }
 
+    def _require_reset(self, method: str) -> None:
+        if not self._has_reset:
+            raise RuntimeError(f"{type(self).__name__}.{method}() before reset(): call env.reset() first")
+
     def _next_agent(self, agent: str) -> str:
         order = self.possible_agents
         return order[(order.index(agent) + 1) % len(order)]
+
+
+def class_attribute_problem(cls: type) -> str:
+    """What is wrong with the class attributes an env must define (``roles``, ``metadata`` with
+    ``name`` and ``render_modes``), as one line naming the fix; ``""`` when nothing is."""
+    name = cls.__name__
+    roles = getattr(cls, "roles", None)
+    if not roles or not isinstance(roles, (tuple, list)) or not all(isinstance(r, str) and r for r in roles):
+        return f'{name} must define the class attribute `roles`, the agents in turn order, e.g. roles = ("caller", "echoer")'
+    if len(set(roles)) != len(roles):
+        return f"{name}.roles has a repeated agent: {tuple(roles)!r}"
+    metadata = getattr(cls, "metadata", None)
+    if not isinstance(metadata, dict):
+        return f'{name}.metadata must be a dict, e.g. metadata = {{"name": "echo_v0"}}; got {type(metadata).__name__}'
+    own_name = metadata.get("name")
+    if (
+        not own_name
+        or not isinstance(own_name, str)
+        or (cls is not TextAECEnv and own_name == TextAECEnv.metadata["name"])
+    ):
+        return f'{name}.metadata lacks "name": set metadata = {{"name": "echo_v0", ...}} (a lowercase id for your env)'
+    modes = metadata.get("render_modes")
+    if not isinstance(modes, (list, tuple)) or not all(isinstance(m, str) for m in modes):
+        return f'{name}.metadata["render_modes"] must be a list of mode names such as {list(RENDER_MODES)}; got {modes!r}'
+    return ""

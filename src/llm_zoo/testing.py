@@ -1,7 +1,9 @@
 """Checks for environment authors: run :func:`check_env` on your env before you publish it.
 
-``check_env`` runs PettingZoo's own test suite unmodified (``api_test``, ``seed_test``, the AEC to
-parallel conversion with ``parallel_api_test``) and llm-zoo's contract checks:
+``check_env`` first checks the attributes PettingZoo needs (``metadata`` with ``name`` and
+``render_modes``, ``possible_agents``, the spaces), then runs PettingZoo's own test suite unmodified
+(``api_test``, ``seed_test``, ``render_test`` for every declared render mode, the AEC to parallel
+conversion with ``parallel_api_test``) and llm-zoo's contract checks:
 
 * a multi-step determinism check: two envs reset with one seed and fed the same actions produce the
   same prompts, rewards and infos for whole episodes (PettingZoo's ``parallel_seed_test`` stops
@@ -17,7 +19,10 @@ parallel conversion with ``parallel_api_test``) and llm-zoo's contract checks:
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import inspect
+import io
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -25,9 +30,10 @@ from typing import Any
 import numpy as np
 from gymnasium.utils.env_checker import data_equivalence
 from pettingzoo import AECEnv
-from pettingzoo.test import api_test, parallel_api_test, seed_test
+from pettingzoo.test import api_test, parallel_api_test, render_test, seed_test
 from pettingzoo.utils.conversions import turn_based_aec_to_parallel
 
+from llm_zoo.core import TextAECEnv, class_attribute_problem
 from llm_zoo.registry import make
 
 __all__ = ["REQUIRED_INFO_KEYS", "check_env", "malformed_actions", "play_episode"]
@@ -191,15 +197,77 @@ def check_env(
     """
     env_fn = _factory(env_or_id, env_kwargs or {})
     actions = sample_actions or malformed_actions(np.random.default_rng(0), 12)
+    env = _check_attributes(env_fn)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # PettingZoo warns about non-Box observation spaces
-        api_test(env_fn(), num_cycles=num_cycles)
+        api_test(env, num_cycles=num_cycles)
+        _check_render_modes(env_or_id, env_kwargs or {}, env.metadata["render_modes"])
         seed_test(env_fn, num_cycles=num_cycles)
         parallel = turn_based_aec_to_parallel(env_fn())
         parallel_api_test(parallel, num_cycles=num_cycles)
     _check_determinism(env_fn, actions, seeds)
     _check_clone(env_fn, actions, seed=next(iter(seeds)))
     _check_fuzz(env_fn, fuzz_count, seed=0)
+
+
+def _check_attributes(env_fn: Callable[[], Any]) -> Any:
+    """Make one env and check what PettingZoo relies on before anything runs; return the env."""
+    try:
+        env = env_fn()
+    except (TypeError, KeyError, AttributeError) as err:
+        raise AssertionError(f"the env could not be made: {type(err).__name__}: {err}") from None
+    if isinstance(env, TextAECEnv):
+        problem = class_attribute_problem(type(env))
+        if problem:
+            raise AssertionError(problem)
+    metadata = getattr(env, "metadata", None)
+    if not isinstance(metadata, dict):
+        raise AssertionError(f'{type(env).__name__}.metadata must be a dict with "name" and "render_modes"')
+    missing = [key for key in ("name", "render_modes") if key not in metadata]
+    if missing:
+        raise AssertionError(
+            f"{type(env).__name__}.metadata lacks {missing}: PettingZoo's tools and make() need them"
+        )
+    agents = getattr(env, "possible_agents", None)
+    if not agents:
+        raise AssertionError(f"{type(env).__name__}.possible_agents is empty or missing")
+    for agent in agents:
+        for kind in ("observation_space", "action_space"):
+            try:
+                getattr(env, kind)(agent)
+            except Exception as err:
+                raise AssertionError(f"{type(env).__name__}.{kind}({agent!r}) failed: {err!r}") from None
+    return env
+
+
+def _check_render_modes(env_or_id: Any, env_kwargs: dict[str, Any], modes: Iterable[str]) -> None:
+    """PettingZoo's ``render_test`` (it always asks for ``"human"`` first), when envs can be made
+    with a ``render_mode``: from an id, or a factory that takes ``render_mode``. Printing is
+    captured."""
+    if isinstance(env_or_id, str):
+
+        def maker(render_mode: str | None = None) -> Any:
+            return make(env_or_id, render_mode=render_mode, **env_kwargs)
+
+    elif callable(env_or_id) and not isinstance(env_or_id, AECEnv) and _takes_render_mode(env_or_id):
+        maker = env_or_id
+    else:
+        return  # an env instance, or a factory without render_mode: nothing to vary
+    if "human" not in modes:
+        raise AssertionError(
+            f'metadata["render_modes"] is {list(modes)}: PettingZoo\'s render_test needs "human" '
+            '(TextAECEnv provides it wherever "ansi" is)'
+        )
+    with contextlib.redirect_stdout(io.StringIO()):
+        render_test(maker)
+
+
+def _takes_render_mode(factory: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "render_mode" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _factory(env_or_id: Any, env_kwargs: dict[str, Any]) -> Callable[[], Any]:
