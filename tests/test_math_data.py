@@ -397,6 +397,34 @@ def test_hf_to_json_output_is_read_as_json_lines(tmp_path):
     assert [p.answer for p in load_math_records(path)] == ["10", "13500", "6"]
 
 
+def test_gzip_files_load_as_published():
+    plain = load_math_records(FIXTURES / "gsm8k.jsonl")
+    assert load_math_records(FIXTURES / "gsm8k.jsonl.gz") == plain
+    problem_set = build_problem_set(str(FIXTURES / "gsm8k.jsonl.gz"), split="test")
+    assert [problem_set.get(p.id) for p in plain] == plain
+
+
+def test_gzip_and_text_errors_are_clear(tmp_path):
+    path = tmp_path / "data.jsonl.gz"
+    path.write_bytes(b"plain text, not gzip")
+    with pytest.raises(DatasetError, match=r"data.jsonl.gz: cannot read it as a gzip file"):
+        read_records(path)
+    packed = tmp_path / "packed.jsonl"  # gzip bytes under a plain name
+    packed.write_bytes((FIXTURES / "gsm8k.jsonl.gz").read_bytes())
+    with pytest.raises(DatasetError, match=r"packed.jsonl: not UTF-8 text \(compressed\? name it \*.gz\)"):
+        read_records(packed)
+
+
+def test_a_json_object_file_names_its_keys_and_one_line_is_still_one_record(tmp_path):
+    with pytest.raises(
+        DatasetError, match=r"one JSON object with the keys \['concepts', 'hints', 'problems'\]"
+    ):
+        read_records(FIXTURES / "champ_object.json")
+    one_line = tmp_path / "one.json"
+    one_line.write_text(json.dumps({"question": "1 + 1?", "answer": "2"}) + "\n")
+    assert [p.answer for p in load_math_records(one_line)] == ["2"]
+
+
 class FakeDataset:
     """What Math-v0 relies on in a datasets.Dataset: iteration over dict records (and .info)."""
 

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from llm_zoo.data import math_generator
+from llm_zoo.data.files import base_suffix, object_file_message, read_text
 from llm_zoo.parsing import ParseError, extract_boxed
 
 __all__ = [
@@ -244,11 +245,11 @@ def build_problem_set(
     if (
         isinstance(dataset, str)
         and not os.path.exists(dataset)
-        and not dataset.endswith((".jsonl", ".json", ".parquet"))
+        and not dataset.endswith((".jsonl", ".json", ".parquet", ".jsonl.gz", ".json.gz"))
     ):
         raise ValueError(
             f"unknown dataset {dataset!r}: use one of {', '.join(map(repr, BUILTIN_DATASETS))}, a path to a "
-            ".jsonl/.json/.parquet file, or a list / datasets.Dataset of records"
+            ".jsonl/.json/.parquet (or .jsonl.gz/.json.gz) file, or a list / datasets.Dataset of records"
         )
     if isinstance(dataset, Sequence) and dataset and all(isinstance(p, MathProblem) for p in dataset):
         problems = list(dataset)
@@ -269,7 +270,8 @@ def build_problem_set(
 
 def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records of a ``.jsonl``, ``.json`` (a list of records, or JSON lines, as
-    ``datasets.Dataset.to_json`` writes) or ``.parquet`` file."""
+    ``datasets.Dataset.to_json`` writes) or ``.parquet`` file; ``.jsonl.gz`` / ``.json.gz`` are
+    decompressed. A ``.json`` file holding one object gets an error naming its keys."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise DatasetError(f"dataset file not found: {path!r}")
@@ -282,10 +284,20 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             return list(parquet.read_table(path).to_pylist())
         except Exception as error:
             raise DatasetError(f"{path}: not a readable parquet file ({error})") from None
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
+    try:
+        text = read_text(path)
+    except ValueError as error:
+        raise DatasetError(str(error)) from None
     stripped = text.lstrip()
-    if path.endswith(".json") and stripped.startswith("["):
+    suffix = base_suffix(path)
+    if suffix == ".json" and stripped.startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None  # JSON lines, as datasets.Dataset.to_json writes: read below
+        if isinstance(data, dict) and "\n" in stripped.rstrip():  # one line would be one JSON-lines record
+            raise DatasetError(object_file_message(path, data))
+    if suffix == ".json" and stripped.startswith("["):
         try:
             records = json.loads(text)
         except json.JSONDecodeError as error:
