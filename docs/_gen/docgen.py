@@ -52,6 +52,8 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.trainer", "llm_zoo_train.trainer"),
     ("llm_zoo_train.update", "llm_zoo_train.update"),
     ("llm_zoo_train.rollout", "llm_zoo_train.rollout"),
+    ("llm_zoo_train.team_credit", "llm_zoo_train.team_credit"),
+    ("llm_zoo_train.env_play", "llm_zoo_train.env_play"),
     ("llm_zoo_train.advantages", "llm_zoo_train.advantages"),
     ("llm_zoo_train.loss", "llm_zoo_train.loss"),
     ("llm_zoo_train.policy", "llm_zoo_train.policy"),
