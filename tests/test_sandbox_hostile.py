@@ -23,6 +23,8 @@ from llm_zoo import sandbox
 from llm_zoo._sandbox_worker import processes_of_uid
 
 LAYERS = ("bubblewrap", "rlimits")
+# The fallback where it may create namespaces ("rlimits"), and where it may not ("rlimits-plain").
+SETUPS = ("bubblewrap", "rlimits", "rlimits-plain")
 SECRET = f"llm-zoo-secret-{uuid.uuid4().hex}"
 os.environ["LLM_ZOO_HOSTILE_TEST_SECRET"] = SECRET  # in the host's environment only
 
@@ -35,15 +37,33 @@ def _layer_available(layer: str) -> bool:
     return True
 
 
-@pytest.fixture(scope="module", params=LAYERS)
-def box(request):
-    layer = request.param
+def make_box(setup: str, monkeypatch: pytest.MonkeyPatch, **options) -> sandbox.Sandbox:
+    """A sandbox of ``setup`` (see ``SETUPS``); skipped where it does not work (bubblewrap is
+    required where ``$LLM_ZOO_TEST_REQUIRE_BUBBLEWRAP`` is 1)."""
+    layer = setup.removesuffix("-plain")
+    if setup.endswith("-plain"):
+        monkeypatch.setenv("LLM_ZOO_SANDBOX_NAMESPACES", "0")
     if not _layer_available(layer):
         if layer == "bubblewrap" and os.environ.get("LLM_ZOO_TEST_REQUIRE_BUBBLEWRAP") == "1":
             pytest.fail("bubblewrap is required (LLM_ZOO_TEST_REQUIRE_BUBBLEWRAP=1) but does not work here")
         pytest.skip(f"the {layer} layer does not work on this machine")
-    with sandbox.Sandbox(layer, workers=2, disk_mb=32) as created:
+    created = sandbox.Sandbox(layer, **options)
+    monkeypatch.delenv("LLM_ZOO_SANDBOX_NAMESPACES", raising=False)
+    return created
+
+
+@pytest.fixture(scope="module", params=SETUPS)
+def box(request):
+    with (
+        pytest.MonkeyPatch.context() as monkeypatch,
+        make_box(request.param, monkeypatch, workers=2, disk_mb=32) as created,
+    ):
         yield created
+
+
+def isolated(box: sandbox.Sandbox) -> bool:
+    """The box's programs run in namespaces of their own (bubblewrap, or the fallback's)."""
+    return box.isolation_info()["namespaces"]
 
 
 def run(box: sandbox.Sandbox, code: str, **limits) -> sandbox.RunResult:
@@ -201,7 +221,7 @@ def test_disk_filling_is_bounded(box):
         timeout=5,
     )
     written = int(result.stdout.split()[-1])
-    if box.layer == "bubblewrap":  # the private /tmp holds disk_mb = 32 MiB
+    if isolated(box):  # the private /tmp holds disk_mb = 32 MiB
         assert result.stdout.startswith("stopped 28") and written <= 32 << 20  # ENOSPC
     else:  # the fallback: each file is capped, their number only by time (documented)
         assert written == 1000 * 65536
@@ -407,9 +427,9 @@ def test_reading_files_outside_the_workdir(box, tmp_path):
     )
     assert SECRET not in result.stdout
     lines = result.stdout.splitlines()
-    if box.layer == "bubblewrap":  # none of these exist in the sandbox's file system
+    if isolated(box):  # none of these exist in the sandbox's file system
         assert all(line.startswith("denied") and line.endswith("FileNotFoundError") for line in lines), lines
-    elif sandbox.isolation_info("rlimits")["keep_read_search"]:  # documented: reads every file
+    elif box.isolation_info()["keep_read_search"]:  # documented: reads every file
         assert lines[0].startswith("read")
     else:
         assert lines[0].startswith("denied")
@@ -438,10 +458,11 @@ def test_writing_outside_the_workdir(box, tmp_path):
     try:
         assert sorted(os.listdir(tmp_path)) == before
         assert not (Path.home() / name).exists() and not Path("/usr", name).exists()
-        if box.layer == "bubblewrap":
+        if isolated(box):
             assert written == [] and not any(os.path.exists(place) for place in shared_places)
-        elif os.geteuid() == 0:  # documented: world-writable places are writable in the fallback
+        elif os.geteuid() == 0:  # documented: world-writable places are writable, and emptied after the run
             assert written == [place for place in shared_places if os.path.isdir(os.path.dirname(place))]
+            assert not any(os.path.exists(place) for place in shared_places)
     finally:
         for place in shared_places:
             if os.path.exists(place):
@@ -483,9 +504,9 @@ def test_network_connections(box):
     )
     thread.join()
     listener.close()
-    if box.layer == "bubblewrap":
+    if isolated(box):
         assert result.stdout.startswith("failed") and accepted == []
-    else:  # documented: the fallback does not cut the network
+    else:  # documented: the fallback without namespaces does not cut the network
         assert result.stdout.startswith("connected") and accepted == [b"leak"]
 
 
@@ -551,7 +572,7 @@ def test_system_v_ipc_objects_do_not_outlive_the_run(box):
         """,
     )
     assert result.ok and "-1" not in result.stdout, result
-    if box.layer == "bubblewrap":  # the server's own IPC namespace holds nothing any more
+    if isolated(box):  # the server's own IPC namespace holds nothing any more
         listed = box.run("print(open('/proc/sysvipc/shm').read().count('\\n'))")
         assert listed.stdout == "1\n"  # only the header line
     if os.geteuid() == 0:

@@ -98,15 +98,15 @@ import threading
 import weakref
 from collections.abc import Iterable, Sequence
 
-from llm_zoo._sandbox_worker import (
+from llm_zoo._sandbox_layers import (
     LAYER_ENV_VAR,
     LAYERS,
-    SandboxError,
-    Worker,
-    WorkerDied,
+    SandboxWarning,
     layer_plan,
+    not_isolated,
     requested_layer,
 )
+from llm_zoo._sandbox_worker import LayerPlan, SandboxError, Worker, WorkerDied
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
@@ -119,6 +119,7 @@ __all__ = [
     "RunResult",
     "Sandbox",
     "SandboxError",
+    "SandboxWarning",
     "default_sandbox",
     "isolation_info",
     "isolation_layer",
@@ -251,6 +252,10 @@ class Sandbox:
     def layer(self) -> str:
         """The isolation layer its programs run under."""
         return self._plan.name
+
+    def isolation_info(self) -> dict:
+        """What this sandbox's layer protects (see :func:`isolation_info`)."""
+        return _describe(self._plan, self._plan.name)
 
     def run(
         self,
@@ -469,16 +474,49 @@ def isolation_layer(layer: str | None = None) -> str:
 
 
 def isolation_info(layer: str | None = None) -> dict:
-    """What the active (or given) layer does here: its name, uid drop, cleanup and probe notes."""
-    plan = layer_plan(layer)
+    """What the active (or given) layer protects here, checked by its probe (see :func:`describe`)."""
+    return _describe(layer_plan(layer), requested_layer(layer))
+
+
+def _describe(plan: LayerPlan, requested: str) -> dict:
+    """What ``plan`` protects.
+
+    Keys: ``layer``, ``requested``; ``namespaces`` (own pid, mount, network, IPC and UTS
+    namespaces), ``network_cut``, ``read_only_root`` and ``host_files_hidden`` (a minimal
+    read-only view: the envs' hidden data and package directories are not in it),
+    ``private_tmp`` (``/tmp``, ``/dev/shm`` of its own, nothing left between runs) and
+    ``private_proc``; ``uid_drop``, ``keep_read_search``, ``leftover_cleanup``; ``memory_limit``
+    (the mechanism that enforces ``memory_mb``) and ``memory_total`` (whether it bounds all of a
+    run's processes, memfd and shared memory included); ``fresh_process_image`` (each program is
+    forked from a zygote that never held a job); ``keyrings``; ``userns_disabled``;
+    ``not_isolated`` (what this layer leaves open; empty when nothing) and ``notes``.
+    """
+    if plan.memory:
+        version = plan.memory[0]
+        files = "memory.max, memory.swap.max 0" if version == "v2" else "memory.limit_in_bytes (+ memsw)"
+        memory = f"cgroup {version} per server, limit set per run ({files}); RLIMIT_AS per process"
+    else:
+        memory = "RLIMIT_AS per process only"
     return {
         "layer": plan.name,
-        "requested": requested_layer(layer),
+        "requested": requested,
+        "namespaces": plan.namespaces,
+        "network_cut": plan.namespaces,
+        "read_only_root": plan.namespaces,
+        "host_files_hidden": plan.namespaces,
+        "private_tmp": plan.namespaces,
+        "private_proc": plan.namespaces,
         "uid_drop": plan.uid_drop,
         "keep_read_search": plan.keep_read_search,
         "leftover_cleanup": plan.cleanup,
-        "network_cut": bool(plan.bwrap_args),
-        "read_only_root": bool(plan.bwrap_args),
+        "memory_limit": memory,
+        "memory_total": bool(plan.memory),
+        "fresh_process_image": True,
+        "keyrings": "fresh session keyring per run; the uid's user keyrings emptied after each run"
+        if plan.uid_drop
+        else "fresh session keyring per run; user keyrings are the host user's",
+        "userns_disabled": "--disable-userns" in plan.bwrap_args,
+        "not_isolated": not_isolated(plan),
         "notes": list(plan.notes),
     }
 
