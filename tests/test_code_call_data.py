@@ -30,9 +30,9 @@ def test_humaneval_gz_loads_with_converted_asserts_and_skips_unconvertible():
         TestCase("[[]]", "0"), TestCase("[[0]]", "0"), TestCase("[[0, 1]]", "1"),
     )  # fmt: skip
     assert add_all.metadata["unconverted_statements"] == 0 and add_all.source == "humaneval"
-    # abs(candidate(x) - y) < tol and `not candidate(x)` forms
+    # abs(candidate(x) - y) < tol forms
     assert [(t.input, literal(t.output)) for t in mean.tests] == [
-        ("[[1.0, 2.0]]", 1.5), ("[[1, 2, 4]]", pytest.approx(7 / 3)), ("[[2]]", 2), ("[[0]]", False),
+        ("[[1.0, 2.0]]", 1.5), ("[[1, 2, 4]]", pytest.approx(7 / 3)), ("[[2]]", 2), ("[[0]]", 0),
     ]  # fmt: skip
 
 
@@ -94,13 +94,16 @@ assert tuple(f([1])) == tuple([1])
 assert f(*x) == 3
 assert f(y) == 1
 assert f([0]) is None
+assert not f([5])
+assert f([6])
 import math
 assert math.isclose(f([0.5]), 0.5, rel_tol=1e-9)
 assert True
 """
     tests, dropped = convert_asserts(ast.parse(source).body, "f")
     assert [(t.input, t.output) for t in tests] == [
-        ("[[1, 2]]", "3"), ("[[4]]", "4"), ("[[1]]", "[1]"), ("[[0]]", "None"), ("[[0.5]]", "0.5"),
+        ("[[1, 2]]", "3"), ("[[4]]", "4"), ("[[1]]", "[1]"), ("[[0]]", "None"), ("[[5]]", "False"),
+        ("[[6]]", "True"), ("[[0.5]]", "0.5"),
     ]  # fmt: skip
     assert dropped == 3  # the starred call, the unknown name y, the import
 

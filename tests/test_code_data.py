@@ -41,11 +41,18 @@ def test_builtin_set_has_enough_problems_with_tests_references_and_a_difficulty_
         assert problem.id.startswith("builtin/") and problem.title and problem.statement.strip()
         assert len(problem.tests) >= 5, problem.id
         assert len({t.input for t in problem.tests}) == len(problem.tests), f"{problem.id}: repeated inputs"
-        compile(problem.reference, problem.id, "exec")  # a Python 3 program reading stdin
-        assert "input()" in problem.reference or "sys.stdin" in problem.reference
-        assert all(t.output.strip() for t in problem.tests)
+        compile(problem.reference, problem.id, "exec")
+        if problem.call is None:  # a Python 3 program reading stdin
+            assert "input()" in problem.reference or "sys.stdin" in problem.reference
+            assert all(t.output.strip() for t in problem.tests)
+        else:  # defines the function it is called through; never reads stdin
+            assert f"def {problem.call.name}(" in problem.reference and "stdin" not in problem.reference
+            assert problem.call.signature in problem.reference  # the shown signature is the real one
     counts = Counter(p.difficulty for p in problems)
     assert set(counts) == {"easy", "medium", "hard"} and min(counts.values()) >= 10
+    call_counts = Counter(p.difficulty for p in problems if p.call is not None)
+    assert sum(call_counts.values()) >= 12 and set(call_counts) == {"easy", "medium", "hard"}
+    assert {p.call.class_name for p in problems if p.call is not None} == {None, "Solution"}
 
 
 def test_builtin_splits_are_fixed_disjoint_and_about_75_25_per_difficulty():

@@ -18,6 +18,7 @@ from llm_zoo.envs.code import (
     outputs_match,
     parse_tests,
 )
+from llm_zoo.envs.code_judge import judge_for
 from llm_zoo.envs.code_judge import run_program_on_inputs as _run_program_on_inputs
 from llm_zoo.parsing import ParseError
 from llm_zoo.testing import check_env, play_episode
@@ -341,12 +342,16 @@ PROBLEM_PARAMS = [pytest.param(p, id=p.id.split("/")[1]) for p in ALL_PROBLEMS]
 
 @pytest.mark.parametrize("problem", PROBLEM_PARAMS)
 def test_reference_passes_its_own_hidden_tests_in_the_sandbox(problem):
+    judge = judge_for(problem)  # stdin/stdout: the program itself; call-based: the call harness
     runs = _run_program_on_inputs(
-        problem.reference, [t.input for t in problem.tests], timeout=10.0, memory_mb=512
+        judge.program(problem.reference),
+        [judge.stdin(t.input) for t in problem.tests],
+        timeout=10.0,
+        memory_mb=512,
     )
     for number, (test, run) in enumerate(zip(problem.tests, runs, strict=True)):
         assert run.ok, f"test {number}: {run.stderr[-500:]}"
-        assert outputs_match(test.output, run.stdout), f"test {number}"
+        assert judge.verdict(test, run, 10.0)[0], f"test {number}"
 
 
 @pytest.mark.parametrize("problem", PROBLEM_PARAMS)

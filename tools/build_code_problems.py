@@ -1,13 +1,16 @@
 """Build ``src/llm_zoo/data/code_problems.json``, the built-in Code-v0 problem set.
 
-The problems are written in ``tools/code_problems/{easy,medium,hard}.py`` (statement, reference
-solution, test inputs). This script runs every reference solution on every test input through the
-llm-zoo sandbox, takes its output as the expected output, assigns the fixed train/test split and
-writes the JSON file the package ships. It also checks that each statement's example is test 0
-and that the reference prints the example's output.
+The stdin/stdout problems are written in ``tools/code_problems/{easy,medium,hard}.py`` (statement,
+reference solution, test inputs), the call-based ones in ``tools/code_problems/calls.py``
+(statement, function name, signature, reference, argument lists). This script runs every
+reference on every test input through the llm-zoo sandbox (call-based: through the call harness,
+:mod:`llm_zoo.call_harness`), takes its output / return value as the expected one, assigns the
+fixed train/test split and writes the JSON file the package ships. It also checks that each
+statement's example is test 0 and that the reference gives the example's answer, and that every
+return value survives the JSON round trip.
 
-Split: within each difficulty, problems sorted by slug; every fourth starting with the second
-(index % 4 == 1) is ``test``, the rest ``train`` (about 75/25 per difficulty).
+Split: within each kind and difficulty, problems sorted by slug; every fourth starting with the
+second (index % 4 == 1) is ``test``, the rest ``train`` (about 75/25 per difficulty).
 
 Usage:
     python tools/build_code_problems.py            # rebuild the JSON file
@@ -27,9 +30,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from code_problems import easy, hard, medium  # noqa: E402
+from code_problems import calls, easy, hard, medium  # noqa: E402
+from code_problems.calls import CallProblem  # noqa: E402
 from code_problems.common import Spec  # noqa: E402
 
+from llm_zoo.call_harness import args_text, call_text, harness_program, read_call_result  # noqa: E402
 from llm_zoo.envs.code import outputs_match  # noqa: E402
 from llm_zoo.sandbox import run_python  # noqa: E402
 
@@ -54,7 +59,7 @@ def all_specs() -> list[Spec]:
     return specs
 
 
-def splits(specs: list[Spec]) -> dict[str, str]:
+def splits(specs: list[Spec] | list[CallProblem]) -> dict[str, str]:
     result = {}
     for difficulty in DIFFICULTIES:
         slugs = sorted(s.slug for s in specs if s.difficulty == difficulty)
@@ -92,6 +97,57 @@ def check_example(spec: Spec, outputs: list[str]) -> None:
         )
 
 
+def call_records() -> list[dict]:
+    """The call-based problems: expected values from the reference through the call harness."""
+    problems = calls.PROBLEMS
+    taken = {s.slug for s in all_specs()}
+    slugs = [p.slug for p in problems]
+    clashes = sorted({slug for slug in slugs if slugs.count(slug) > 1 or slug in taken})
+    if clashes:
+        raise SystemExit(f"duplicate slugs: {clashes}")
+    split_of = splits(problems)
+    records = []
+    for problem in problems:
+        if len({repr(a) for a in problem.args}) < MIN_TESTS:
+            raise SystemExit(f"{problem.slug}: fewer than {MIN_TESTS} distinct argument lists")
+        program = harness_program(problem.reference, problem.name, problem.class_name)
+        expected = []
+        for number, args in enumerate(problem.args):
+            run = run_python(program, stdin=args_text(args), timeout=RUN_TIMEOUT_S, memory_mb=1024)
+            if not run.ok:
+                raise SystemExit(f"{problem.slug} test {number}: reference failed:\n{run.stderr[-2000:]}")
+            value = read_call_result(run.stdout)
+            if json.loads(json.dumps(value)) != value:
+                raise SystemExit(f"{problem.slug} test {number}: {value!r} does not survive JSON")
+            expected.append(value)
+            if run.duration_s > SLOW_RUN_S:
+                print(
+                    f"warning: {problem.slug}: a reference run took {run.duration_s:.2f} s", file=sys.stderr
+                )
+        target = f"{problem.class_name}().{problem.name}" if problem.class_name else problem.name
+        example = f"Example: {call_text(target, args_text(problem.args[0]))} returns {expected[0]!r}"
+        if example not in problem.statement:
+            raise SystemExit(f"{problem.slug}: the statement lacks the line {example!r}")
+        records.append(
+            {
+                "id": f"builtin/{problem.slug}",
+                "title": problem.title,
+                "difficulty": problem.difficulty,
+                "source": "builtin",
+                "split": split_of[problem.slug],
+                "statement": problem.statement,
+                "reference": problem.reference,
+                "call": {
+                    "name": problem.name,
+                    "class_name": problem.class_name,
+                    "signature": problem.signature,
+                },
+                "tests": [{"input": a, "output": o} for a, o in zip(problem.args, expected, strict=True)],
+            }
+        )
+    return records
+
+
 def build() -> list[dict]:
     specs = all_specs()
     split_of = splits(specs)
@@ -114,7 +170,7 @@ def build() -> list[dict]:
                 "tests": [{"input": i, "output": o} for i, o in zip(spec.inputs, outputs, strict=True)],
             }
         )
-    return records
+    return records + call_records()
 
 
 def main() -> int:

