@@ -181,7 +181,7 @@ def test_configurable_sizes_play_to_success(rows, cols, num_boxes):
         ({"rows": 5, "cols": 5, "num_boxes": 5}, "do not fit"),
         ({"rows": 6.0}, "integers"),
         ({"max_search_states": 0}, "max_search_states"),
-        ({"alpha": 1.0, "render_mode": "human"}, "render_mode"),
+        ({"alpha": 1.0, "render_mode": "rgb_array"}, "render_mode"),
     ],
 )
 def test_bad_parameters_raise_clear_errors(kwargs, message):

@@ -7,7 +7,8 @@
     llm-zoo check PlanPath-v0          run llm_zoo.testing.check_env on an env
 
 In ``play``, type an agent's answer over as many lines as you like and finish it with a line
-holding only ``/end`` (or end of input). ``/quit`` on its own line stops the game.
+holding only ``/end`` (or end of input). ``/quit`` on its own line, end of input with no answer
+typed, or Ctrl-C stops the game (Ctrl-C with exit status 130, as shells expect).
 Environment arguments are given as ``--env-arg name=value`` (the value is read as a Python
 literal where possible, so ``--env-arg rows=5`` passes the integer 5).
 """
@@ -27,6 +28,10 @@ __all__ = ["main"]
 
 END_OF_ANSWER = "/end"
 QUIT = "/quit"
+#: Exit status after Ctrl-C (128 + SIGINT), as shells report an interrupted command.
+INTERRUPTED_EXIT_CODE = 130
+#: Info keys every env reports; ``play`` shows the others as the env's own details.
+_STANDARD_INFO_KEYS = ("role_reward", "global_reward", "success", "turn", "format_ok", "feedback", "task_id")
 
 
 def _parse_env_args(pairs: Sequence[str]) -> dict[str, Any]:
@@ -71,36 +76,71 @@ def _read_answer(stdin: TextIO, out: TextIO) -> str | None:
     return "\n".join(lines) if lines else None
 
 
+def _turn_label(env: Any) -> str:
+    if hasattr(env, "turn_label"):
+        return env.turn_label()
+    return f"turn {env.turn + 1} of {env.max_turns}"  # an env that does not build on TextAECEnv
+
+
+def _yes_no(flag: object) -> str:
+    return "yes" if flag else "no"
+
+
+def describe_step(env: Any, agent: str) -> list[str]:
+    """What ``agent``'s last action did, in lines for a person: its reward, whether its answer
+    could be read, what its own answer achieved, and whether the *team* has succeeded (which,
+    for an agent that does not act last, later agents of the turn still decide)."""
+    info = env.infos[agent]
+    lines = [
+        f"-> reward {env.rewards[agent]:+.3f} = role {info['role_reward']:+.3f} + alpha x global "
+        f"{info['global_reward']:+.3f}; answer readable: {_yes_no(info['format_ok'])}"
+    ]
+    if "moves_solve" in info:
+        lines.append(
+            f"-> this answer's moves, played from the board it was shown, reach the goal: {_yes_no(info['moves_solve'])}"
+        )
+    later = env.possible_agents[env.possible_agents.index(agent) + 1 :]
+    episode_over = not env.agents or all(env.terminations[a] or env.truncations[a] for a in env.agents)
+    if info["success"]:
+        team = "yes"
+    elif later and not episode_over:
+        team = f"not yet ({', '.join(later)} still to act this turn)"
+    else:
+        team = "no"
+    lines.append(f"-> team success: {team}")
+    details = {k: v for k, v in info.items() if k not in _STANDARD_INFO_KEYS}
+    if details:
+        lines.append("-> details: " + ", ".join(f"{k}={v}" for k, v in details.items()))
+    if info.get("feedback"):
+        lines.append(f"-> feedback: {info['feedback']}")
+    return lines
+
+
 def cmd_play(env_id: str, seed: int | None, env_kwargs: dict[str, Any], stdin: TextIO, out: TextIO) -> int:
     env = make(env_id, render_mode="ansi", **env_kwargs)
-    env.reset(seed=seed)  # errors in the env itself are bugs: let them show a traceback
-    print(f"== {env_id} (task {getattr(env, 'task_id', '?')}) ==", file=out)
-    for agent in env.agent_iter():
-        _, _, termination, truncation, _ = env.last()
-        if termination or truncation:
-            env.step(None)
-            continue
-        print(f"\n=========== {agent}, turn {env.turn + 1} of {env.max_turns} ===========", file=out)
-        print(env.observe(agent)["prompt"], file=out)
-        answer = _read_answer(stdin, out)
-        if answer is None:
-            print("\nstopped.", file=out)
-            return 0
-        env.step(answer)
-        info = env.infos[agent]
-        print(
-            f"\n-> reward {env.rewards[agent]:+.3f} (role {info['role_reward']:+.3f}, "
-            f"global {info['global_reward']:+.3f}), format_ok={info['format_ok']}, "
-            f"success={info['success']}",
-            file=out,
-        )
-        if info.get("feedback"):
-            print(f"-> feedback: {info['feedback']}", file=out)
-        picture = env.render()
-        if picture:
-            print(picture, file=out)
-    print(f"\nepisode over after {env.turn} turn(s): success={env.success}", file=out)
-    return 0
+    try:
+        env.reset(seed=seed)  # errors in the env itself are bugs: let them show a traceback
+        print(f"== {env_id} (task {getattr(env, 'task_id', '?')}) ==", file=out)
+        for agent in env.agent_iter():
+            _, _, termination, truncation, _ = env.last()
+            if termination or truncation:
+                env.step(None)
+                continue
+            print(f"\n=========== {agent}, {_turn_label(env)} ===========", file=out)
+            print(env.observe(agent)["prompt"], file=out)
+            answer = _read_answer(stdin, out)
+            if answer is None:
+                print("\nstopped.", file=out)
+                return 0
+            env.step(answer)
+            print("", *describe_step(env, agent), sep="\n", file=out)
+            picture = env.render()
+            if picture:
+                print(picture, file=out)
+        print(f"\nepisode {_turn_label(env)}: success={env.success}", file=out)
+        return 0
+    finally:
+        env.close()
 
 
 def cmd_check(env_id: str, env_kwargs: dict[str, Any], out: TextIO) -> int:
@@ -112,7 +152,8 @@ def cmd_check(env_id: str, env_kwargs: dict[str, Any], out: TextIO) -> int:
         print(f"FAIL {env_id}: {err}", file=out)
         return 1
     print(
-        f"OK {env_id}: PettingZoo api_test, seed_test, parallel_api_test, determinism, clone, fuzz", file=out
+        f"OK {env_id}: PettingZoo api_test, seed_test, render_test, parallel_api_test, determinism, clone, fuzz",
+        file=out,
     )
     return 0
 
@@ -132,9 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, *, stdin: TextIO | None = None, out: TextIO | None = None) -> int:
+    """Run one ``llm-zoo`` command; returns the exit status (130 after Ctrl-C, without a traceback)."""
+    try:
+        return _run(argv, stdin or sys.stdin, out or sys.stdout)
+    except KeyboardInterrupt:
+        print("\nllm-zoo: interrupted", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+
+
+def _run(argv: Sequence[str] | None, stdin: TextIO, out: TextIO) -> int:
     args = build_parser().parse_args(argv)
-    stdin = stdin or sys.stdin
-    out = out or sys.stdout
     if args.command == "list":
         return cmd_list(out)
     env_kwargs = _parse_env_args(args.env_arg)

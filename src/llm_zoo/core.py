@@ -220,6 +220,7 @@ class TextAECEnv(AECEnv):
         self.terminations = {a: False for a in self.agents}
         self.truncations = {a: False for a in self.agents}
         self.turn = 0
+        self._last_action_turn = 0
         self.success = False
         self._feedback = {a: "" for a in self.agents}
         self._new_episode(self.rng, options)
@@ -273,6 +274,7 @@ class TextAECEnv(AECEnv):
             if other != agent:
                 self.infos[other].update(success=self.success, turn=self.turn)
 
+        self._last_action_turn = self.turn + 1
         is_last_role = agent == self.possible_agents[-1]
         if is_last_role:
             self.turn += 1
@@ -300,7 +302,6 @@ class TextAECEnv(AECEnv):
             f"implement ({', '.join(RENDER_MODES)}): override render()"
         )
 
-
     def close(self) -> None:
         pass
 
@@ -318,6 +319,16 @@ class TextAECEnv(AECEnv):
             id(self.action_spaces): self.action_spaces,
         }
         return copy.deepcopy(self, memo)
+
+    def turn_label(self) -> str:
+        """The turn as people count it, from 1: ``"turn 2 of 3"`` while the episode runs (the turn
+        the next action belongs to), ``"over in turn 2 of 3"`` once it has ended (the turn of its
+        last action). Prompts, renders and ``llm-zoo play`` all use this one convention."""
+        self._require_reset("turn_label")
+        finished = not self.agents or all(self.terminations[a] or self.truncations[a] for a in self.agents)
+        if finished:
+            return f"over in turn {max(self._last_action_turn, 1)} of {self.max_turns}"
+        return f"turn {self.turn + 1} of {self.max_turns}"
 
     def _base_info(self) -> dict[str, Any]:
         return {

@@ -488,7 +488,7 @@ class CodeEnv(TextAECEnv):
         counts = self._counts()
         program = "none" if self.program is None else f"{len(self.program.splitlines())} lines"
         return (
-            f"Code-v0 {self.problem.id} ({self.problem.difficulty}, {self.problem.kind}) turn {self.turn}/{self.max_turns}\n"
+            f"Code-v0 {self.problem.id} ({self.problem.difficulty}, {self.problem.kind}) {self.turn_label()}\n"
             f"program: {program}, hidden tests passed {counts['hidden_passed']}/{counts['hidden_total']}\n"
             f"generated tests: {counts['tests_total']} (passed {counts['tests_passed']}, valid "
             f"{counts['tests_valid']}, invalid {counts['tests_invalid']}, unknown {counts['tests_unknown']})"

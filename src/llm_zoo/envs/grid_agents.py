@@ -507,5 +507,5 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
 
     def _render_state(self) -> str:
         return (
-            f"{self.puzzle_name} | turn {self.turn}/{self.max_turns} | {self._status_text()}\n{self._board()}"
+            f"{self.puzzle_name} | {self.turn_label()} | {self._status_text()}\n{self._board()}"
         )

@@ -347,7 +347,7 @@ class MathEnv(TextAECEnv):
         for turn, agent, answer, correct in self.history:
             mark = "-" if answer is None else ("correct" if correct else "wrong")
             lines.append(f"  turn {turn + 1} {agent:<10} answer: {answer!s:<20} {mark}")
-        state = "agreed" if self.agree else f"turn {self.turn + 1} of {self.max_turns}"
+        state = "agreed" if self.agree else self.turn_label()
         lines.append(f"status: {state}; success: {self.success}")
         return "\n".join(lines)
 
