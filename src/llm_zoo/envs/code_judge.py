@@ -34,7 +34,7 @@ __all__ = [
 TOLERANCE = 1e-6
 _PARALLEL_RUNS = 2  # worker threads for the per-test fallback when the sandbox has no batch API
 
-_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")  # no overlapping quantifiers: linear
 _INTEGER = re.compile(r"[+-]?\d+")
 
 
