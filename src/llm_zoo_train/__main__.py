@@ -9,6 +9,7 @@ names, types, values, the env id and the agents - before any model is loaded.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -107,6 +108,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if print_config:
         print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
         return 0
+
+    if os.environ.get("RANK", "0") == "0":  # the first output, before torch is even imported
+        from llm_zoo_train.progress import run_summary
+
+        print(run_summary(config), flush=True)
 
     from transformers.utils import logging as transformers_logging
 

@@ -48,6 +48,7 @@ from llm_zoo_train.eval_plan import (
     resolve_source,
 )
 from llm_zoo_train.evaluate import EvalResult, episode_to_dict, evaluate
+from llm_zoo_train.progress import RunProgress
 
 __all__ = ["UsageError", "evaluation_view", "main", "print_table", "run", "split_overrides"]
 
@@ -168,6 +169,7 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
         engine: Engine = _endpoint_engine(options, config.model.system_prompt, maps)
         model = {"endpoint": endpoint, "served_model": options.served_model}
     else:
+        print(f"loading model {config.model.name_or_path} ...", file=sys.stderr, flush=True)
         needs_adapters = any(mapping != dict.fromkeys(mapping) for mapping in maps.values())
         engine = local_engine(
             config, {n: source.adapters[n] for n in plan.adapters} if needs_adapters else {}
@@ -178,15 +180,19 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
             "engine": config.rollout.engine,
         }
     rows = []
+    progress = RunProgress(stderr=True)
     try:
         for policy, mapping in maps.items():
             for split in splits:
+                watched = progress.evaluation(engine, len(split.seeds), f"{policy} on {split.name}")
                 result, episodes = evaluate(
-                    engine, config.env.id, split.env_kwargs, split.seeds, mapping, sampling
+                    watched, config.env.id, split.env_kwargs, split.seeds, mapping, sampling
                 )
+                watched.close()
                 rows.append(_row(policy, split, mapping, result, [episode_to_dict(e) for e in episodes]))
-                print(f"{policy:>8} on {split.name:<5}: {result.describe()}", file=sys.stderr)
+                progress.print(f"{policy:>8} on {split.name:<5}: {result.describe()}")
     finally:
+        progress.close()
         close = getattr(engine, "close", None)
         if callable(close):
             close()

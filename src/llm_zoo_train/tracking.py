@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from llm_zoo_train.advantages import group_samples
+from llm_zoo_train.progress import RunProgress
 from llm_zoo_train.samples import Sample
 
 __all__ = ["RunLogger", "episode_successes", "flatten_config", "plot_learning_curve", "rollout_metrics"]
@@ -106,7 +107,8 @@ class RunLogger:
             so steps logged after the checkpoint by an interrupted run do not appear twice.
         total_steps: ``max_steps``, for the progress bar.
         logging_steps: Console period.
-        progress_bar: Show a progress bar.
+        progress_bar: Show progress bars on a terminal (plain lines are printed otherwise, see
+            :mod:`llm_zoo_train.progress`).
     """
 
     def __init__(
@@ -124,8 +126,8 @@ class RunLogger:
         self.logging_steps = logging_steps
         self.enabled = accelerator.is_main_process
         self.path = Path(output_dir) / "metrics.jsonl"
-        self._progress: Any = None
-        self._task: Any = None
+        #: The console progress of the run's phases (bars on a terminal, plain lines otherwise).
+        self.progress = RunProgress.disabled()
         if not self.enabled:
             return
         from rich.console import Console
@@ -134,21 +136,8 @@ class RunLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "w", encoding="utf-8") as handle:
             handle.writelines(json.dumps(record) + "\n" for record in history)
-        if progress_bar:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._progress = Progress(
-                TextColumn("[bold]training"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("{task.fields[status]}"),
-                console=self.console,
-                transient=False,
-            )
-            done = max((int(r.get("step", 0)) for r in history), default=0)
-            self._task = self._progress.add_task("train", total=total_steps, completed=done, status="")
-            self._progress.start()
+        done = max((int(r.get("step", 0)) for r in history), default=0)
+        self.progress = RunProgress(self.console, total_steps=total_steps, done_steps=done, bars=progress_bar)
 
     def print(self, text: str) -> None:
         if self.enabled:
@@ -172,8 +161,7 @@ class RunLogger:
         if not self.enabled:
             return
         line = self.summary(step, metrics)
-        if self._progress is not None:
-            self._progress.update(self._task, completed=step, status=self.short_status(metrics))
+        self.progress.step_done(step, self.short_status(metrics))
         if step % self.logging_steps == 0:
             self.console.print(line)
 
@@ -206,9 +194,7 @@ class RunLogger:
         return " | ".join(parts)
 
     def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        self.progress.close()
 
 
 def plot_learning_curve(history: Sequence[Mapping[str, float]], path: str | Path, title: str = "") -> Path:

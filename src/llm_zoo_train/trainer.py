@@ -64,6 +64,7 @@ from llm_zoo_train.engines.hf import HFEngine
 from llm_zoo_train.evaluate import EvalResult, evaluate, summarize
 from llm_zoo_train.model_card import write_model_cards
 from llm_zoo_train.policy import Policy
+from llm_zoo_train.progress import RunProgress
 from llm_zoo_train.rollout import independent_rollout, tree_rollout
 from llm_zoo_train.samples import write_jsonl
 from llm_zoo_train.team_credit import team_credit_metrics
@@ -133,6 +134,10 @@ class Trainer:
         set_seed(training.seed)
         #: The trainer's own generator (micro-batch order); saved and restored by checkpoints.
         self.rng = np.random.default_rng(training.seed)
+        #: Console progress of the phases; the run's own while :meth:`train` runs.
+        self.progress = RunProgress.disabled()
+        load_start = time.perf_counter()
+        accelerator.print(f"loading model {config.model.name_or_path} ...")
         self.policy = Policy.from_config(
             config.model,
             {name: self.plan.lora[name] for name in self.plan.adapters},
@@ -142,6 +147,7 @@ class Trainer:
             device=accelerator.device,
         )
         self.model = self.policy.model
+        accelerator.print(f"model loaded in {time.perf_counter() - load_start:.1f} s")
         self.engine = self._make_engine()
         self._served_paths: dict[str, Path] = {}  # adapter -> directory the engine loaded it from
 
@@ -205,6 +211,7 @@ class Trainer:
             logging_steps=config.logging.logging_steps,
             progress_bar=config.logging.progress_bar,
         )
+        self.progress = logger.progress
         try:
             if self.step == 0 and not self.history and config.eval.eval_on_start and config.eval.num_episodes:
                 metrics = self._evaluation_metrics()
@@ -234,6 +241,7 @@ class Trainer:
                 logger.log(0, self._evaluation_metrics())
         finally:
             logger.close()
+            self.progress = RunProgress.disabled()
         return self._finish(logger)
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -251,7 +259,10 @@ class Trainer:
             top_k=rollout.top_k,
             seed=derive_seed(seed, step, rank, _SAMPLING),
         )
-        engine = _TimedEngine(self.engine)
+        watched = self.progress.rollout(
+            self.engine, step, len(seeds), mode=rollout.mode, num_generations=rollout.num_generations
+        )
+        engine = _TimedEngine(watched)
         samples = ROLLOUTS[rollout.mode](
             config.env.id,
             train_env_kwargs(config),
@@ -264,6 +275,7 @@ class Trainer:
             team_credit_lookahead=rollout.team_credit_lookahead,
         )
         rollout_seconds = time.perf_counter() - start
+        watched.close()
         if rollout.save_rollouts:
             directory = self.output_dir / "rollouts"
             directory.mkdir(parents=True, exist_ok=True)
@@ -286,7 +298,8 @@ class Trainer:
         if sleep is not None:
             sleep()  # vLLM with sleep mode gives its GPU memory to the update (no-op otherwise)
         for adapter in self.plan.trainable:
-            metrics.update(self.updater.update(adapter, [s for s in kept if s.adapter == adapter]))
+            with self.progress.update(step, adapter) as phase:
+                metrics.update(self.updater.update(adapter, [s for s in kept if s.adapter == adapter], phase))
         if wake_up is not None:
             wake_up()
         for adapter, scheduler in self.schedulers.items():
@@ -319,9 +332,11 @@ class Trainer:
             top_k=config.rollout.top_k if settings.temperature > 0 else 0,
             seed=derive_seed(config.training.seed, accelerator.process_index, _EVAL),
         )
+        watched = self.progress.evaluation(self.engine, len(local))
         _, episodes = evaluate(
-            self.engine, config.env.id, eval_env_kwargs(config), local, self.plan.agent_adapters, sampling
+            watched, config.env.id, eval_env_kwargs(config), local, self.plan.agent_adapters, sampling
         )
+        watched.close()
         if accelerator.num_processes > 1:
             from accelerate.utils import gather_object
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -72,9 +72,14 @@ class AdapterUpdater:
         self.rng = rng
         self.pad_token_id = int(policy.tokenizer.pad_token_id)
 
-    def update(self, adapter: str, samples: list[Sample]) -> dict[str, float]:
+    def update(
+        self, adapter: str, samples: list[Sample], progress: Callable[[int, int], None] | None = None
+    ) -> dict[str, float]:
         """Train ``adapter`` on ``samples`` (its agents' samples, advantages set); returns metrics
-        ``update/{adapter}/...`` (token-weighted means over micro-batches, averaged over processes)."""
+        ``update/{adapter}/...`` (token-weighted means over micro-batches, averaged over processes).
+
+        ``progress(done, total)`` is called after each of this process's micro-batches (``total``:
+        its micro-batches over all iterations); it only watches."""
         algorithm, training = self.algorithm, self.training
         samples = [s for s in samples if s.completion_token_ids]
         micro_size = training.per_device_train_batch_size
@@ -90,6 +95,8 @@ class AdapterUpdater:
 
         totals: dict[str, float] = defaultdict(float)
         tokens_seen = 0.0
+        local_batches = math.ceil(len(samples) / micro_size) * algorithm.num_iterations
+        batches_done = 0
         grad_norms = []
         for _ in range(algorithm.num_iterations):
             order = self.rng.permutation(len(samples)).tolist()
@@ -111,6 +118,9 @@ class AdapterUpdater:
                     for key, value in batch_metrics.items():
                         totals[key] += value * tokens
                     tokens_seen += tokens
+                    batches_done += 1
+                    if progress is not None:
+                        progress(batches_done, local_batches)
                 grad_norms.append(self._optimizer_step(adapter))
         metrics = {f"update/{adapter}/{k}": v / max(tokens_seen, 1.0) for k, v in totals.items()}
         metrics[f"update/{adapter}/grad_norm"] = float(np.mean(grad_norms))

@@ -1,0 +1,188 @@
+"""Progress while a run works: bars on a terminal, one plain line per phase otherwise, early first output."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+import toy_envs_trainer
+from llm_zoo_train.engines.base import SamplingParams
+from llm_zoo_train.progress import RunProgress
+from llm_zoo_train.rollout import evaluation_rollout, independent_rollout, tree_rollout
+
+TESTS = Path(__file__).parent
+ENV = toy_envs_trainer.SCRIPTED_ENV_ID
+SAMPLING = SamplingParams(max_tokens=8, temperature=1.0, seed=7)
+
+
+def _console(terminal: bool) -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, force_terminal=terminal, width=120, highlight=False, soft_wrap=True), out
+
+
+def _rollout(rollout, engine, k=4, seeds=(1, 2, 3)):
+    agents = {"alice": "alice", "bob": "bob"}
+    return rollout(ENV, {"max_turns": 2}, list(seeds), engine, agents, k, SAMPLING, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("rollout", [tree_rollout, independent_rollout])
+def test_watching_a_rollout_changes_nothing_and_counts_episodes(rollout):
+    plain = _rollout(rollout, toy_envs_trainer.ScriptedEngine())
+    console, out = _console(terminal=False)
+    progress = RunProgress(console, total_steps=3)
+    tree = rollout is tree_rollout
+    episodes = 3 if tree else 3 * 4
+    watched = progress.rollout(
+        toy_envs_trainer.ScriptedEngine(),
+        2,
+        episodes,
+        mode="tree" if tree else "independent",
+        num_generations=4,
+    )
+    seen = []
+    inner_generate = watched.engine.generate
+
+    def recording_generate(prompts, adapters, n, sampling):
+        seen.append(watched.phase.completed)
+        return inner_generate(prompts, adapters, n, sampling)
+
+    watched.engine.generate = recording_generate
+    samples = _rollout(rollout, watched)
+    watched.close()
+    assert [dataclasses.asdict(s) for s in samples] == [dataclasses.asdict(s) for s in plain]
+    assert seen == sorted(seen) and seen[0] == 0  # episodes done only grows
+    calls = watched.engine.calls
+    assert watched.completions == sum(len(c.prompts) * c.n for c in calls)  # look-ahead calls too
+    assert watched.tokens >= sum(len(s.completion_token_ids) for s in samples) > 0
+    if tree:
+        assert watched.groups == len({s.group_key for s in samples})  # one group per candidate prompt
+    line = out.getvalue().strip()
+    assert line.startswith(f"step 2/3 rollout: {episodes}/{episodes} episodes, ")
+    assert "completions" in line and "tok/s" in line and "\x1b" not in line and len(line.splitlines()) == 1
+
+
+def test_evaluation_progress_reaches_every_episode():
+    console, out = _console(terminal=False)
+    progress = RunProgress(console)
+    watched = progress.evaluation(toy_envs_trainer.ScriptedEngine(), 5)
+    results = evaluation_rollout(
+        ENV, {"max_turns": 2}, [1, 2, 3, 4, 5], watched, {"alice": None, "bob": None}, SAMPLING
+    )
+    watched.close()
+    assert len(results) == 5 and watched.phase.completed == 5
+    assert out.getvalue().startswith("evaluation: 5/5 episodes, ")
+
+
+def test_plain_lines_per_phase_and_at_intervals_only():
+    console, out = _console(terminal=False)
+    progress = RunProgress(console, total_steps=2, interval_s=3600.0)
+    assert progress.bars is None  # not a terminal: no bar, whatever progress_bar says
+    with progress.update(1, "alice") as phase:
+        for done in range(1, 6):
+            phase(done, 5)
+    progress.step_done(1, "success 0%")
+    assert out.getvalue().splitlines() == [out.getvalue().splitlines()[0]]
+    assert out.getvalue().startswith("step 1/2 update alice: 5/5 micro-batches, ")
+    console, out = _console(terminal=False)
+    progress = RunProgress(console, total_steps=2, interval_s=0.0)  # a line at every update
+    with progress.update(2, "bob") as phase:
+        phase(1, 2)
+        phase(2, 2)
+    lines = out.getvalue().splitlines()
+    assert [line.split(",")[0] for line in lines] == ["step 2/2 update bob: 1/2 micro-batches"] + [
+        "step 2/2 update bob: 2/2 micro-batches"
+    ] * 2
+    assert lines[0].endswith("so far") and not lines[-1].endswith("so far")
+
+
+def test_bars_on_a_terminal():
+    console, out = _console(terminal=True)
+    progress = RunProgress(console, total_steps=4, done_steps=1)
+    assert progress.bars is not None
+    with progress.update(2, "alice") as phase:
+        phase(3, 4)
+        assert [t.description for t in progress.bars.tasks] == ["training", "step 2/4 update alice"]
+        assert progress.bars.tasks[1].completed == 3 and progress.bars.tasks[1].total == 4
+    assert [t.description for t in progress.bars.tasks] == ["training"]  # the phase bar is gone
+    progress.step_done(2, "success 50%")
+    assert progress.bars.tasks[0].completed == 2
+    progress.close()
+    assert "training" in out.getvalue() and "2/4" in out.getvalue()
+    off = RunProgress(_console(terminal=True)[0], total_steps=4, bars=False)
+    assert off.bars is None  # logging.progress_bar false (TRL: disable_tqdm): plain lines
+
+
+def test_disabled_progress_prints_nothing():
+    progress = RunProgress.disabled()
+    watched = progress.evaluation(toy_envs_trainer.ScriptedEngine(), 2)
+    evaluation_rollout(ENV, {"max_turns": 1}, [1, 2], watched, {"alice": None, "bob": None}, SAMPLING)
+    watched.close()
+    with progress.update(1, "a") as phase:
+        phase(1, 1)
+    progress.print("nothing")
+    assert progress.console is None
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_training_run_reports_every_phase(tiny_model_dir, tmp_path, capsys):
+    pytest.importorskip("peft")
+    from llm_zoo_train.trainer import Trainer
+    from train_helpers import toy_config
+
+    config = toy_config(
+        tiny_model_dir, tmp_path / "run", ["--training.max_steps", "1", "--eval.num_episodes", "2"]
+    )
+    trainer = Trainer(config)
+    trainer.train()
+    trainer.close()
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == f"loading model {tiny_model_dir} ..." and lines[1].startswith("model loaded in ")
+    first_eval = next(i for i, line in enumerate(lines) if line.startswith("evaluation: 2/2 episodes, "))
+    assert lines[first_eval + 1].startswith("success rate before training:")
+    # 8 envs x 2 turns: 16 groups of K=4 candidates (and the look-ahead completions)
+    rollout = next(
+        i for i, line in enumerate(lines) if line.startswith("step 1/1 rollout: 8/8 episodes, 16 groups, ")
+    )
+    assert "tok/s" in lines[rollout]
+    updates = [line for line in lines if line.startswith("step 1/1 update ")]
+    assert [line.split(":")[0] for line in updates] == ["step 1/1 update alice", "step 1/1 update bob"]
+    assert all(re.search(r": (\d+)/\1 micro-batches, ", line) for line in updates)
+    assert first_eval < rollout < lines.index(updates[0])
+    assert sum(line.startswith("evaluation: ") for line in lines) == 2  # before and after training
+
+
+def test_the_command_prints_what_it_will_do_before_importing_torch(tiny_model_dir, tmp_path):
+    from train_helpers import write_toy_config
+
+    config = write_toy_config(tiny_model_dir, tmp_path / "run", tmp_path / "toy.yaml")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    script = Path(sys.executable).parent / "llm-zoo-train"
+    start = time.perf_counter()
+    process = subprocess.Popen(
+        [str(script) if script.exists() else "llm-zoo-train", str(config), "--training.max_steps", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        seconds = time.perf_counter() - start
+        second = process.stdout.readline()
+    finally:
+        process.kill()
+        process.wait()
+    assert (
+        first.startswith("llm-zoo-train: test/Scripted-v0 with ") and "1 steps of 8 envs x K=4 tree" in first
+    )
+    assert second.startswith("loading model ")
+    assert seconds < 30, f"the first line took {seconds:.1f} s"
