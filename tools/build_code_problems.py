@@ -34,7 +34,7 @@ from code_problems import calls, easy, hard, medium  # noqa: E402
 from code_problems.calls import CallProblem  # noqa: E402
 from code_problems.common import Spec  # noqa: E402
 
-from llm_zoo.call_harness import args_text, call_text, harness_program, read_call_result  # noqa: E402
+from llm_zoo.call_harness import args_text, call_stdin, call_text, harness_program, read_call_result  # noqa: E402
 from llm_zoo.envs.code import outputs_match  # noqa: E402
 from llm_zoo.sandbox import run_python  # noqa: E402
 
@@ -113,7 +113,9 @@ def call_records() -> list[dict]:
         program = harness_program(problem.reference, problem.name, problem.class_name)
         expected = []
         for number, args in enumerate(problem.args):
-            run = run_python(program, stdin=args_text(args), timeout=RUN_TIMEOUT_S, memory_mb=1024)
+            run = run_python(
+                program, stdin=call_stdin(args_text(args)), timeout=RUN_TIMEOUT_S, memory_mb=1024
+            )
             if not run.ok:
                 raise SystemExit(f"{problem.slug} test {number}: reference failed:\n{run.stderr[-2000:]}")
             value = read_call_result(run.stdout)

@@ -6,10 +6,12 @@ arguments and comparing the return value with the expected one.
 
 How a call runs. :func:`harness_program` wraps the candidate's source in a small program for the
 sandbox (:mod:`llm_zoo.sandbox`). The program carries only the candidate's code; the test's
-arguments reach it on standard input as a Python literal list (:func:`args_text`); the expected
-value never enters the sandbox. The harness
+arguments reach it on standard input (:func:`call_stdin`: the argument list, stored as a Python
+literal by :func:`args_text`, sent as base64 of ``marshal`` format 2, which holds plain values only
+and, unlike ``ast``, costs no import in the sandbox); the expected value never enters the
+sandbox. The harness
 
-1. reads the arguments (``ast.literal_eval``, never ``eval``) and then gives the candidate an empty
+1. reads the arguments (``marshal.loads``, never ``eval``) and then gives the candidate an empty
    standard input;
 2. runs :data:`PRELUDE` (common imports, as LeetCode and LiveCodeBench provide: ``List``,
    ``Optional``, ``defaultdict``, ``deque``, ``heapq``, ``math``, ...) and then the candidate's code
@@ -35,6 +37,8 @@ strings and bytes compare exactly.
 from __future__ import annotations
 
 import ast
+import binascii
+import marshal
 import math
 from typing import Any
 
@@ -42,6 +46,7 @@ __all__ = [
     "PRELUDE",
     "RESULT_MARKER",
     "args_text",
+    "call_stdin",
     "call_text",
     "harness_program",
     "literal",
@@ -65,7 +70,7 @@ import math, string, re, heapq, bisect, itertools, functools, collections, opera
 """
 
 _HARNESS = """\
-import ast, io, math, sys
+import binascii, io, marshal, math, sys
 
 SOURCE = {source!r}
 CLASS_NAME = {class_name!r}
@@ -121,9 +126,9 @@ def target(namespace):
 
 def main():
     try:
-        args = ast.literal_eval(sys.stdin.read())
-    except (ValueError, SyntaxError, MemoryError, RecursionError) as error:
-        fail(f"the test's arguments are not a Python literal ({{error}})")
+        args = marshal.loads(binascii.a2b_base64(sys.stdin.read()))
+    except (ValueError, EOFError, TypeError, binascii.Error) as error:
+        fail(f"the test's arguments could not be read ({{error}})")
     if not isinstance(args, (list, tuple)):
         fail("the test's arguments must be a list")
     if hasattr(sys, "set_int_max_str_digits"):
@@ -180,6 +185,11 @@ def args_text(args: list[Any] | tuple[Any, ...]) -> str:
 def value_text(value: Any) -> str:
     """An expected return value as a Python literal (how call-based tests store it)."""
     return _check_literal(value, "the value")
+
+
+def call_stdin(args_literal: str) -> str:
+    """The harness's standard input for one call, from the stored argument list (a Python literal)."""
+    return binascii.b2a_base64(marshal.dumps(literal(args_literal), 2)).decode("ascii")
 
 
 def call_text(name: str, args_literal: str) -> str:

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from llm_zoo import sandbox
-from llm_zoo.call_harness import harness_program, literal, read_call_result, values_match
+from llm_zoo.call_harness import call_stdin, harness_program, literal, read_call_result, values_match
 from llm_zoo.data.code import CallSpec, CodeProblem, TestCase
 from llm_zoo.sandbox import RunResult
 
@@ -164,7 +164,12 @@ class CallJudge:
         return harness_program(code, self.call.name, self.call.class_name)
 
     def stdin(self, test_input: str) -> str:
-        return test_input
+        """The arguments in the harness's input format; an unreadable list sends nothing (the
+        harness then fails the test with a message)."""
+        try:
+            return call_stdin(test_input)
+        except ValueError:
+            return ""
 
     def matches(self, expected: Any, actual: Any) -> bool:
         if values_match(expected, actual, tolerance=self.tolerance):
