@@ -16,6 +16,12 @@ the sandbox, for every agent of ``--turns`` turns) are timed in tokens/s, and th
 each one made are replayed as ``raw_generate`` calls (same prompts, K, lengths):
 ``tree_rollout / raw replay`` is the share of the raw generation rate a real rollout keeps.
 
+Team credit: the tree rollouts are timed twice per repeat, alternated, with
+``team_credit_lookahead`` 0 (immediate global, no look-ahead) and the default (a full round of
+teammates, one extra ``n=1`` generation per branch and teammate): ``team_credit_cost`` is the
+ratio of their best wall-clock seconds and of the tokens they generated. Token rates count every
+generated token, look-ahead included.
+
 Methods alternate within each repeat; the best repeat of each is reported (least disturbed by
 other load). Ratios are printed and written with everything else to
 ``benchmarks/results/rollout_speed.json`` (and a PNG).
@@ -42,6 +48,7 @@ from llm_zoo_train.chat import encode_prompt
 from llm_zoo_train.engines.base import SamplingParams
 from llm_zoo_train.engines.hf import HFEngine
 from llm_zoo_train.rollout import tree_rollout
+from llm_zoo_train.team_credit import LOOKAHEAD_ROUND, generated_tokens
 
 RESULTS = Path(__file__).parent / "results" / "rollout_speed.json"
 ADAPTER = "policy"
@@ -166,34 +173,73 @@ def main(argv: list[str] | None = None) -> dict:
     best = {name: max(r["tokens_per_s"] for r in rs) for name, rs in runs.items()}
 
     agents = llm_zoo.make(args.env).possible_agents
-    tree_runs, replay_runs = [], []
+    lookaheads = {"lookahead_0": 0, "lookahead_default": LOOKAHEAD_ROUND}
+    tree_runs: dict[str, list[dict]] = {name: [] for name in lookaheads}
+    replay_runs: dict[str, list[dict]] = {name: [] for name in lookaheads}
     for repeat in range(args.repeats):
-        recorder = RecordingEngine(shared)
-        start = time.perf_counter()
-        samples = tree_rollout(
-            args.env, {"max_turns": args.turns}, [1000 * repeat + i for i in range(args.envs)], recorder,
-            dict.fromkeys(agents, ADAPTER), args.k, sampling, np.random.default_rng(repeat),
-        )  # fmt: skip
-        seconds = time.perf_counter() - start
-        tokens = sum(len(s.completion_token_ids) for s in samples)
-        tree_runs.append({"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds})
-        replay_seconds, replay_tokens = 0.0, 0
-        for call_prompts, _, n, call_sampling in recorder.calls:
-            call_seconds, call_tokens = time_raw_generate(model, tokenizer, call_prompts, n, call_sampling)
-            replay_seconds, replay_tokens = replay_seconds + call_seconds, replay_tokens + call_tokens
-        replay_runs.append(
-            {
-                "seconds": replay_seconds,
-                "tokens": replay_tokens,
-                "tokens_per_s": replay_tokens / replay_seconds,
-            }
-        )
-        print(
-            f"repeat {repeat} tree_rollout {tokens:6d} tokens {seconds:7.2f} s {tokens / seconds:8.1f} tok/s; "
-            f"raw replay of its {len(recorder.calls)} calls {replay_tokens / replay_seconds:8.1f} tok/s"
-        )
-    tree_best = max(r["tokens_per_s"] for r in tree_runs)
-    replay_best = max(r["tokens_per_s"] for r in replay_runs)
+        for name, lookahead in lookaheads.items():
+            recorder = RecordingEngine(shared)
+            start = time.perf_counter()
+            samples = tree_rollout(
+                args.env, {"max_turns": args.turns}, [1000 * repeat + i for i in range(args.envs)], recorder,
+                dict.fromkeys(agents, ADAPTER), args.k, sampling, np.random.default_rng(repeat),
+                team_credit_lookahead=lookahead,
+            )  # fmt: skip
+            seconds = time.perf_counter() - start
+            tokens = generated_tokens(samples)
+            lookahead_tokens = sum(s.lookahead_tokens for s in samples)
+            tree_runs[name].append(
+                {
+                    "seconds": seconds,
+                    "tokens": tokens,
+                    "lookahead_tokens": lookahead_tokens,
+                    "engine_calls": len(recorder.calls),
+                    "tokens_per_s": tokens / seconds,
+                }
+            )
+            replay_seconds, replay_tokens = 0.0, 0
+            for call_prompts, _, n, call_sampling in recorder.calls:
+                call_seconds, call_tokens = time_raw_generate(
+                    model, tokenizer, call_prompts, n, call_sampling
+                )
+                replay_seconds, replay_tokens = replay_seconds + call_seconds, replay_tokens + call_tokens
+            replay_runs[name].append(
+                {
+                    "seconds": replay_seconds,
+                    "tokens": replay_tokens,
+                    "tokens_per_s": replay_tokens / replay_seconds,
+                }
+            )
+            print(
+                f"repeat {repeat} tree_rollout {name:17s} {tokens:6d} tokens ({lookahead_tokens} look-ahead) "
+                f"{seconds:7.2f} s {tokens / seconds:8.1f} tok/s; raw replay of its {len(recorder.calls)} calls "
+                f"{replay_tokens / replay_seconds:8.1f} tok/s"
+            )
+
+    def tree_summary(name: str) -> dict:
+        best_rate = max(r["tokens_per_s"] for r in tree_runs[name])
+        replay_rate = max(r["tokens_per_s"] for r in replay_runs[name])
+        return {
+            "max_turns": args.turns,
+            "team_credit_lookahead": lookaheads[name],
+            "runs": tree_runs[name],
+            "raw_replay_runs": replay_runs[name],
+            "seconds_best": min(r["seconds"] for r in tree_runs[name]),
+            "tokens_per_s_best": best_rate,
+            "raw_replay_tokens_per_s_best": replay_rate,
+            "tokens_per_s_over_raw": best_rate / replay_rate,
+        }
+
+    tree_default, tree_immediate = tree_summary("lookahead_default"), tree_summary("lookahead_0")
+    tree_best, replay_best = tree_default["tokens_per_s_best"], tree_default["raw_replay_tokens_per_s_best"]
+    team_credit_cost = {
+        "seconds_ratio": tree_default["seconds_best"] / tree_immediate["seconds_best"],
+        "generated_tokens_ratio": float(
+            np.mean([r["tokens"] for r in tree_runs["lookahead_default"]])
+            / np.mean([r["tokens"] for r in tree_runs["lookahead_0"]])
+        ),
+        "engine_calls": {name: runs[0]["engine_calls"] for name, runs in tree_runs.items()},
+    }
 
     ratios = {f"engine_n_k/{name}": best["engine_n_k"] / best[name] for name in best if name != "engine_n_k"}
     result = {
@@ -212,14 +258,9 @@ def main(argv: list[str] | None = None) -> dict:
         "tokens_per_s_best": best,
         "ratios": ratios,
         "runs": runs,
-        "tree_rollout": {
-            "max_turns": args.turns,
-            "runs": tree_runs,
-            "raw_replay_runs": replay_runs,
-            "tokens_per_s_best": tree_best,
-            "raw_replay_tokens_per_s_best": replay_best,
-            "tokens_per_s_over_raw": tree_best / replay_best,
-        },
+        "tree_rollout": tree_default,
+        "tree_rollout_lookahead_0": tree_immediate,
+        "team_credit_cost": team_credit_cost,
         "torch": torch.__version__,
         "quick": args.quick,
     }
@@ -231,6 +272,11 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"tree_rollout ({args.turns} turn(s)): {tree_best:.1f} tok/s = {tree_best / replay_best:.2f} x the raw "
         f"replay of the same generation calls ({replay_best:.1f} tok/s)"
+    )
+    print(
+        f"team credit: tree_rollout with the default look-ahead takes {team_credit_cost['seconds_ratio']:.2f} x "
+        f"the time of look-ahead 0 ({tree_default['seconds_best']:.2f} s vs {tree_immediate['seconds_best']:.2f} s, "
+        f"best repeat) and generates {team_credit_cost['generated_tokens_ratio']:.2f} x the tokens"
     )
     finish(result, args.output, lambda png: plot_rollout_speed(result, png, "transformers engine"))
     return result

@@ -128,6 +128,7 @@ def time_tree_rollout(engine, env_id, turns, envs, agents, k, sampling, repeat) 
     """One whole tree rollout (generation, env clones and steps, sandbox runs), timed; returns the
     generation calls it made so they can be replayed."""
     from llm_zoo_train.rollout import tree_rollout
+    from llm_zoo_train.team_credit import generated_tokens
 
     recorder = RecordingEngine(engine)
     cold_cache(engine)
@@ -137,7 +138,8 @@ def time_tree_rollout(engine, env_id, turns, envs, agents, k, sampling, repeat) 
         dict.fromkeys(agents, ADAPTER), k, sampling, np.random.default_rng(repeat),
     )  # fmt: skip
     seconds = time.perf_counter() - start
-    return seconds, sum(len(s.completion_token_ids) for s in samples), recorder.calls
+    # Every generated token, the team-credit look-ahead's included (the replay replays those calls too).
+    return seconds, generated_tokens(samples), recorder.calls
 
 
 def time_replay(engine, calls) -> tuple[float, int]:
