@@ -108,10 +108,9 @@ import numpy as np
 
 from llm_zoo.call_harness import call_text, literal
 from llm_zoo.core import MAX_ACTION_CHARS, Outcome, TextAECEnv
-from llm_zoo.data.code import CodeDatasetError, TestCase, load_code_problems
-from llm_zoo.data.code_problem import call_test
+from llm_zoo.data.code import TestCase, load_code_problems
 from llm_zoo.envs.code_judge import judge_for, outputs_match, run_program_on_inputs
-from llm_zoo.envs.code_prompts import ROLE_INTRO, task_text
+from llm_zoo.envs.code_prompts import MAX_TESTS_JSON_CHARS, ROLE_INTRO, parse_tests, task_text, test_json
 from llm_zoo.parsing import ParseError, extract_code_block
 from llm_zoo.sandbox import RunResult
 
@@ -129,72 +128,11 @@ FORMAT_PENALTY = -1.0
 INVALID_TEST_SCORE = -0.5
 #: Once a program has timed out this often in one evaluation, its remaining batches fail unrun.
 MAX_TIMEOUTS = 2
-#: Tester answers (the JSON block) longer than this are refused (the declared action size).
-MAX_TESTS_JSON_CHARS = MAX_ACTION_CHARS
 #: Programs longer than this are refused.
 MAX_PROGRAM_CHARS = MAX_ACTION_CHARS
 _SHOWN_CHARS = 400  # per input / output in prompts
 _SHOWN_DISAGREEMENTS = 5
 _CHUNK = 8  # tests run per batch call; time-outs are counted between batches
-
-
-# ---------------------------------------------------------------------------------------- parsing
-
-
-def _test_json(item: Any) -> str:
-    return json.dumps(
-        item, default=lambda o: sorted(o, key=repr) if isinstance(o, (set, frozenset)) else repr(o)
-    )
-
-
-def parse_tests(text: str, max_tests: int, *, call: bool = False) -> tuple[list[TestCase], str]:
-    """Parse the unit tester's answer: a ```` ```json ```` block holding a list of test objects,
-    ``{"input": str, "output": str}`` for stdin/stdout, ``{"input": [arguments...], "output":
-    value}`` when ``call``. Returns the tests (at most ``max_tests``) and a note (non-empty
-    when the list was cut). Raises :class:`ParseError` with a message for the model."""
-    try:
-        block = extract_code_block(text, languages=("json",))
-    except ParseError:
-        raise ParseError(
-            "no complete ```json block found: put the test list in one block that opens with ```json on "
-            "its own line and closes with ``` on its own line"
-        ) from None
-    if len(block) > MAX_TESTS_JSON_CHARS:
-        raise ParseError(f"the JSON block is longer than {MAX_TESTS_JSON_CHARS} characters")
-    try:
-        data = json.loads(block)
-    except (json.JSONDecodeError, RecursionError) as err:
-        raise ParseError(f"the ```json block is not valid JSON ({err})") from None
-    example = '[{"input": [[1, 2], 3], "output": 6}]' if call else '[{"input": "1 2\\n", "output": "3\\n"}]'
-    if not isinstance(data, list):
-        raise ParseError(f"the JSON must be a list of test objects, like {example}")
-    if not data:
-        raise ParseError("the list of tests is empty: write at least one test")
-    tests = []
-    for position, item in enumerate(data[:max_tests], start=1):
-        if not isinstance(item, dict) or "input" not in item or "output" not in item:
-            raise ParseError(
-                f'test {position} must be an object with the keys "input" and "output", like {example}'
-            )
-        if call:
-            if not isinstance(item["input"], list):
-                raise ParseError(
-                    f'test {position}: "input" must be the list of arguments, got {type(item["input"]).__name__}'
-                )
-            try:
-                tests.append(call_test(item["input"], item["output"]))
-            except (CodeDatasetError, RecursionError) as err:
-                raise ParseError(f"test {position}: {err}") from None
-            continue
-        for key in ("input", "output"):
-            if not isinstance(item.get(key), str):
-                raise ParseError(
-                    f'test {position}: "{key}" must be a string (write line breaks as \\n), got '
-                    f"{type(item.get(key)).__name__}"
-                )
-        tests.append(TestCase(item["input"], item["output"]))
-    note = f"Only your first {max_tests} tests were kept." if len(data) > max_tests else ""
-    return tests, note
 
 
 # ---------------------------------------------------------------------------------------- text
@@ -457,7 +395,7 @@ class CodeEnv(TextAECEnv):
             lines.append(f"## {whose_tests} current tests\n(none yet)")
             return "\n\n".join(lines)
         if agent == "unit_tester":
-            listing = ",\n".join(_test_json(self._shown_test(t)) for t in self.tests)
+            listing = ",\n".join(test_json(self._shown_test(t)) for t in self.tests)
             lines.append(f"## Your current tests\n```json\n[\n{_clip(listing, 4000)}\n]\n```")
         if self.program is None:
             return "\n\n".join(lines)

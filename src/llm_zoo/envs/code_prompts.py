@@ -1,10 +1,20 @@
-"""The role instructions of Code-v0's prompts, for both problem kinds (see :mod:`llm_zoo.envs.code`)."""
+"""Code-v0's answer formats: the role instructions of its prompts and the parser of the unit
+tester's answers, for both problem kinds (see :mod:`llm_zoo.envs.code`)."""
 
 from __future__ import annotations
 
-from llm_zoo.data.code import CallSpec
+import json
+from typing import Any
 
-__all__ = ["ROLE_INTRO", "task_text"]
+from llm_zoo.core import MAX_ACTION_CHARS
+from llm_zoo.data.code import CallSpec, CodeDatasetError, TestCase
+from llm_zoo.data.code_problem import call_test
+from llm_zoo.parsing import ParseError, extract_code_block
+
+__all__ = ["MAX_TESTS_JSON_CHARS", "ROLE_INTRO", "parse_tests", "task_text", "test_json"]
+
+#: Tester answers (the JSON block) longer than this are refused (the declared action size).
+MAX_TESTS_JSON_CHARS = MAX_ACTION_CHARS
 
 ROLE_INTRO = {
     "coder": "You are the CODER in a team of two: you write a program that solves the problem below, "
@@ -62,3 +72,60 @@ def task_text(agent: str, call: CallSpec | None, *, max_tests: int, timeout: flo
         else f"the function {call.name}"
     )
     return _CALL_TASK[agent].format(max_tests=max_tests, timeout=timeout, what=what, target=call.target)
+
+
+def test_json(item: Any) -> str:
+    """A test object as JSON for prompts (sets as sorted lists, other odd values by ``repr``)."""
+    return json.dumps(
+        item, default=lambda o: sorted(o, key=repr) if isinstance(o, (set, frozenset)) else repr(o)
+    )
+
+
+def parse_tests(text: str, max_tests: int, *, call: bool = False) -> tuple[list[TestCase], str]:
+    """Parse the unit tester's answer: a ```` ```json ```` block holding a list of test objects,
+    ``{"input": str, "output": str}`` for stdin/stdout, ``{"input": [arguments...], "output":
+    value}`` when ``call``. Returns the tests (at most ``max_tests``) and a note (non-empty
+    when the list was cut). Raises :class:`ParseError` with a message for the model."""
+    try:
+        block = extract_code_block(text, languages=("json",))
+    except ParseError:
+        raise ParseError(
+            "no complete ```json block found: put the test list in one block that opens with ```json on "
+            "its own line and closes with ``` on its own line"
+        ) from None
+    if len(block) > MAX_TESTS_JSON_CHARS:
+        raise ParseError(f"the JSON block is longer than {MAX_TESTS_JSON_CHARS} characters")
+    try:
+        data = json.loads(block)
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ParseError(f"the ```json block is not valid JSON ({err})") from None
+    example = '[{"input": [[1, 2], 3], "output": 6}]' if call else '[{"input": "1 2\\n", "output": "3\\n"}]'
+    if not isinstance(data, list):
+        raise ParseError(f"the JSON must be a list of test objects, like {example}")
+    if not data:
+        raise ParseError("the list of tests is empty: write at least one test")
+    tests = []
+    for position, item in enumerate(data[:max_tests], start=1):
+        if not isinstance(item, dict) or "input" not in item or "output" not in item:
+            raise ParseError(
+                f'test {position} must be an object with the keys "input" and "output", like {example}'
+            )
+        if call:
+            if not isinstance(item["input"], list):
+                raise ParseError(
+                    f'test {position}: "input" must be the list of arguments, got {type(item["input"]).__name__}'
+                )
+            try:
+                tests.append(call_test(item["input"], item["output"]))
+            except (CodeDatasetError, RecursionError) as err:
+                raise ParseError(f"test {position}: {err}") from None
+            continue
+        for key in ("input", "output"):
+            if not isinstance(item.get(key), str):
+                raise ParseError(
+                    f'test {position}: "{key}" must be a string (write line breaks as \\n), got '
+                    f"{type(item.get(key)).__name__}"
+                )
+        tests.append(TestCase(item["input"], item["output"]))
+    note = f"Only your first {max_tests} tests were kept." if len(data) > max_tests else ""
+    return tests, note
