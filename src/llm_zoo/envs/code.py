@@ -159,11 +159,12 @@ class _Problems(tuple):
 
 
 class CodeEnv(TextAECEnv):
-    """Coder + unit tester on stdin/stdout programming problems. See the module docstring.
+    """Coder + unit tester on programming problems, stdin/stdout or call-based. See the module docstring.
 
     Args:
         dataset: ``"builtin"`` (default, offline), a path to a local APPS / CodeContests /
-            LiveCodeBench / llm_zoo file (``.jsonl``, ``.json``, ``.parquet``), a list of
+            LiveCodeBench / HumanEval / MBPP / llm_zoo file (``.jsonl``, ``.json``, ``.parquet``,
+            ``.jsonl.gz``, ``.json.gz``), a list of
             :class:`~llm_zoo.data.code.CodeProblem`, or an iterable of records such as a
             ``datasets.Dataset``.
         split: ``"train"``, ``"test"`` or ``"all"``. Problems without a split of their own (public
