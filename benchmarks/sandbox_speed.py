@@ -8,7 +8,9 @@ CPUs), under the active isolation layer.
 Workload: the built-in code problems (:func:`llm_zoo.data.code.load_builtin_problems`) with their
 reference solutions, plus, for each problem, a wrong program (prints a count instead of the
 answer) and a crashing one (exceptions of several kinds, a failed 1 TiB allocation), and for every
-``--slow-every``-th problem a slow one (reads the input, then loops past the timeout). Each
+``--slow-every``-th problem a slow one (reads the input, then loops past the timeout). Call-based
+problems form the ``call`` category: the reference through the call harness
+(:mod:`llm_zoo.call_harness`), judged by return value. Each
 category is timed on both sides, alternating, and the verdicts (passed / failed / timed out) of the
 two sides are compared test by test. The overall ratio is total plain time / total sandbox time.
 
@@ -26,12 +28,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from _common import bar_chart, finish, run_facts
 
 from llm_zoo import sandbox
-from llm_zoo.data.code import load_builtin_problems
+from llm_zoo.data.code import TestCase, load_builtin_problems
 from llm_zoo.envs.code import outputs_match
+from llm_zoo.envs.code_judge import CallJudge
 
 RESULTS = Path(__file__).parent / "results" / "sandbox_speed.json"
 
@@ -51,15 +55,21 @@ class Program:
     problem: str
     code: str
     tests: list  # of llm_zoo.data.code.TestCase
+    judge: Any = None  # a CallJudge for the call category; None: stdout compared
 
 
 def build_workload(quick: bool, slow_every: int) -> list[Program]:
     problems = load_builtin_problems()
     if quick:
-        problems = problems[:6]
+        problems = problems[:6] + [p for p in problems if p.call is not None][:3]
     programs = []
     for index, problem in enumerate(problems):
         tests = list(problem.tests[:2] if quick else problem.tests)
+        if problem.call is not None:  # the harness program, the arguments in its input format
+            judge = CallJudge(problem.call)
+            harnessed = [TestCase(judge.stdin(t.input), t.output) for t in tests]
+            programs.append(Program("call", problem.id, judge.program(problem.reference), harnessed, judge))
+            continue
         programs.append(Program("reference", problem.id, problem.reference, tests))
         programs.append(Program("wrong", problem.id, WRONG, tests))
         programs.append(Program("crashing", problem.id, CRASHES[index % len(CRASHES)], tests))
@@ -68,9 +78,12 @@ def build_workload(quick: bool, slow_every: int) -> list[Program]:
     return programs
 
 
-def verdict(stdout: str, exit_code: int | None, timed_out: bool, expected: str) -> str:
+def verdict(stdout: str, exit_code: int | None, timed_out: bool, expected: str, judge: Any = None) -> str:
     if timed_out:
         return "timeout"
+    if judge is not None:
+        run = sandbox.RunResult(stdout, "", exit_code, False, 0.0)
+        return "pass" if judge.verdict(TestCase("", expected), run, 0.0)[0] else "fail"
     return "pass" if exit_code == 0 and outputs_match(expected, stdout) else "fail"
 
 
@@ -86,7 +99,7 @@ def run_plain(programs: list[Program], timeout: float, workdir: Path) -> list[st
                     [sys.executable, str(path)], input=test.input, capture_output=True, text=True,
                     timeout=timeout, cwd=workdir,
                 )  # fmt: skip
-                verdicts.append(verdict(done.stdout, done.returncode, False, test.output))
+                verdicts.append(verdict(done.stdout, done.returncode, False, test.output, program.judge))
             except subprocess.TimeoutExpired:
                 verdicts.append("timeout")
     return verdicts
@@ -96,12 +109,12 @@ def run_sandboxed(box: sandbox.Sandbox, programs: list[Program], timeout: float,
     jobs = [
         sandbox.Job(p.code, t.input, timeout=timeout, memory_mb=memory_mb) for p in programs for t in p.tests
     ]
-    expected = [t.output for p in programs for t in p.tests]
+    expected = [(t.output, p.judge) for p in programs for t in p.tests]
     results = box.run_many(jobs)
     errors = [r.error for r in results if r.error]
     if errors:
         raise RuntimeError(f"{len(errors)} sandbox failures, first: {errors[0]}")
-    return [verdict(r.stdout, r.exit_code, r.timed_out, e) for r, e in zip(results, expected, strict=True)]
+    return [verdict(r.stdout, r.exit_code, r.timed_out, *e) for r, e in zip(results, expected, strict=True)]
 
 
 def main() -> None:
@@ -117,7 +130,9 @@ def main() -> None:
     facts = run_facts(__file__)
 
     programs = build_workload(args.quick, args.slow_every)
-    categories = sorted({p.category for p in programs}, key=["reference", "wrong", "crashing", "slow"].index)
+    categories = sorted(
+        {p.category for p in programs}, key=["reference", "call", "wrong", "crashing", "slow"].index
+    )
     box = sandbox.Sandbox(args.layer, workers=args.workers)
     box.run_tests("print(1)", [""] * box.workers)  # servers started before timing, like in training
     rows, mismatches = [], 0
