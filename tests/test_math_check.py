@@ -19,6 +19,7 @@ import pytest
 
 from llm_zoo import math_check
 from llm_zoo.math_check import AnswerChecker, CheckResult, exact_value
+from llm_zoo.math_normalize import inequality_as_interval, normalize_pair, spell_pi
 
 
 def _gone(pid: int, wait_s: float = 5.0) -> bool:
@@ -106,6 +107,98 @@ def test_math_verify_equivalence(checker, gold, pred, correct):
     result = checker.check(gold, pred)
     assert result.correct is correct, result
     assert result.method == "math_verify"
+
+
+# Tricky pairs, both verdicts. The first rows are the misses found when the checker agreed with the
+# expected verdict on 44 of 46 pairs (issue 18): spelled-out pi, and an interval against an
+# inequality. Measured: without llm_zoo.math_normalize 31 of these 45 rows get the expected
+# verdict, with it 44 (the one left is marked xfail).
+TRICKY_PAIRS = [
+    ("4\\pi", "4pi", True),
+    ("4pi", "4\\pi", True),
+    ("[2,5]", "2 \\le x \\le 5", True),
+    ("2 \\le x \\le 5", "[2,5]", True),
+    ("\\pi", "pi", True),
+    ("3\\pi", "3pi", True),
+    ("2\\pi/3", "2pi/3", True),
+    ("\\frac{\\pi}{2}", "pi/2", True),
+    ("pi/4", "\\frac{\\pi}{4}", True),
+    ("\\pi r^2", "pi r^2", True),
+    ("2\\pi", "2π", True),
+    ("(2,5)", "2 < x < 5", True),
+    ("[2,5)", "2 \\leq x < 5", True),
+    ("(2,5]", "5 \\ge x > 2", True),
+    ("(-\\infty, 1)", "x < 1", True),
+    ("x \\ge 3", "[3, \\infty)", True),
+    ("-2 \\le x \\le 5", "[-2,5]", True),
+    ("[2,5]", "2 < x < 5", False),
+    ("[2,5]", "2 \\le x \\le 6", False),
+    ("2 \\le x \\le 5", "[2,6]", False),
+    ("(-\\infty, 1)", "x > 1", False),
+    ("4\\pi", "4", False),
+    ("4pi", "4.0", False),
+    ("\\pi", "3.14", False),
+    ("pi", "3.14159", False),
+    ("2pi", "6.283", False),
+    ("\\frac{1}{3}", "0.333", False),
+    ("\\sqrt{8}", "2\\sqrt{2}", True),
+    ("2^{10}", "1024", True),
+    ("10\\%", "10", True),
+    ("\\$5", "5", True),
+    ("3", "x = 3", True),
+    ("(1,2)", "(2,1)", False),
+    ("1,2,3", "3,2,1", True),
+    ("\\text{Monday}", "Monday", True),
+    ("5", "-5", False),
+    ("1000", "1,000", True),
+    ("x^2-1", "(x-1)(x+1)", True),
+    ("\\frac{a}{b}", "a/b", True),
+    ("90^\\circ", "90", True),
+    ("7", "7.5", False),
+    ("\\sin(\\pi/6)", "1/2", True),
+    ("\\alpha", "alpha", True),
+    ("epsilon", "\\epsilon", True),
+    pytest.param(
+        "e^{i\\pi}",
+        "-1",
+        True,
+        marks=pytest.mark.xfail(strict=True, reason="math-verify 0.9 does not simplify it"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("gold", "pred", "correct"), TRICKY_PAIRS)
+def test_tricky_pairs(checker, gold, pred, correct):
+    result = checker.check(gold, pred)
+    assert result.correct is correct, result
+
+
+@pytest.mark.parametrize(
+    ("answer", "interval"),
+    [
+        ("2 \\le x \\le 5", "[2, 5]"),
+        ("$5 \\geq x > 2$", "(2, 5]"),
+        ("x<1", "(-\\infty, 1)"),
+        ("3 < y", "(3, \\infty)"),
+        ("\\theta \\ge 0", "[0, \\infty)"),
+        ("x = 3", None),
+        ("2 < x > 5", None),  # not a chain in one direction
+        ("\\left(1, 2\\right)", None),  # \left is not \le
+        ("a < b", None),  # two variables: which one is the unknown?
+    ],
+)
+def test_inequality_as_interval(answer, interval):
+    assert inequality_as_interval(answer) == interval
+
+
+def test_pi_is_spelled_as_the_command_only_where_it_stands_alone():
+    assert spell_pi("4pi + pie + \\pi + spin + π + 2 pi r") == "4\\pi + pie + \\pi + spin + \\pi + 2 \\pi r"
+
+
+def test_inequalities_become_intervals_only_against_an_interval():
+    assert normalize_pair("(2,5)", "2 < x < 5") == ("(2,5)", "(2, 5)")
+    assert normalize_pair("2 < x < 5", "(2,5)") == ("(2, 5)", "(2,5)")
+    assert normalize_pair("2 < x < 5", "x > 2") == ("2 < x < 5", "x > 2")  # math-verify compares these
 
 
 def test_empty_and_too_long_answers_are_wrong_without_a_worker():

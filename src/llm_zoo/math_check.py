@@ -22,6 +22,9 @@ nesting, megabyte answers). So:
   result is *not verified*: ``correct=False``, ``method="timeout"``.
 * **Input cap.** Answers longer than ``max_answer_chars`` are not sent: ``correct=False``,
   ``method="too_long"``.
+* **Normalisation.** Spellings math-verify misjudges are rewritten first
+  (:func:`llm_zoo.math_normalize.normalize_pair`: ``4pi`` -> ``4\\pi``; an inequality compared
+  with an interval becomes that interval).
 * **Fast path.** Identical answers are correct without a worker. When both are plain numbers
   (integers, ``a/b``, ``\\frac{a}{b}``, decimals), they are compared exactly with
   :class:`fractions.Fraction`, also without a worker: equal values are correct; different values
@@ -58,6 +61,8 @@ import weakref
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
+
+from llm_zoo.math_normalize import normalize_pair
 
 __all__ = [
     "AnswerChecker",
@@ -324,6 +329,7 @@ class AnswerChecker:
         limit = self.max_answer_chars
         if len(gold) > limit or len(pred) > limit:
             return CheckResult(False, "too_long", f"answer longer than {limit} characters")
+        gold, pred = normalize_pair(gold, pred)  # spellings math-verify misjudges (4pi, x <= 5)
         key = (gold, pred)
         cached = self._cache_get(key)
         if cached is not None:
