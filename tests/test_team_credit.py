@@ -271,3 +271,39 @@ def test_independent_and_evaluation_rollouts_step_none_for_an_agent_that_finishe
     assert [r.turns for r in results] == [3, 3]
     assert all(r.success for r in results)
     assert all(r.role_rewards["scout"] == 1.0 for r in results)
+
+
+def test_lookahead_with_the_hf_engine_is_seeded_and_batched(tiny_model_dir):
+    torch = pytest.importorskip("torch")
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llm_zoo_train.engines.hf import HFEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), lora, adapter_name="alice_lora"
+    )
+    model.add_adapter(
+        "bob_lora", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
+    engine = HFEngine(model, tokenizer, max_batch_size=16)
+    sampling = SamplingParams(max_tokens=5, temperature=1.0, seed=9)
+
+    def once():
+        return tree_rollout(
+            SCRIPTED_ENV_ID, {"max_turns": 1}, [0, 1], engine, ADAPTERS, 3, sampling, np.random.default_rng(0)
+        )
+
+    samples = once()
+    assert [asdict(s) for s in once()] == [asdict(s) for s in samples]
+    alice = [s for s in samples if s.agent == "alice"]
+    assert len(alice) == 6 and all(s.credit == "lookahead" and s.lookahead_steps == 1 for s in alice)
+    for s in alice:
+        (step,) = s.extra["lookahead"]
+        assert step["adapter"] == "bob_lora" and step["prompt"].startswith("Problem")
+        assert s.lookahead_tokens == len(step["completion_token_ids"]) == len(step["behaviour_logprobs"]) >= 1
+        assert step["completion"] == tokenizer.decode(step["completion_token_ids"], skip_special_tokens=True)
+        assert s.reward == pytest.approx(s.role_reward + 1.0 * s.credited_global)
