@@ -44,6 +44,7 @@ from llm_zoo_train.env_play import generate_checked, is_done, make_env, seeded_s
 from llm_zoo_train.samples import Sample, episode_group_key, group_key
 from llm_zoo_train.team_credit import (
     LOOKAHEAD_ROUND,
+    Lookahead,
     apply_credit,
     check_lookahead,
     credit_episode,
@@ -222,7 +223,7 @@ def tree_rollout(
             for _, branches, group in stepped
             for env, s in zip(branches, group, strict=True)
         ]
-        credits: list[Any] = (
+        credits: list[Lookahead | None] = (
             run_lookahead(branch_states, engine, agent_adapters, sampling, call_index, lookahead)
             if lookahead != 0
             else [None] * len(branch_states)
