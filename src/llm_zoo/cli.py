@@ -108,7 +108,7 @@ def describe_step(env: Any, agent: str) -> list[str]:
     else:
         team = "no"
     lines.append(f"-> team success: {team}")
-    details = {k: v for k, v in info.items() if k not in _STANDARD_INFO_KEYS}
+    details = {k: v for k, v in info.items() if k not in (*_STANDARD_INFO_KEYS, "moves_solve")}
     if details:
         lines.append("-> details: " + ", ".join(f"{k}={v}" for k, v in details.items()))
     if info.get("feedback"):
