@@ -2,8 +2,9 @@
 
 The child gets five descriptors from the server, and nothing else of any other job: memory files
 for stdin, stdout and stderr, its job (limits and code) and, where a memory cgroup is used, the
-run cgroup's ``cgroup.procs``. It enters that cgroup, a new session and a fresh anonymous session
-keyring, sets its resource limits, drops to the sandbox uid, and runs the program the way
+run cgroup's ``cgroup.procs``. It enters that cgroup and a new session, sets its resource limits,
+drops to the sandbox uid, installs the seccomp filter (``_sandbox_seccomp``: no kernel keyrings,
+no user namespaces), and runs the program the way
 ``python -I -B main.py`` would (same exit status, traceback, ``atexit`` handlers, thread joins).
 Standard library only.
 """
@@ -14,20 +15,16 @@ import contextlib
 import ctypes
 import json
 import os
-import platform
 import resource
 import sys
+
+from llm_zoo import _sandbox_seccomp as seccomp
 
 SETUP_FAILED_EXIT = 125  # the child could not be set up; the program never ran
 PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 4, 8, 36, 38
 _PR_SET_PDEATHSIG = 1
 _CAP_DAC_READ_SEARCH = 2
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
-KEYCTL_SYSCALL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 271, "s390x": 280}.get(
-    platform.machine()
-)
-KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR, KEYCTL_GET_PERSISTENT = 1, 7, 22
-KEY_SPEC_THREAD_KEYRING, KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -1, -4, -5
 libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -40,12 +37,6 @@ def prctl(option: int, value: int) -> None:
 def die_with_parent() -> None:
     """SIGKILL this process when the one that forked it dies."""
     prctl(_PR_SET_PDEATHSIG, 9)
-
-
-def keyctl(operation: int, *arguments: int) -> int:
-    if KEYCTL_SYSCALL is None:
-        return -1
-    return libc.syscall(KEYCTL_SYSCALL, operation, *(ctypes.c_long(a) for a in arguments))
 
 
 def _limit_capabilities_to_read_search() -> None:
@@ -185,8 +176,7 @@ def run_child(fds: list[int], config) -> None:  # type: ignore[no-untyped-def]  
         _set_limits(limits, config.nproc_base)
         if config.uid is not None:
             drop_privileges(config.uid, config.keep_read_search)
-        if KEYCTL_SYSCALL is not None and keyctl(KEYCTL_JOIN_SESSION_KEYRING, 0) < 0:
-            raise OSError(ctypes.get_errno(), "could not join a fresh session keyring")
+        seccomp.install()  # no keyrings, no user namespaces
         os.chdir(config.workdir)
         os.environ.clear()
         os.environ.update(

@@ -309,8 +309,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.prctl(runner.PR_SET_NO_NEW_PRIVS, 1)  # no setuid binary or file capability can raise a program
     runner.prctl(runner.PR_SET_CHILD_SUBREAPER, 1)  # a run's orphans, should the zygote die first
     config.count_processes()
-    if config.uid is not None:  # keys a crashed earlier holder of this uid left
-        zygote.clean_kernel_state(config)
     for name in PRELOADED_MODULES:
         __import__(name)
     os.makedirs(os.path.dirname(config.workdir), exist_ok=True)

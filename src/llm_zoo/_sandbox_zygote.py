@@ -6,7 +6,8 @@ For each run the server sends it the child's descriptors (memory files the zygot
 over a Unix socket; the zygote forks, hands the server a pidfd of the child (the server enforces
 the wall-clock timeout with it), waits for the child, kills and reaps everything the run left
 (the zygote is a child subreaper: orphans, double-forked daemons included, come back to it),
-removes the run's System V IPC objects and keys, and answers with the exit status and CPU time.
+removes the run's System V IPC objects (and, without namespaces, its files in the world-writable
+directories), and answers with the exit status and CPU time.
 """
 
 from __future__ import annotations
@@ -140,18 +141,13 @@ def _remove_ipc(found: list[tuple[str, int]]) -> None:
             getattr(runner.libc, f"{kind}ctl")(object_id, _IPC_RMID, None)
 
 
-def _clear_keyrings() -> None:
-    """Empty the uid's user, user-session and persistent keyrings (they outlive processes)."""
-    for keyring in (runner.KEY_SPEC_USER_KEYRING, runner.KEY_SPEC_USER_SESSION_KEYRING):
-        runner.keyctl(runner.KEYCTL_CLEAR, keyring)
-    persistent = runner.keyctl(runner.KEYCTL_GET_PERSISTENT, -1, runner.KEY_SPEC_THREAD_KEYRING)
-    if persistent > 0:
-        runner.keyctl(runner.KEYCTL_CLEAR, persistent)
-
-
 def _remove_files_of(uid: int, directories: tuple[str, ...]) -> None:
-    """Remove what ``uid`` left in world-writable directories (no namespace hides them)."""
-    import shutil  # imported already, before the uid drop: the uid may not read the library
+    """Remove what ``uid`` left in world-writable directories (no namespace hides them).
+
+    Done as root once every process of the run is gone, so nothing can swap a path meanwhile;
+    ``shutil.rmtree`` never follows symbolic links.
+    """
+    import shutil  # only here: every module the zygote imports is memory each fork copies
 
     for directory in directories:
         with contextlib.suppress(OSError):
@@ -165,28 +161,21 @@ def _remove_files_of(uid: int, directories: tuple[str, ...]) -> None:
 
 
 def clean_kernel_state(config) -> None:  # type: ignore[no-untyped-def]
-    """Remove what a run leaves outside its processes: IPC objects, keys, shared files.
+    """Remove what a run leaves outside its processes: System V IPC objects and shared files.
 
     System V objects outlive processes (a segment keeps its memory until removed); found in
     ``/proc/sysvipc`` by owner: the program's uid, or, alone in an IPC namespace (bubblewrap,
     the fallback's namespaces), every object there. Under the host's own uid without namespaces
-    they cannot be told apart from the user's own and are left alone. Keyrings of a uid outlive
-    its processes too. Removing needs the owner's uid, so a helper takes it.
+    they cannot be told apart from the user's own and are left alone. Removing needs the owner's
+    uid (a server under bubblewrap keeps no CAP_IPC_OWNER), so a helper takes it. Without
+    namespaces, what the program's uid left in ``/tmp``, ``/var/tmp`` and ``/dev/shm`` goes too.
     """
     if config.uid is None and config.cleanup != "pidns":
         return
     found = _ipc_objects(config)
-    if config.uid is None:
+    if found and config.uid is None:
         _remove_ipc(found)
-        return
-
-    if not config.private_files:
-        import shutil  # noqa: F401  # for _remove_files_of, which runs as a uid that may not read it
-
-    def as_program_uid() -> None:
-        _remove_ipc(found)
-        _clear_keyrings()
-        if not config.private_files:
-            _remove_files_of(config.uid, ("/tmp", "/var/tmp", "/dev/shm"))
-
-    _as_uid(config.uid, as_program_uid)
+    elif found:
+        _as_uid(config.uid, lambda: _remove_ipc(found))
+    if config.uid is not None and not config.private_files:
+        _remove_files_of(config.uid, ("/tmp", "/var/tmp", "/dev/shm"))

@@ -106,7 +106,7 @@ from llm_zoo._sandbox_layers import (
     not_isolated,
     requested_layer,
 )
-from llm_zoo._sandbox_worker import LayerPlan, SandboxError, Worker, WorkerDied
+from llm_zoo._sandbox_worker import LayerPlan, SandboxError, Worker, WorkerDied, seccomp_available
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
@@ -512,10 +512,10 @@ def _describe(plan: LayerPlan, requested: str) -> dict:
         "memory_limit": memory,
         "memory_total": bool(plan.memory),
         "fresh_process_image": True,
-        "keyrings": "fresh session keyring per run; the uid's user keyrings emptied after each run"
-        if plan.uid_drop
-        else "fresh session keyring per run; user keyrings are the host user's",
-        "userns_disabled": "--disable-userns" in plan.bwrap_args,
+        "keyrings": "no access (seccomp: add_key, request_key and keyctl fail)"
+        if seccomp_available()
+        else "not filtered on this architecture",
+        "userns_disabled": "--disable-userns" in plan.bwrap_args or seccomp_available(),
         "not_isolated": not_isolated(plan),
         "notes": list(plan.notes),
     }
