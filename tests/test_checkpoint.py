@@ -157,7 +157,9 @@ def test_checkpoint_contents_and_config_mismatch(tiny_model_dir, tmp_path):
     assert state["step"] == 1 and state["adapters"] == ["alice", "bob"]
 
     shared = toy_config(tiny_model_dir, tmp_path / "run", ["--agents.adapters", "shared"])
-    with pytest.raises(ConfigError, match="holds adapters"):
+    with pytest.raises(
+        ConfigError, match=r"belongs to a different run: agents\.adapters 'per_agent' -> 'shared'"
+    ):
         Trainer(shared, resume_from=checkpoint)
 
 
@@ -171,3 +173,122 @@ def test_checkpoint_directory_gets_normal_permissions(tmp_path):
     finally:
         os.umask(umask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o755  # not mkdtemp's 0700
+
+
+def _learning_rates(history):
+    return [r["update/alice/learning_rate"] for r in history if "update/alice/learning_rate" in r]
+
+
+def test_resume_after_extending_the_run_follows_the_new_schedule(tiny_model_dir, tmp_path):
+    """max_steps 1, then --resume with max_steps 3, must equal 3 straight steps (linear decay): the
+    optimizer's saved learning rate (0 at the end of the 1-step schedule) must not be used."""
+    common = ["--eval.num_episodes", "0", "--training.lr_scheduler_type", "linear"]
+    straight = Trainer(
+        toy_config(tiny_model_dir, tmp_path / "straight", [*common, "--training.max_steps", "3"])
+    )
+    straight.train()
+    Trainer(toy_config(tiny_model_dir, tmp_path / "extended", [*common, "--training.max_steps", "1"])).train()
+    extended_config = toy_config(
+        tiny_model_dir, tmp_path / "extended", [*common, "--training.max_steps", "3"]
+    )
+    resumed = Trainer(extended_config, resume_from=tmp_path / "extended")
+    assert resumed.step == 1
+    # Before the first resumed step the optimizer already uses the new schedule's rate.
+    assert resumed.optimizers["alice"].param_groups[0]["lr"] == pytest.approx(0.02 * 2 / 3)
+    resumed.train()
+
+    assert _learning_rates(straight.history) == pytest.approx([0.02, 0.02 * 2 / 3, 0.02 / 3])
+    assert _learning_rates(resumed.history) == _learning_rates(straight.history)
+    assert history_without_timing(resumed.history) == history_without_timing(straight.history)
+    a = _adapter_weights(tmp_path / "straight")
+    b = _adapter_weights(tmp_path / "extended")
+    for name in a:
+        assert all(torch.equal(a[name][k], b[name][k]) for k in a[name]), name
+
+
+def test_resume_refuses_another_runs_checkpoint_and_names_the_keys(tiny_model_dir, tmp_path):
+    from llm_zoo_train.config import ConfigError
+    from llm_zoo_train.run_dir import check_resume
+
+    config = toy_config(
+        tiny_model_dir, tmp_path / "run", ["--training.max_steps", "1", "--eval.num_episodes", "0"]
+    )
+    Trainer(config).train()
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    other = toy_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        ["--training.learning_rate", "0.5", "--rollout.num_generations", "8", "--training.seed", "3"],
+    )
+    with pytest.raises(ConfigError) as error:
+        check_resume(checkpoint, other)
+    message = str(error.value)
+    assert "\n" not in message
+    for part in (
+        "rollout.num_generations 4 -> 8",
+        "training.learning_rate 0.02 -> 0.5",
+        "training.seed 0 -> 3",
+    ):
+        assert part in message
+    # Keys that only change how long the run goes and what it records may change.
+    longer = toy_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        ["--training.max_steps", "5", "--eval.num_episodes", "2", "--logging.logging_steps", "3"],
+    )
+    point = check_resume(checkpoint, longer)
+    assert point.step == 1 and not point.finished(5)
+    assert point.changed == ["eval.num_episodes", "logging.logging_steps", "training.max_steps"]
+    assert point.describe(5).startswith(f"resuming from {checkpoint} (step 1 of 5) with changed settings:")
+    assert "is finished" in point.describe(1)
+
+
+def test_a_finished_run_says_so_and_trains_nothing(tiny_model_dir, tmp_path, capsys):
+    config = toy_config(
+        tiny_model_dir, tmp_path / "run", ["--training.max_steps", "1", "--eval.num_episodes", "2"]
+    )
+    Trainer(config).train()
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    result = Trainer(config, resume_from=tmp_path / "run").train()
+    out = capsys.readouterr().out
+    assert result["finished"] is True and result["before"] is None and result["after"] is None
+    assert "is finished: checkpoint-1 is step 1 of training.max_steps 1" in out
+    assert "success rate" not in out  # no before/after made up from the old records
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_clear_error(tmp_path, monkeypatch):
+    import errno
+
+    from llm_zoo_train.checkpoint import CheckpointWriteError
+
+    _fake_checkpoint(tmp_path, 1)
+
+    def full(tmp):
+        (tmp / "optimizers.pt").write_text("partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(CheckpointWriteError) as error:
+        write_checkpoint(checkpoint_path(tmp_path, 2), full)
+    message = str(error.value)
+    assert "no space left on device" in message and "training.save_total_limit" in message
+    assert "\n" not in message
+    # The older checkpoint is intact and nothing half-written is left.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1"]
+    assert find_checkpoint(tmp_path).name == "checkpoint-1"
+
+
+def test_stale_temporary_checkpoints_are_removed_at_start(tmp_path):
+    from llm_zoo_train.run_dir import prepare_output_dir
+    from train_helpers import toy_config as make_config
+
+    run = tmp_path / "run"
+    _fake_checkpoint(run, 2)
+    (run / ".tmp-checkpoint-3-abc").mkdir()
+    (run / ".tmp-checkpoint-3-abc" / "optimizers.pt").write_text("half")
+    (run / ".old-checkpoint-2-123").mkdir()
+    config = make_config("no-model", run)
+    notes = prepare_output_dir(config, resuming=True)
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint-2"]
+    assert len(notes) == 2 and all("unfinished checkpoint write" in n for n in notes)

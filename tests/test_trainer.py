@@ -71,7 +71,8 @@ def test_per_agent_adapters_learn_their_own_letter(tiny_model_dir, tmp_path):
         "time/update",
         "time/step",
     ):
-        assert key in last, key
+        # A learned agent's groups can all tie (dropped: no update keys that step), so look at every step.
+        assert any(key in record for record in history), key
     assert last["alice/groups"] == 8 and last["bob/groups"] == 8  # one turn, 8 envs
 
 

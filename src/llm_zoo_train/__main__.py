@@ -38,6 +38,20 @@ class UsageError(Exception):
     pass
 
 
+#: Top-level modules of the `train` extra; without them the trainer cannot start.
+TRAIN_EXTRA_MODULES = (
+    "yaml",
+    "torch",
+    "transformers",
+    "peft",
+    "accelerate",
+    "safetensors",
+    "gguf",
+    "rich",
+    "matplotlib",
+)
+
+
 def parse_args(argv: Sequence[str]) -> tuple[str | None, bool, str | None, bool, list[str]]:
     """-> (config path, resume?, resume dir, print config?, overrides)."""
     args = list(argv)
@@ -71,7 +85,22 @@ def parse_args(argv: Sequence[str]) -> tuple[str | None, bool, str | None, bool,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The console script; returns the exit status (2: bad input, with a one-line message)."""
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except ModuleNotFoundError as err:
+        missing = (err.name or "").partition(".")[0]
+        if missing not in TRAIN_EXTRA_MODULES:
+            raise
+        print(
+            f"llm-zoo-train: error: the trainer needs the training extra (missing module {missing!r}): "
+            'pip install "llm-zoo[train]"',
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] == "eval":
         from llm_zoo_train.eval_cli import main as eval_main
 
@@ -86,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from llm_zoo_train.checkpoint import find_checkpoint
     from llm_zoo_train.config import ConfigError, config_to_dict, load_config, validate
+    from llm_zoo_train.run_dir import check_resume
 
     try:
         config_path, resume, resume_dir, print_config, overrides = parse_args(argv)
@@ -100,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if resume and checkpoint is None:
             checkpoint = find_checkpoint(config.training.output_dir)
         validate(config)
+        resume_point = check_resume(checkpoint, config) if checkpoint is not None else None
     except (UsageError, ConfigError, FileNotFoundError) as err:
         print(f"llm-zoo-train: error: {err}", file=sys.stderr)
         print("llm-zoo-train: see `llm-zoo-train --help` for every option", file=sys.stderr)
@@ -107,6 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if print_config:
         print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
+        return 0
+    if resume_point is not None and resume_point.finished(config.training.max_steps):
+        print(resume_point.describe(config.training.max_steps))  # before any model loads
         return 0
 
     if os.environ.get("RANK", "0") == "0":  # the first output, before torch is even imported
@@ -116,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from transformers.utils import logging as transformers_logging
 
+    from llm_zoo_train.checkpoint import CheckpointWriteError
+    from llm_zoo_train.engines.replay import ReplayMismatchError
     from llm_zoo_train.policy import ModelNotAvailableError
     from llm_zoo_train.trainer import Trainer
 
@@ -128,6 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         trainer.train()
+    except (CheckpointWriteError, ReplayMismatchError) as err:
+        print(f"llm-zoo-train: error: {err}", file=sys.stderr)
+        return 2
     finally:
         trainer.close()
     return 0

@@ -10,11 +10,14 @@ A checkpoint is a directory ``OUTPUT_DIR/checkpoint-STEP/``::
     config.yaml           the run's configuration
 
 It is written into a temporary sibling directory and renamed into place, so a run killed while
-saving never leaves a half-written checkpoint that ``--resume`` would pick up.
+saving never leaves a half-written checkpoint that ``--resume`` would pick up. A write that fails
+(a full disk) raises :class:`CheckpointWriteError` with a one-line reason and leaves the older
+checkpoints as they were.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -30,10 +33,12 @@ import torch
 
 __all__ = [
     "CHECKPOINT_PREFIX",
+    "CheckpointWriteError",
     "capture_rng_state",
     "changed_keys",
     "checkpoint_path",
     "find_checkpoint",
+    "follow_rebuilt_schedule",
     "list_checkpoints",
     "load_training_state",
     "read_trainer_state",
@@ -46,6 +51,10 @@ __all__ = [
 CHECKPOINT_PREFIX = "checkpoint-"
 _CHECKPOINT_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
 TRAINER_STATE = "trainer_state.json"
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (e.g. the disk is full); the message says why and what to do."""
 
 
 def checkpoint_path(output_dir: str | Path, step: int) -> Path:
@@ -86,7 +95,10 @@ def write_checkpoint(directory: str | Path, write: Callable[[Path], None]) -> Pa
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{directory.name}-", dir=directory.parent))
     make_world_readable(tmp)
     try:
-        write(tmp)
+        try:
+            write(tmp)
+        except (OSError, RuntimeError) as err:
+            raise _write_error(directory, err) from err
         if directory.exists():
             old = directory.with_name(f".old-{directory.name}-{os.getpid()}")
             os.rename(directory, old)
@@ -98,6 +110,25 @@ def write_checkpoint(directory: str | Path, write: Callable[[Path], None]) -> Pa
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return directory
+
+
+def _write_error(directory: Path, err: BaseException) -> BaseException:
+    """A one-line :class:`CheckpointWriteError` for a failed write; other errors unchanged."""
+    free = shutil.disk_usage(directory.parent).free
+    out_of_space = (isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)) or (
+        # torch.save reports a full disk as "PytorchStreamWriter failed writing file ..."
+        isinstance(err, RuntimeError) and "write" in str(err) and free < 1 << 30
+    )
+    if out_of_space:
+        return CheckpointWriteError(
+            errno.ENOSPC,
+            f"cannot write {directory}: no space left on device ({free / 2**20:.0f} MiB free in "
+            f"{directory.parent}); free disk space or keep fewer checkpoints (training.save_total_limit), "
+            "then resume from the last complete checkpoint with --resume",
+        )
+    if isinstance(err, OSError):
+        return CheckpointWriteError(err.errno, f"cannot write {directory}: {err}")
+    return err
 
 
 def make_world_readable(directory: Path) -> None:
@@ -153,9 +184,29 @@ def load_training_state(
     for name, optimizer in optimizers.items():
         optimizer.load_state_dict(optimizer_states[name])
         schedulers[name].load_state_dict(scheduler_states[name])
+        follow_rebuilt_schedule(optimizer, schedulers[name])
     if scaler is not None and (checkpoint / "scaler.pt").is_file():
         scaler.load_state_dict(torch.load(checkpoint / "scaler.pt", weights_only=True))
     return list(torch.load(checkpoint / "rng_state.pt", weights_only=True)["ranks"])
+
+
+def follow_rebuilt_schedule(optimizer: Any, scheduler: Any) -> None:
+    """Set the optimizer's learning rates to what ``scheduler`` gives at its restored step.
+
+    A loaded optimizer state carries the learning rate of the run that saved it (after its last
+    scheduler step: 0 at the end of a linear decay). When the resumed run has another
+    ``max_steps``, the rebuilt schedule is a different function of the step; without this the
+    saved rate would be used until the scheduler's next step.
+    """
+    import warnings
+
+    with warnings.catch_warnings():  # get_lr() outside step() warns; here it is what we want
+        warnings.simplefilter("ignore")
+        closed_form = getattr(scheduler, "_get_closed_form_lr", None)
+        rates = closed_form() if closed_form is not None else scheduler.get_lr()
+    for group, rate in zip(optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:

@@ -149,8 +149,9 @@ class RolloutConfig:
     """Nucleus sampling mass of training rollouts (1.0: off)."""
     top_k: int = 0
     """Keep only the k most likely tokens when sampling (0: off)."""
-    engine: Literal["hf", "vllm"] = "hf"
-    """Generation backend: `hf` (transformers generate on the training model) or `vllm`."""
+    engine: Literal["hf", "vllm", "replay"] = "hf"
+    """Generation backend: `hf` (transformers generate on the training model), `vllm`, or `replay`
+    (serve the completions recorded by `save_rollouts` from `replay_path`, to re-run steps exactly)."""
     max_rows_per_generate_call: int = 32
     """hf engine only: most rows (prompt x sample) one transformers `generate` call takes; more are
     split into several calls (a memory cap, not TRL's generation_batch_size)."""
@@ -163,6 +164,9 @@ class RolloutConfig:
     own next actions. See docs/training/team-credit.md."""
     save_rollouts: bool = False
     """Write every step's samples to output_dir/rollouts/step_NNNNNN.jsonl (replayable)."""
+    replay_path: str | None = None
+    """engine `replay` only: the `rollouts` directory of a run recorded with save_rollouts (or one
+    step's .jsonl file); step N serves the completions of step_N, in the order they were sampled."""
 
 
 @dataclass
@@ -198,10 +202,15 @@ class AlgorithmConfig:
     """Weight of the KL penalty to the base model (adapter disabled); 0 skips the reference pass."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """Divide group-centred rewards by the group's std (`group`), the batch std (`batch`), or not."""
-    zero_variance_groups: Literal["keep", "drop"] = "keep"
-    """Groups whose K rewards are all equal: keep them (advantage 0) or drop them from the update."""
-    advantage_epsilon: float = 1e-4
-    """Added to the std before dividing the advantages."""
+    zero_variance_groups: Literal["keep", "drop"] = "drop"
+    """Groups whose K rewards are all equal: drop them from the update (default), or keep them with
+    advantage 0. Dropping, as DAPO's dynamic sampling does, because kept zero-advantage tokens only
+    enlarge the token-mean denominator of `dapo`/`bnpo` (and the sequence count of `grpo`): the
+    more groups saturate, the smaller every real update. Keep them for TRL's behaviour, or with
+    beta > 0, where they still carry the KL term. Either way they are counted in the metrics."""
+    advantage_epsilon: float = 1e-6
+    """Added to the std before dividing the advantages. 1e-6 as in the paper: a larger value (1e-4)
+    shrinks the advantages of groups with a small spread, e.g. Plan-Path's 0.01 step costs."""
     num_iterations: int = 1
     """Passes over each step's samples (TRL's num_iterations, PPO epochs)."""
     importance_sampling: bool = False
@@ -214,7 +223,11 @@ class AlgorithmConfig:
 @dataclass
 class TrainingConfig:
     output_dir: str = "runs/llm-zoo"
-    """Where checkpoints, final adapters, metrics.jsonl and learning_curve.png go."""
+    """Where checkpoints, final adapters, metrics.jsonl and learning_curve.png go. A new run refuses
+    a directory that is not empty (use --resume, another directory, or overwrite_output_dir)."""
+    overwrite_output_dir: bool = False
+    """Let a new run replace an earlier run in output_dir: its checkpoints, metrics, adapters, plot
+    and rollouts are deleted first (other files are kept). Ignored by --resume."""
     max_steps: int = 100
     """Training steps (one rollout + one update of every trainable adapter each)."""
     learning_rate: float = 1e-5
@@ -260,8 +273,10 @@ class EvalConfig:
     """Evaluation episodes (one task each, the same tasks every time)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Env arguments for evaluation on top of env.kwargs, e.g. {split: test}."""
-    temperature: float = 0.0
-    """Sampling temperature of evaluation (0: greedy)."""
+    temperature: float | None = None
+    """Sampling temperature of evaluation (0: greedy). None: the env's recommended value, as in the
+    paper's validation - greedy for planning (Plan-Path, Sokoban), 0.6 for math and code
+    (`eval_temperature` in the env class's metadata, else llm_zoo_train.eval_defaults)."""
     max_completion_length: int | None = None
     """Most new tokens per evaluation completion (None: rollout.max_completion_length)."""
     seed: int = 1_073_741_824
@@ -484,13 +499,19 @@ def validate(config: Config) -> AgentPlan:
         _positive("training.save_total_limit", t.save_total_limit)
     _positive("eval.eval_steps", e.eval_steps, allow_zero=True)
     _positive("eval.num_episodes", e.num_episodes, allow_zero=True)
-    _positive("eval.temperature", e.temperature, allow_zero=True)
+    if e.temperature is not None:
+        _positive("eval.temperature", e.temperature, allow_zero=True)
     if e.max_completion_length is not None:
         _positive("eval.max_completion_length", e.max_completion_length)
     _positive("logging.logging_steps", lg.logging_steps)
     for tracker in lg.log_with:  # the packages Accelerate's own availability checks look for
         if not any(importlib.util.find_spec(m) for m in _TRACKER_MODULES[tracker]):
             raise ConfigError(f"logging.log_with: {tracker!r} is not installed; `pip install {tracker}`")
+    if r.engine == "replay" and (r.replay_path is None or not Path(r.replay_path).exists()):
+        raise ConfigError(
+            f"rollout.engine 'replay' needs rollout.replay_path: the rollouts/ directory of a run recorded "
+            f"with rollout.save_rollouts true (got {r.replay_path!r}, which does not exist)"
+        )
     if r.engine == "vllm":
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError(
@@ -524,6 +545,11 @@ def validate(config: Config) -> AgentPlan:
         env.close()
     assert agents is not None
     plan = plan_agents(config, agents)
+    for adapter, settings in plan.lora.items():
+        if settings.r < 1:
+            overridden = "r" in config.agents.adapter_lora.get(adapter, {})
+            where = f"agents.adapter_lora.{adapter}.r" if overridden else "lora.r"
+            raise ConfigError(f"{where} must be >= 1 (the LoRA rank, e.g. 8), got {settings.r}")
     if not plan.trainable and t.max_steps > 0:
         raise ConfigError(
             "nothing to train: every agent is frozen; unfreeze one, or set training.max_steps 0 to only evaluate"

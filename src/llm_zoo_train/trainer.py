@@ -35,40 +35,31 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from llm_zoo_train.advantages import compute_advantages
-from llm_zoo_train.checkpoint import (
-    capture_rng_state,
-    changed_keys,
-    checkpoint_path,
-    find_checkpoint,
-    load_training_state,
-    read_trainer_state,
-    restore_rng_state,
-    rotate_checkpoints,
-    save_training_state,
-    write_checkpoint,
-)
+from llm_zoo_train.checkpoint import find_checkpoint
 from llm_zoo_train.config import (
     Config,
     ConfigError,
     config_to_dict,
     eval_env_kwargs,
-    save_config,
     train_env_kwargs,
     validate,
 )
 from llm_zoo_train.engines.base import Completion, SamplingParams
 from llm_zoo_train.engines.hf import HFEngine
+from llm_zoo_train.engines.replay import GenerationRecorder, ReplayEngine
+from llm_zoo_train.eval_defaults import eval_temperature
 from llm_zoo_train.evaluate import EvalResult, evaluate, summarize
 from llm_zoo_train.model_card import write_model_cards
 from llm_zoo_train.policy import Policy
 from llm_zoo_train.progress import RunProgress
 from llm_zoo_train.rollout import independent_rollout, tree_rollout
+from llm_zoo_train.run_dir import ResumePoint, start_run
 from llm_zoo_train.samples import write_jsonl
 from llm_zoo_train.team_credit import team_credit_metrics
 from llm_zoo_train.tracking import RunLogger, flatten_config, plot_learning_curve, rollout_metrics
+from llm_zoo_train.trainer_state import load_trainer_checkpoint, save_trainer_checkpoint
 from llm_zoo_train.update import AdapterUpdater, mean_across_processes
 
 __all__ = ["Trainer", "derive_seed"]
@@ -129,6 +120,8 @@ class Trainer:
                 project_dir=str(self.output_dir),
             )
         self.accelerator = accelerator
+        #: Where a resumed run continues (None: a new run); checked before any model loads.
+        self.resume_point: ResumePoint | None = start_run(config, checkpoint, accelerator)
         from accelerate.utils import set_seed
 
         set_seed(training.seed)
@@ -149,6 +142,8 @@ class Trainer:
         self.model = self.policy.model
         accelerator.print(f"model loaded in {time.perf_counter() - load_start:.1f} s")
         self.engine = self._make_engine()
+        #: Evaluation plays new episodes, which a replayed recording does not hold: the live model answers.
+        self.eval_engine = self._live_engine() if isinstance(self.engine, ReplayEngine) else self.engine
         self._served_paths: dict[str, Path] = {}  # adapter -> directory the engine loaded it from
 
         from transformers import get_scheduler
@@ -185,7 +180,7 @@ class Trainer:
         self.version = 0
         self.history: list[dict[str, float]] = []
         if checkpoint is not None:
-            self._load_checkpoint(checkpoint)
+            load_trainer_checkpoint(self, checkpoint)
         self._sync_engine()
 
     # ------------------------------------------------------------------ the loop
@@ -197,6 +192,9 @@ class Trainer:
         """
         config, accelerator = self.config, self.accelerator
         max_steps = config.training.max_steps
+        if self.resume_point is not None and self.resume_point.finished(max_steps):
+            # Said so at start; nothing to do: no evaluation, no rewritten outputs, no before/after.
+            return {"before": None, "after": None, "history": self.history, "finished": True}
         if config.logging.log_with:
             accelerator.init_trackers(
                 config.logging.project_name,
@@ -259,8 +257,15 @@ class Trainer:
             top_k=rollout.top_k,
             seed=derive_seed(seed, step, rank, _SAMPLING),
         )
+        if isinstance(self.engine, ReplayEngine):
+            self.engine.load_step(step, rank, accelerator.num_processes)
+        recorder = GenerationRecorder(self.engine) if rollout.save_rollouts else None
         watched = self.progress.rollout(
-            self.engine, step, len(seeds), mode=rollout.mode, num_generations=rollout.num_generations
+            recorder or self.engine,
+            step,
+            len(seeds),
+            mode=rollout.mode,
+            num_generations=rollout.num_generations,
         )
         engine = _TimedEngine(watched)
         samples = ROLLOUTS[rollout.mode](
@@ -276,11 +281,15 @@ class Trainer:
         )
         rollout_seconds = time.perf_counter() - start
         watched.close()
+        if isinstance(self.engine, ReplayEngine):
+            self.engine.check_all_served()
         if rollout.save_rollouts:
             directory = self.output_dir / "rollouts"
             directory.mkdir(parents=True, exist_ok=True)
             suffix = f"-rank{rank}" if accelerator.num_processes > 1 else ""
             write_jsonl(samples, directory / f"step_{step:06d}{suffix}.jsonl")
+            assert recorder is not None
+            recorder.write(directory / f"step_{step:06d}{suffix}.generations.jsonl")
 
         kept, stats = compute_advantages(
             samples,
@@ -325,14 +334,15 @@ class Trainer:
         settings = config.eval
         seeds = [settings.seed + i for i in range(settings.num_episodes)]
         local = seeds[accelerator.process_index :: accelerator.num_processes]
+        temperature = eval_temperature(config.env.id, settings.temperature)
         sampling = SamplingParams(
             max_tokens=settings.max_completion_length or config.rollout.max_completion_length,
-            temperature=settings.temperature,
-            top_p=config.rollout.top_p if settings.temperature > 0 else 1.0,
-            top_k=config.rollout.top_k if settings.temperature > 0 else 0,
+            temperature=temperature,
+            top_p=config.rollout.top_p if temperature > 0 else 1.0,
+            top_k=config.rollout.top_k if temperature > 0 else 0,
             seed=derive_seed(config.training.seed, accelerator.process_index, _EVAL),
         )
-        watched = self.progress.evaluation(self.engine, len(local))
+        watched = self.progress.evaluation(self.eval_engine, len(local))
         _, episodes = evaluate(
             watched, config.env.id, eval_env_kwargs(config), local, self.plan.agent_adapters, sampling
         )
@@ -354,12 +364,10 @@ class Trainer:
     def _make_engine(self) -> Any:
         rollout = self.config.rollout
         if rollout.engine == "hf":
-            return HFEngine(
-                self.model,
-                self.policy.tokenizer,
-                max_batch_size=rollout.max_rows_per_generate_call,
-                system_prompt=self.config.model.system_prompt,
-            )
+            return self._live_engine()
+        if rollout.engine == "replay":
+            assert rollout.replay_path is not None  # validate() checked it
+            return ReplayEngine(rollout.replay_path)
         from llm_zoo_train.engines import vllm as vllm_engine  # type: ignore[attr-defined]
 
         factory = getattr(vllm_engine, "engine_from_config", None)
@@ -369,11 +377,19 @@ class Trainer:
             )
         return factory(self.config, self.policy)
 
+    def _live_engine(self) -> HFEngine:
+        return HFEngine(
+            self.model,
+            self.policy.tokenizer,
+            max_batch_size=self.config.rollout.max_rows_per_generate_call,
+            system_prompt=self.config.model.system_prompt,
+        )
+
     def _sync_engine(self, adapters: Sequence[str] | None = None) -> None:
         """Hand the current ``adapters`` (default: all) to an engine that keeps its own copy of the
         weights, as version ``self.version``; older saved versions are deleted."""
-        if isinstance(self.engine, HFEngine):
-            return  # generates with the live model: nothing to load
+        if isinstance(self.engine, HFEngine | ReplayEngine):
+            return  # generates with the live model, or replays a recording: nothing to load
         if adapters is not None and not adapters:
             return
         root = self.output_dir / "engine_adapters" / f"rank{self.accelerator.process_index}"
@@ -386,75 +402,8 @@ class Trainer:
                 shutil.rmtree(old, ignore_errors=True)
 
     def save_checkpoint(self) -> Path:
-        """Write ``output_dir/checkpoint-STEP`` atomically (see :mod:`llm_zoo_train.checkpoint`)."""
-        accelerator = self.accelerator
-        rng_states = [capture_rng_state(self.rng)]
-        if accelerator.num_processes > 1:
-            from accelerate.utils import gather_object
-
-            rng_states = gather_object(rng_states)
-        path = checkpoint_path(self.output_dir, self.step)
-        if accelerator.is_main_process:
-            state = {
-                "step": self.step,
-                "version": self.version,
-                "adapters": self.plan.adapters,
-                "trainable": self.plan.trainable,
-                "num_processes": accelerator.num_processes,
-                "history": self.history,
-            }
-
-            def write(directory: Path) -> None:
-                save_training_state(
-                    directory,
-                    policy=self.policy,
-                    optimizers=self.optimizers,
-                    schedulers=self.schedulers,
-                    scaler=accelerator.scaler,
-                    rng_states=rng_states,
-                    trainer_state=state,
-                )
-                save_config(self.config, directory / "config.yaml")
-                write_model_cards(
-                    directory / "adapters",
-                    self.config,
-                    self.plan,
-                    self.step,
-                    self.history,
-                    final_dir=path / "adapters",
-                )
-
-            write_checkpoint(path, write)
-            rotate_checkpoints(self.output_dir, self.config.training.save_total_limit)
-        accelerator.wait_for_everyone()
-        return path
-
-    def _load_checkpoint(self, checkpoint: Path) -> None:
-        state = read_trainer_state(checkpoint)
-        if state["adapters"] != self.plan.adapters or state["trainable"] != self.plan.trainable:
-            raise ConfigError(
-                f"{checkpoint} holds adapters {state['adapters']} (trainable {state['trainable']}); this config "
-                f"has {self.plan.adapters} (trainable {self.plan.trainable}): resume with the run's own config"
-            )
-        saved_config = yaml.safe_load((checkpoint / "config.yaml").read_text(encoding="utf-8"))
-        changed = changed_keys(saved_config, config_to_dict(self.config))
-        if changed:
-            self.accelerator.print(f"resuming {checkpoint} with changed settings: {', '.join(changed)}")
-        ranks = load_training_state(
-            checkpoint,
-            policy=self.policy,
-            optimizers=self.optimizers,
-            schedulers=self.schedulers,
-            scaler=self.accelerator.scaler,
-        )
-        if len(ranks) != self.accelerator.num_processes:
-            self.accelerator.print(
-                f"checkpoint was written by {len(ranks)} process(es), resuming with "
-                f"{self.accelerator.num_processes}: the run continues but is not bit-identical"
-            )
-        restore_rng_state(ranks[min(self.accelerator.process_index, len(ranks) - 1)], self.rng)
-        self.step, self.version = int(state["step"]), int(state["version"])
-        self.history = list(state["history"])
+        """Write ``output_dir/checkpoint-STEP`` atomically (see :mod:`llm_zoo_train.trainer_state`)."""
+        return save_trainer_checkpoint(self)
 
     def _finish(self, logger: RunLogger) -> dict[str, Any]:
         accelerator = self.accelerator

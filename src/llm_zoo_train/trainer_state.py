@@ -1,0 +1,96 @@
+"""Saving a :class:`~llm_zoo_train.trainer.Trainer`'s state into a checkpoint and loading it back.
+
+What goes into a checkpoint and how it is written atomically is :mod:`llm_zoo_train.checkpoint`;
+this module collects the trainer's pieces (adapters, optimizers, schedulers, the mixed-precision
+scaler, every process's RNG states, step, adapter version, metrics history, config, model cards)
+and puts them back, so that a resumed run continues exactly as the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from llm_zoo_train.checkpoint import (
+    capture_rng_state,
+    checkpoint_path,
+    load_training_state,
+    read_trainer_state,
+    restore_rng_state,
+    rotate_checkpoints,
+    save_training_state,
+    write_checkpoint,
+)
+from llm_zoo_train.config import save_config
+from llm_zoo_train.model_card import write_model_cards
+
+__all__ = ["load_trainer_checkpoint", "save_trainer_checkpoint"]
+
+
+def save_trainer_checkpoint(trainer: Any) -> Path:
+    """Write ``output_dir/checkpoint-STEP`` of ``trainer`` (the main process writes; every process
+    contributes its RNG states) and rotate old checkpoints; returns the checkpoint's path."""
+    accelerator = trainer.accelerator
+    rng_states = [capture_rng_state(trainer.rng)]
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        rng_states = gather_object(rng_states)
+    path = checkpoint_path(trainer.output_dir, trainer.step)
+    if accelerator.is_main_process:
+        state = {
+            "step": trainer.step,
+            "version": trainer.version,
+            "adapters": trainer.plan.adapters,
+            "trainable": trainer.plan.trainable,
+            "num_processes": accelerator.num_processes,
+            "history": trainer.history,
+        }
+
+        def write(directory: Path) -> None:
+            save_training_state(
+                directory,
+                policy=trainer.policy,
+                optimizers=trainer.optimizers,
+                schedulers=trainer.schedulers,
+                scaler=accelerator.scaler,
+                rng_states=rng_states,
+                trainer_state=state,
+            )
+            save_config(trainer.config, directory / "config.yaml")
+            write_model_cards(
+                directory / "adapters",
+                trainer.config,
+                trainer.plan,
+                trainer.step,
+                trainer.history,
+                final_dir=path / "adapters",
+            )
+
+        write_checkpoint(path, write)
+        rotate_checkpoints(trainer.output_dir, trainer.config.training.save_total_limit)
+    accelerator.wait_for_everyone()
+    return path
+
+
+def load_trainer_checkpoint(trainer: Any, checkpoint: Path) -> None:
+    """Restore ``trainer`` from ``checkpoint`` (already checked by :func:`llm_zoo_train.run_dir.check_resume`):
+    weights, optimizer and scheduler states (the learning rate follows the current schedule), RNG
+    states, step, version and history."""
+    accelerator = trainer.accelerator
+    state = read_trainer_state(checkpoint)
+    ranks = load_training_state(
+        checkpoint,
+        policy=trainer.policy,
+        optimizers=trainer.optimizers,
+        schedulers=trainer.schedulers,
+        scaler=accelerator.scaler,
+    )
+    if len(ranks) != accelerator.num_processes:
+        accelerator.print(
+            f"checkpoint was written by {len(ranks)} process(es), resuming with "
+            f"{accelerator.num_processes}: the run continues but is not bit-identical"
+        )
+    restore_rng_state(ranks[min(accelerator.process_index, len(ranks) - 1)], trainer.rng)
+    trainer.step, trainer.version = int(state["step"]), int(state["version"])
+    trainer.history = list(state["history"])
