@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import ast
 import binascii
+import functools
 import marshal
 import math
 from typing import Any
@@ -48,6 +49,7 @@ __all__ = [
     "args_text",
     "call_stdin",
     "call_text",
+    "canonical_literal",
     "harness_program",
     "literal",
     "read_call_result",
@@ -187,9 +189,20 @@ def value_text(value: Any) -> str:
     return _check_literal(value, "the value")
 
 
+@functools.lru_cache(maxsize=256)  # a judge asks for the same tests' inputs at every step
 def call_stdin(args_literal: str) -> str:
     """The harness's standard input for one call, from the stored argument list (a Python literal)."""
     return binascii.b2a_base64(marshal.dumps(literal(args_literal), 2)).decode("ascii")
+
+
+@functools.lru_cache(maxsize=256)
+def canonical_literal(text: str) -> str:
+    """``repr`` of the value ``text`` spells, so equal values compare equal as text; ``text``
+    itself if it is not a literal."""
+    try:
+        return repr(literal(text))
+    except ValueError:
+        return text
 
 
 def call_text(name: str, args_literal: str) -> str:

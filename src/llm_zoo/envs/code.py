@@ -110,7 +110,14 @@ from llm_zoo.call_harness import call_text, literal
 from llm_zoo.core import MAX_ACTION_CHARS, Outcome, TextAECEnv
 from llm_zoo.data.code import TestCase, load_code_problems
 from llm_zoo.envs.code_judge import judge_for, outputs_match, run_program_on_inputs
-from llm_zoo.envs.code_prompts import MAX_TESTS_JSON_CHARS, ROLE_INTRO, parse_tests, task_text, test_json
+from llm_zoo.envs.code_prompts import (
+    MAX_TESTS_JSON_CHARS,
+    ROLE_INTRO,
+    call_test_json,
+    parse_tests,
+    task_text,
+    test_json,
+)
 from llm_zoo.parsing import ParseError, extract_code_block
 from llm_zoo.sandbox import RunResult
 
@@ -396,7 +403,7 @@ class CodeEnv(TextAECEnv):
             lines.append(f"## {whose_tests} current tests\n(none yet)")
             return "\n\n".join(lines)
         if agent == "unit_tester":
-            listing = ",\n".join(test_json(self._shown_test(t)) for t in self.tests)
+            listing = ",\n".join(self._shown_test(t) for t in self.tests)
             lines.append(f"## Your current tests\n```json\n[\n{_clip(listing, 4000)}\n]\n```")
         if self.program is None:
             return "\n\n".join(lines)
@@ -410,10 +417,10 @@ class CodeEnv(TextAECEnv):
             lines.append(f"({len(failing) - _SHOWN_DISAGREEMENTS} more disagreements not shown)")
         return "\n\n".join(lines)
 
-    def _shown_test(self, test: TestCase) -> dict[str, Any]:
+    def _shown_test(self, test: TestCase) -> str:
         if self.problem.call is None:
-            return {"input": test.input, "output": test.output}
-        return {"input": literal(test.input), "output": literal(test.output)}
+            return test_json({"input": test.input, "output": test.output})
+        return call_test_json(test.input, test.output)
 
     def _disagreement(self, test: TestCase, got: str) -> str:
         if self.problem.call is None:

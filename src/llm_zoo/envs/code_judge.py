@@ -15,7 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from llm_zoo import sandbox
-from llm_zoo.call_harness import call_stdin, harness_program, literal, read_call_result, values_match
+from llm_zoo.call_harness import (
+    call_stdin,
+    canonical_literal,
+    harness_program,
+    literal,
+    read_call_result,
+    values_match,
+)
 from llm_zoo.data.code import CallSpec, CodeProblem, TestCase
 from llm_zoo.sandbox import RunResult
 
@@ -196,10 +203,7 @@ class CallJudge:
             return False, repr(actual)
 
     def input_key(self, test_input: str) -> str:
-        try:
-            return repr(literal(test_input))
-        except ValueError:
-            return test_input
+        return canonical_literal(test_input)
 
     def expected_agrees(self, known: str, claimed: str) -> bool:
         try:

@@ -3,15 +3,17 @@ tester's answers, for both problem kinds (see :mod:`llm_zoo.envs.code`)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
+from llm_zoo.call_harness import literal
 from llm_zoo.core import MAX_ACTION_CHARS
 from llm_zoo.data.code import CallSpec, CodeDatasetError, TestCase
 from llm_zoo.data.code_problem import call_test
 from llm_zoo.parsing import ParseError, extract_code_block
 
-__all__ = ["MAX_TESTS_JSON_CHARS", "ROLE_INTRO", "parse_tests", "task_text", "test_json"]
+__all__ = ["MAX_TESTS_JSON_CHARS", "ROLE_INTRO", "call_test_json", "parse_tests", "task_text", "test_json"]
 
 #: Tester answers (the JSON block) longer than this are refused (the declared action size).
 MAX_TESTS_JSON_CHARS = MAX_ACTION_CHARS
@@ -72,6 +74,12 @@ def task_text(agent: str, call: CallSpec | None, *, max_tests: int, timeout: flo
         else f"the function {call.name}"
     )
     return _CALL_TASK[agent].format(max_tests=max_tests, timeout=timeout, what=what, target=call.target)
+
+
+@functools.lru_cache(maxsize=256)  # prompts list the same tests at every step
+def call_test_json(args_literal: str, expected_literal: str) -> str:
+    """A stored call-based test as the tester writes it, ``{"input": [...], "output": ...}``."""
+    return test_json({"input": literal(args_literal), "output": literal(expected_literal)})
 
 
 def test_json(item: Any) -> str:
