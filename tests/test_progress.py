@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -105,6 +106,23 @@ def test_plain_lines_per_phase_and_at_intervals_only():
     assert lines[0].endswith("so far") and not lines[-1].endswith("so far")
 
 
+def test_a_long_silent_phase_still_prints_lines():
+    """A single engine call of minutes: the background heartbeat prints the phase while it waits."""
+    console, out = _console(terminal=False)
+    progress = RunProgress(console, interval_s=0.05)
+    phase = progress.phase("evaluation", 4, "episodes")
+    time.sleep(0.6)  # no update at all, as inside one long generate call
+    phase.close()
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 2 and all(line.endswith("s so far") for line in lines[:-1]), lines
+    assert lines[0].startswith("evaluation: 0/4 episodes, ") and lines[-1].startswith(
+        "evaluation: 0/4 episodes, "
+    )
+    assert not lines[-1].endswith("so far")
+    assert not any(t.name == "llm-zoo-progress" for t in threading.enumerate())  # the thread stopped
+
+
 def test_bars_on_a_terminal():
     console, out = _console(terminal=True)
     progress = RunProgress(console, total_steps=4, done_steps=1)
@@ -152,7 +170,9 @@ def test_a_training_run_reports_every_phase(tiny_model_dir, tmp_path, capsys):
     assert lines[first_eval + 1].startswith("success rate before training:")
     # 8 envs x 2 turns: 16 groups of K=4 candidates (and the look-ahead completions)
     rollout = next(
-        i for i, line in enumerate(lines) if line.startswith("step 1/1 rollout: 8/8 episodes, 16 groups, ")
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("step 1/1 rollout: 8/8 episodes, turn 2, 16 groups, ")
     )
     assert "tok/s" in lines[rollout]
     updates = [line for line in lines if line.startswith("step 1/1 update ")]

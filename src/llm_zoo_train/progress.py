@@ -7,8 +7,9 @@ runs:
 * on a terminal (with ``logging.progress_bar``): rich bars, the run's steps and below it the phase
   at work (episodes done, groups, completions and tokens/s; micro-batches of an update);
 * otherwise (output redirected to a file or a pipe, or ``progress_bar: false``): one plain line
-  when a phase ends, and a line every ``interval_s`` seconds while a long phase runs, never the
-  terminal's bar redraws.
+  when a phase ends, and a line every ``interval_s`` seconds while a long phase runs (from a
+  background thread, so a single generate call of minutes still shows the run is alive), never
+  the terminal's bar redraws.
 
 Rollouts and evaluations are followed through the engine they generate with
 (:meth:`RunProgress.rollout`, :meth:`RunProgress.evaluation`): the wrapper passes every call through
@@ -24,6 +25,7 @@ for it. An update reports its micro-batches through the ``progress`` callback of
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -61,6 +63,7 @@ class Phase:
         self.closed = False
         if owner.bars is not None:
             self._task = owner.bars.add_task(name, total=total, completed=0, status="")
+        owner.opened(self)
 
     def update(
         self, completed: int | None = None, *, total: int | None = None, info: str | None = None
@@ -75,9 +78,18 @@ class Phase:
         owner = self.owner
         if owner.bars is not None:
             owner.bars.update(self._task, completed=self.completed, total=self.total, status=self.info)
-        elif owner.enabled and time.perf_counter() - self._last_line >= owner.interval_s:
-            owner.print(self.line(running=True))
-            self._last_line = time.perf_counter()
+        else:
+            self.heartbeat()
+
+    def heartbeat(self) -> None:
+        """Print the running line if ``interval_s`` passed since this phase's last line (plain mode)."""
+        owner = self.owner
+        with owner.lock:
+            if self.closed or not owner.enabled or owner.bars is not None:
+                return
+            if time.perf_counter() - self._last_line >= owner.interval_s:
+                owner.print(self.line(running=True))
+                self._last_line = time.perf_counter()
 
     def line(self, *, running: bool = False) -> str:
         """E.g. ``step 3/20 rollout: 5/8 episodes, 40 groups, 3,200 tokens (210 tok/s), 15.2 s``."""
@@ -90,13 +102,15 @@ class Phase:
 
     def close(self) -> None:
         """End the phase: the bar goes, or its line is printed."""
-        if self.closed:
-            return
-        self.closed = True
-        if self.owner.bars is not None:
-            self.owner.bars.remove_task(self._task)
-        elif self.owner.enabled:
-            self.owner.print(self.line())
+        with self.owner.lock:
+            if self.closed:
+                return
+            self.closed = True
+            if self.owner.bars is not None:
+                self.owner.bars.remove_task(self._task)
+            elif self.owner.enabled:
+                self.owner.print(self.line())
+        self.owner.closed(self)
 
     def __enter__(self) -> Phase:
         return self
@@ -127,7 +141,7 @@ class WatchedEngine:
         self.phase = phase
         self.episode_n = episode_n
         self.count_groups = count_groups
-        self.groups = self.completions = self.tokens = 0
+        self.turns = self.groups = self.completions = self.tokens = 0
         self.generation_seconds = 0.0
 
     def generate(self, prompts: Sequence[str], adapters: Sequence[str | None], n: int, sampling: Any) -> Any:
@@ -135,6 +149,7 @@ class WatchedEngine:
             # The prompts of this call are the episodes still running (one per live episode).
             self.phase.completed = max(self.phase.completed, self.phase.total - len(prompts))
             self.groups += len(prompts) if self.count_groups else 0
+            self.turns += 1
         start = time.perf_counter()
         results = self.engine.generate(prompts, adapters, n, sampling)
         self.generation_seconds += time.perf_counter() - start
@@ -144,7 +159,11 @@ class WatchedEngine:
         return results
 
     def describe(self) -> str:
-        parts = [f"{self.groups} groups"] if self.count_groups else []
+        """E.g. ``turn 3, 24 groups, 96 completions, 3,200 tokens (210 tok/s)``; a turn is one
+        engine call for every running episode (episodes of one batch end together)."""
+        parts = [f"turn {self.turns}"]
+        if self.count_groups:
+            parts.append(f"{self.groups} groups")
         parts.append(f"{self.completions} completions")
         if self.tokens:
             rate = self.tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
@@ -171,7 +190,8 @@ class RunProgress:
         done_steps: Steps already done (a resumed run).
         bars: Show bars when ``console`` is a terminal (``logging.progress_bar``).
         enabled: Show anything at all (False on all but the main process).
-        interval_s: Seconds between the plain lines of a long phase.
+        interval_s: Seconds between the plain lines of a long phase (0: a line at every update, no
+            background thread).
     """
 
     def __init__(
@@ -190,6 +210,11 @@ class RunProgress:
         self.total_steps = total_steps
         self.bars: Any = None
         self._step_task: Any = None
+        #: Serialises the phases' lines with the heartbeat thread's.
+        self.lock = threading.RLock()
+        self._open: list[Phase] = []
+        self._stop = threading.Event()
+        self._beater: threading.Thread | None = None
         if not enabled:
             self.console = None
             return
@@ -229,6 +254,26 @@ class RunProgress:
     def phase(self, name: str, total: int | None, unit: str) -> Phase:
         return Phase(self, name, total, unit)
 
+    def opened(self, phase: Phase) -> None:
+        """A phase started: in plain mode, make sure the heartbeat thread runs."""
+        with self.lock:
+            self._open.append(phase)
+            if self.enabled and self.bars is None and self.interval_s > 0 and self._beater is None:
+                self._beater = threading.Thread(target=self._beat, name="llm-zoo-progress", daemon=True)
+                self._beater.start()
+
+    def closed(self, phase: Phase) -> None:
+        with self.lock:
+            if phase in self._open:
+                self._open.remove(phase)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(self.interval_s, 5.0)):
+            with self.lock:
+                current = self._open[-1] if self._open else None
+            if current is not None:
+                current.heartbeat()
+
     def _step_name(self, step: int) -> str:
         return f"step {step}/{self.total_steps}" if self.total_steps is not None else f"step {step}"
 
@@ -254,6 +299,10 @@ class RunProgress:
             self.bars.update(self._step_task, completed=step, status=status)
 
     def close(self) -> None:
+        self._stop.set()
+        if self._beater is not None:
+            self._beater.join(timeout=10)
+            self._beater = None
         if self.bars is not None:
             self.bars.stop()
             self.bars = None
