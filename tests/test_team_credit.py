@@ -307,3 +307,30 @@ def test_lookahead_with_the_hf_engine_is_seeded_and_batched(tiny_model_dir):
         assert s.lookahead_tokens == len(step["completion_token_ids"]) == len(step["behaviour_logprobs"]) >= 1
         assert step["completion"] == tokenizer.decode(step["completion_token_ids"], skip_special_tokens=True)
         assert s.reward == pytest.approx(s.role_reward + 1.0 * s.credited_global)
+
+
+def test_the_trainer_logs_lookahead_cost_and_saves_the_credit(tiny_model_dir, tmp_path, one_torch_thread):
+    pytest.importorskip("peft")
+    from llm_zoo_train.trainer import Trainer
+    from train_helpers import toy_config
+
+    config = toy_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        [
+            "--training.max_steps", "1", "--eval.num_episodes", "0", "--rollout.save_rollouts", "true",
+            "--rollout.envs_per_step", "2", "--rollout.team_credit_lookahead", "-1",
+        ],
+    )  # fmt: skip
+    trainer = Trainer(config)
+    trainer.train()
+    (record,) = trainer.history
+    saved = list(read_jsonl(tmp_path / "run" / "rollouts" / "step_000001.jsonl"))
+    assert record["rollout/lookahead_tokens"] == sum(s.lookahead_tokens for s in saved)
+    assert record["alice/credited_global"] == pytest.approx(
+        np.mean([s.credited_global for s in saved if s.agent == "alice"])
+    )
+    # One turn: each of alice's 2 x 4 candidates is followed by one bob action; bob's are last.
+    assert record["rollout/lookahead_generations"] == 8 and record["rollout/lookahead_tokens"] >= 8
+    assert {s.credit for s in saved} == {"lookahead"}
+    assert all(len(s.extra["lookahead"]) == 1 for s in saved if s.agent == "alice")
