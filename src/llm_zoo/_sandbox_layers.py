@@ -19,6 +19,7 @@ import threading
 import warnings
 
 from llm_zoo import _sandbox_cgroup as cgroup
+from llm_zoo import _sandbox_seccomp as seccomp
 from llm_zoo._sandbox_worker import LayerPlan, SandboxError, Worker
 
 LAYERS = ("bubblewrap", "rlimits")
@@ -74,7 +75,7 @@ def layer_plan(layer: str | None = None) -> LayerPlan:
 
 
 @functools.lru_cache(maxsize=1)
-def _bwrap_supports_disable_userns(bwrap: str) -> bool:
+def bwrap_supports_disable_userns(bwrap: str) -> bool:
     try:
         help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
@@ -82,7 +83,7 @@ def _bwrap_supports_disable_userns(bwrap: str) -> bool:
     return "--disable-userns" in help_text
 
 
-def _bwrap_options(bwrap: str, root: bool) -> tuple[str, ...]:
+def bwrap_options(bwrap: str, root: bool) -> tuple[str, ...]:
     """bubblewrap's namespace options: no network, own pid/ipc/uts namespaces, the server as pid 1."""
     if root:  # no user namespace: programs get real (leased) uids, the server a few capabilities
         args = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
@@ -91,7 +92,7 @@ def _bwrap_options(bwrap: str, root: bool) -> tuple[str, ...]:
             args += ["--cap-add", capability]
     else:
         args = [bwrap, "--unshare-all", "--unshare-user"]
-        if _bwrap_supports_disable_userns(bwrap):  # needs a user namespace of bubblewrap's own
+        if bwrap_supports_disable_userns(bwrap):  # needs a user namespace of bubblewrap's own
             args.append("--disable-userns")
     # The server is pid 1: when it dies, the kernel kills every process of the sandbox and the
     # host sees end of file at once (bubblewrap's own init would wait for orphans).
@@ -118,7 +119,7 @@ def _make_plan(name: str) -> LayerPlan:
         if bwrap is None:
             raise SandboxError("bubblewrap is not installed (Debian/Ubuntu: apt-get install -y bubblewrap)")
         candidates = [LayerPlan(name, uid_drop=root, keep_read_search=False, cleanup="pidns",
-                                bwrap_args=_bwrap_options(bwrap, root))]  # fmt: skip
+                                bwrap_args=bwrap_options(bwrap, root))]  # fmt: skip
     else:
         candidates = []
         if os.environ.get(NAMESPACES_ENV_VAR, "1") != "0":
@@ -243,3 +244,35 @@ def _warn_about(plan: LayerPlan) -> None:
             "(see llm_zoo.sandbox.isolation_info())."
         )  # fmt: skip
         warnings.warn(message, SandboxWarning, stacklevel=4)
+
+
+def describe(plan: LayerPlan, requested: str) -> dict:
+    """What ``plan`` protects (the keys are described by :func:`llm_zoo.sandbox.isolation_info`)."""
+    if plan.memory:
+        version = plan.memory[0]
+        files = "memory.max, memory.swap.max 0" if version == "v2" else "memory.limit_in_bytes (+ memsw)"
+        memory = f"cgroup {version} per server, limit set per run ({files}); RLIMIT_AS per process"
+    else:
+        memory = "RLIMIT_AS per process only"
+    return {
+        "layer": plan.name,
+        "requested": requested,
+        "namespaces": plan.namespaces,
+        "network_cut": plan.namespaces,
+        "read_only_root": plan.namespaces,
+        "host_files_hidden": plan.namespaces,
+        "private_tmp": plan.namespaces,
+        "private_proc": plan.namespaces,
+        "uid_drop": plan.uid_drop,
+        "keep_read_search": plan.keep_read_search,
+        "leftover_cleanup": plan.cleanup,
+        "memory_limit": memory,
+        "memory_total": bool(plan.memory),
+        "fresh_process_image": True,
+        "keyrings": "no access (seccomp: add_key, request_key and keyctl fail)"
+        if seccomp.AVAILABLE
+        else "not filtered on this architecture",
+        "userns_disabled": "--disable-userns" in plan.bwrap_args or seccomp.AVAILABLE,
+        "not_isolated": not_isolated(plan),
+        "notes": list(plan.notes),
+    }

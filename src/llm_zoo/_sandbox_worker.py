@@ -29,7 +29,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from llm_zoo import _sandbox_seccomp as seccomp
 from llm_zoo._sandbox_cgroup import RunCgroup
 from llm_zoo._sandbox_protocol import read_frame, write_frame
 from llm_zoo._sandbox_view import SERVER_ENV, bwrap_args, file_system_view, interpreter
@@ -106,11 +105,6 @@ class LayerPlan:
     def namespaces(self) -> bool:
         """Programs run in namespaces of their own: no network, a minimal file system view."""
         return bool(self.bwrap_args) or self.jail
-
-
-def seccomp_available() -> bool:
-    """Programs run under the seccomp filter of ``_sandbox_seccomp`` (known architectures)."""
-    return seccomp.AVAILABLE
 
 
 @functools.lru_cache(maxsize=1)

@@ -6,85 +6,75 @@ Each run gives a :class:`RunResult`. Model text is never evaluated in the host p
 
 How a run works
 ---------------
-A :class:`Sandbox` keeps a pool of *fork servers* (``llm_zoo/_sandbox_server.py``): clean Python
-processes started once (with ``python -I -B``), common modules pre-imported. For each run a server
-forks a child that enters a new session, gets a fresh empty work dir (``main.py`` inside, also
-``$HOME`` and ``$TMPDIR``), an environment of only ``PATH``, ``HOME``, ``TMPDIR``, ``LANG``,
-stdin/stdout/stderr on private memory files, no other file descriptor, resource limits and the
-server's sandbox uid, then runs the program as ``__main__`` the way ``python -I -B main.py`` would
-(same stdout, stderr, exit status, tracebacks, ``atexit`` handlers, thread joins; ``random`` is
-reseeded per run). No interpreter starts per run and no ``preexec_fn`` is used. Batches go to the
-servers in parallel (one server per usable CPU by default), in chunks of up to ``MAX_CHUNK`` jobs
-per message; every job is still its own child, run after the previous one of that server has been
-cleaned up, so one run cannot disturb another. A server that dies is replaced and its unfinished
-jobs rerun once; pools are thread-safe, closed at interpreter exit, and start afresh in a forked
-copy of the host (the parent's servers are left to the parent).
+A :class:`Sandbox` keeps a pool of *fork servers*: Python processes started once with the base
+interpreter as ``python -I -S -B`` (standard library only; the server's code is passed on the
+command line, so nothing of the package directory is needed inside the sandbox). Each server
+pre-imports common modules, then forks a *zygote* before it reads any job. For each run the
+server writes the program as ``main.py`` in a fresh empty work dir (also ``$HOME`` and
+``$TMPDIR``) and hands the zygote memory files for the job, stdin, stdout and stderr; the zygote
+forks a child that gets those and nothing else, so a program's memory never holds another job's
+code, input or output, not even freed. The child enters a new session and the run's memory
+cgroup, sets its limits, drops to the server's sandbox uid, installs a seccomp filter and runs the
+program as ``__main__`` the way ``python -I -B main.py`` would (same stdout, stderr, exit status,
+tracebacks, ``atexit`` handlers, thread joins; ``random`` is reseeded per run). No interpreter
+starts per run. Batches go to the servers in parallel (one per usable CPU by default) in chunks
+of up to ``MAX_CHUNK`` jobs; each job is still its own child, run after the previous one was
+cleaned up. A server (or zygote) that dies is replaced and the unfinished jobs of its chunk rerun
+once; pools are thread-safe, closed at interpreter exit, and start afresh in a forked host.
 
 Isolation layers
 ----------------
 The layer is chosen once per process, the strongest that works (each is checked by a probe
 program through a real server before first use), reported by :func:`isolation_layer` and
-:func:`isolation_info`, and can be forced with ``layer=`` or ``$LLM_ZOO_SANDBOX_LAYER``
-(``bubblewrap``, ``rlimits`` or ``auto``; asking for one that does not work raises
-:class:`SandboxError` saying why).
+:func:`isolation_info` (which lists what holds and, under ``not_isolated``, what does not), and
+can be forced with ``layer=`` or ``$LLM_ZOO_SANDBOX_LAYER`` (``bubblewrap``, ``rlimits`` or
+``auto``; asking for one that does not work raises :class:`SandboxError` saying why).
 
 Always, in both layers:
 
 * Limits per run: CPU seconds (``ceil(timeout)``: SIGXCPU, SIGKILL a second later; reported as
-  ``timed_out``), address space (``memory_mb``), processes and threads (``max_processes``), file
-  size (``max_output_bytes``, also the cap on stdout and stderr: writes beyond it fail with
-  ``EFBIG``), 64 open files, no core dumps, no POSIX message queues (``RLIMIT_MSGQUEUE`` 0).
-  ``PR_SET_NO_NEW_PRIVS``: no setuid binary or file capability can raise a program's privileges.
+  ``timed_out``), address space per process (``memory_mb``), processes and threads
+  (``max_processes``), file size (``max_output_bytes``, also the cap on stdout and stderr),
+  64 open files, no core dumps, no POSIX message queues. ``PR_SET_NO_NEW_PRIVS``.
+* ``memory_mb`` over all of a run's processes, memfd and System V shared memory included, where
+  this process may create memory cgroups (cgroup v2 ``memory.max`` with no swap, or a v1 memory
+  hierarchy; as root on most machines): the OOM killer then stops the run (``exit_code`` -9).
+  Without one, only the per-process address-space limit holds (warned about once).
+* A seccomp filter: no kernel keyrings (they are not namespaced and outlive processes) and no
+  user namespaces.
 * The wall-clock ``timeout``, after which the program is killed.
-* Nothing outlives a run: the server is a child subreaper, so every descendant of the program,
-  double-forked ``setsid`` daemons included, is reparented to it; after the program exits or is
-  killed, the server SIGKILLs them all (``kill(-1)`` in its pid namespace or as the sandbox uid:
-  atomic against forks) and reaps until it has no child left. System V shared memory, message
-  queues and semaphores the run created are removed (they outlive processes and no limit bounds
-  them), and the work dir is emptied.
-* As root (CI and these machines), programs run under a uid of their own, leased per server
-  (``2000000000 + n``, an exclusive ``flock`` in ``/tmp/llm_zoo_sandbox_uids``). This matters:
-  the kernel does not enforce ``RLIMIT_NPROC`` for root, so without it a fork bomb is not bounded.
-  The program cannot signal or ptrace the host, its server or other runs, cannot read
-  ``/proc/<pid>/environ`` of other processes, and cannot write root-owned files. The host's
-  environment variables never reach a program (servers start with an empty environment).
+* Nothing outlives a run: the zygote is a child subreaper; after the program exits or is killed,
+  every process of the run is SIGKILLed and reaped, its System V IPC objects removed and its work
+  dir emptied.
+* As root, programs run under a uid of their own, leased per server (``2000000000 + n``, an
+  exclusive ``flock`` in ``/tmp/llm_zoo_sandbox_uids``): ``RLIMIT_NPROC`` then bounds fork bombs,
+  and programs cannot signal or ptrace the host, read other processes' environments or write
+  root-owned files. The host's environment variables never reach a program.
 
-Layer ``"bubblewrap"`` (``bwrap`` installed and usable; Debian package ``bubblewrap``) starts each
-server in its own bubblewrap sandbox (one per server, not per run: a run costs a fork, not a
-bubblewrap start), which adds:
+With namespaces (layer ``"bubblewrap"``, and the ``"rlimits"`` fallback wherever this process
+may create namespaces: as root, or with unprivileged user namespaces), each server runs as pid 1
+of its own pid, mount, network, IPC and UTS namespaces (when it dies, everything in them dies):
 
-* no network: an own network namespace with only a loopback (connections fail);
-* own pid, IPC, UTS and cgroup namespaces: a program sees only its server and its own processes;
-* a minimal, read-only file system: ``/usr``, the Python installation and its ``sys.path``, a few
-  ``/etc`` files (``ld.so.cache``, ``passwd``, ``group``, ``hosts``, ``localtime``, ...), fresh
-  ``/proc`` and ``/dev``, and a private ``/tmp`` tmpfs of ``disk_mb`` MiB holding the work dir
-  (so a run's files are bounded in total). Home directories, the project, the host's ``/tmp`` and
-  all else do not exist there; writes anywhere but the work dir fail;
-* as root, no user namespace: the server keeps only the capabilities to set up and clean up runs
-  (setuid, setgid, chown, kill, dac_override, fowner); programs, under their own uid, have none.
+* no network: only a loopback, down or unreachable (connections fail);
+* a minimal read-only file system: ``/usr``, ``/bin``, ``/lib*``, a few ``/etc`` files, the
+  interpreter and its standard library, fresh ``/proc`` (only the sandbox's processes) and
+  ``/dev``, and a private ``/tmp`` tmpfs of ``disk_mb`` MiB holding the work dir. Every
+  ``site-packages``/``dist-packages`` directory and the package's own directory are covered by an
+  empty tmpfs, so the envs' hidden tests, reference solutions and gold answers, the project and
+  any dataset file outside ``/usr`` are not there. Programs can write only their work dir.
 
-As a normal user, bubblewrap uses a user namespace with one uid: programs share their server's uid
-(they can signal it; it is then replaced), ``RLIMIT_NPROC`` counts per user namespace (Linux >=
-5.14), and the server empties the sandbox's ``/tmp`` and ``/dev/shm`` after each run.
+Bubblewrap (Debian package ``bubblewrap``) runs with ``--as-pid-1 --die-with-parent``; as root
+without a user namespace, the server keeping only the capabilities to set up and clean up runs;
+as a normal user with ``--disable-userns`` where bubblewrap supports it. The fallback builds the
+same view itself (``unshare`` and ``pivot_root``, see ``llm_zoo._sandbox_jail``).
 
-Layer ``"rlimits"`` (fallback) contains what "always" lists above. It does NOT contain:
-
-* the network: programs can open any connection the host can;
-* reading files: a program reads what its uid may read. When the Python installation is not
-  readable by other users (e.g. pyenv under a 0700 ``/root``, as on these machines), programs
-  keep ``CAP_DAC_READ_SEARCH`` so they can import the standard library, and can then read every
-  file (but not write it, nor read other processes' environments);
-* writing world-writable places (``/tmp``, ``/var/tmp``, ``/dev/shm``): files left there stay
-  (owned by the sandbox uid);
-* total disk use: each file is capped, the number of files only by the time limit;
-* visibility: ``/proc`` shows the host's processes and their command lines.
-
-Running as a normal user without bubblewrap is weaker still: programs run under your uid, so
-``RLIMIT_NPROC`` counts all your processes (the limit is set above your current count), a program
-can signal or ptrace your processes (its server, the host) and read or write your files, and
-System V IPC objects cannot be told from yours (they are left). While its server lives, a run's
-leftover processes are still killed; a program that kills its server gets an ``error`` result and
-its orphans may survive.
+Without namespaces (the plain ``"rlimits"`` fallback; a :class:`SandboxWarning` names what is
+not isolated), programs can reach the network, read every file their uid may read (with
+``CAP_DAC_READ_SEARCH`` when the Python installation is not world-readable: then every file, the
+envs' hidden data included) and see the host's processes in ``/proc``; as root, what the
+program's uid leaves in ``/tmp``, ``/var/tmp`` and ``/dev/shm`` is removed after each run. As a
+normal user without namespaces, programs run under your uid: they can signal your processes and
+read or write your files, and their leftover files and IPC objects are not removed.
 """
 
 from __future__ import annotations
@@ -102,11 +92,11 @@ from llm_zoo._sandbox_layers import (
     LAYER_ENV_VAR,
     LAYERS,
     SandboxWarning,
+    describe,
     layer_plan,
-    not_isolated,
     requested_layer,
 )
-from llm_zoo._sandbox_worker import LayerPlan, SandboxError, Worker, WorkerDied, seccomp_available
+from llm_zoo._sandbox_worker import SandboxError, Worker, WorkerDied
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
@@ -255,7 +245,7 @@ class Sandbox:
 
     def isolation_info(self) -> dict:
         """What this sandbox's layer protects (see :func:`isolation_info`)."""
-        return _describe(self._plan, self._plan.name)
+        return describe(self._plan, self._plan.name)
 
     def run(
         self,
@@ -474,12 +464,7 @@ def isolation_layer(layer: str | None = None) -> str:
 
 
 def isolation_info(layer: str | None = None) -> dict:
-    """What the active (or given) layer protects here, checked by its probe (see :func:`describe`)."""
-    return _describe(layer_plan(layer), requested_layer(layer))
-
-
-def _describe(plan: LayerPlan, requested: str) -> dict:
-    """What ``plan`` protects.
+    """What the active (or given) layer protects here, checked by its probe.
 
     Keys: ``layer``, ``requested``; ``namespaces`` (own pid, mount, network, IPC and UTS
     namespaces), ``network_cut``, ``read_only_root`` and ``host_files_hidden`` (a minimal
@@ -491,34 +476,7 @@ def _describe(plan: LayerPlan, requested: str) -> dict:
     forked from a zygote that never held a job); ``keyrings``; ``userns_disabled``;
     ``not_isolated`` (what this layer leaves open; empty when nothing) and ``notes``.
     """
-    if plan.memory:
-        version = plan.memory[0]
-        files = "memory.max, memory.swap.max 0" if version == "v2" else "memory.limit_in_bytes (+ memsw)"
-        memory = f"cgroup {version} per server, limit set per run ({files}); RLIMIT_AS per process"
-    else:
-        memory = "RLIMIT_AS per process only"
-    return {
-        "layer": plan.name,
-        "requested": requested,
-        "namespaces": plan.namespaces,
-        "network_cut": plan.namespaces,
-        "read_only_root": plan.namespaces,
-        "host_files_hidden": plan.namespaces,
-        "private_tmp": plan.namespaces,
-        "private_proc": plan.namespaces,
-        "uid_drop": plan.uid_drop,
-        "keep_read_search": plan.keep_read_search,
-        "leftover_cleanup": plan.cleanup,
-        "memory_limit": memory,
-        "memory_total": bool(plan.memory),
-        "fresh_process_image": True,
-        "keyrings": "no access (seccomp: add_key, request_key and keyctl fail)"
-        if seccomp_available()
-        else "not filtered on this architecture",
-        "userns_disabled": "--disable-userns" in plan.bwrap_args or seccomp_available(),
-        "not_isolated": not_isolated(plan),
-        "notes": list(plan.notes),
-    }
+    return describe(layer_plan(layer), requested_layer(layer))
 
 
 def run_python(
