@@ -75,6 +75,11 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.eval_plan", "llm_zoo_train.eval_plan"),
     ("llm_zoo_train.engines.openai_compat", "llm_zoo_train.engines.openai_compat"),
     ("llm_zoo_train.checkpoint", "llm_zoo_train.checkpoint"),
+    ("llm_zoo_train.trainer_state", "llm_zoo_train.trainer_state"),
+    ("llm_zoo_train.run_dir", "llm_zoo_train.run_dir"),
+    ("llm_zoo_train.launch_check", "llm_zoo_train.launch_check"),
+    ("llm_zoo_train.eval_defaults", "llm_zoo_train.eval_defaults"),
+    ("llm_zoo_train.engines.replay", "llm_zoo_train.engines.replay"),
     ("llm_zoo_train.tracking", "llm_zoo_train.tracking"),
 ]
 
