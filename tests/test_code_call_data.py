@@ -98,14 +98,17 @@ assert not f([5])
 assert f([6])
 import math
 assert math.isclose(f([0.5]), 0.5, rel_tol=1e-9)
+assert math.isclose(f([0.25]), 0.25, rel_tol=0.001)
+assert abs(f([0.75]) - 0.75) < 0.01
+assert abs(f([1.75]) - 1.75) <= 1e-7
 assert True
 """
     tests, dropped = convert_asserts(ast.parse(source).body, "f")
     assert [(t.input, t.output) for t in tests] == [
         ("[[1, 2]]", "3"), ("[[4]]", "4"), ("[[1]]", "[1]"), ("[[0]]", "None"), ("[[5]]", "False"),
-        ("[[6]]", "True"), ("[[0.5]]", "0.5"),
+        ("[[6]]", "True"), ("[[0.5]]", "0.5"), ("[[1.75]]", "1.75"),
     ]  # fmt: skip
-    assert dropped == 3  # the starred call, the unknown name y, the import
+    assert dropped == 5  # the starred call, the unknown name y, the import, the two loose tolerances
 
 
 @pytest.mark.parametrize("name", ["object.json"])

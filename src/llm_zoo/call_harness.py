@@ -46,6 +46,7 @@ from typing import Any
 __all__ = [
     "PRELUDE",
     "RESULT_MARKER",
+    "TOLERANCE",
     "args_text",
     "call_stdin",
     "call_text",
@@ -56,6 +57,9 @@ __all__ = [
     "value_text",
     "values_match",
 ]
+
+#: Absolute / relative tolerance for numbers (the same as the stdout judge's).
+TOLERANCE = 1e-6
 
 #: Prefix of the harness's result line on standard output.
 RESULT_MARKER = "@@llm_zoo_call_result@@ "
@@ -230,7 +234,7 @@ def _numbers_match(expected: float, actual: float, tolerance: float) -> bool:
     return math.isclose(expected, actual, rel_tol=tolerance, abs_tol=tolerance)
 
 
-def values_match(expected: Any, actual: Any, *, tolerance: float = 1e-6) -> bool:
+def values_match(expected: Any, actual: Any, *, tolerance: float = TOLERANCE) -> bool:
     """Whether a returned ``actual`` is accepted for ``expected`` (see the module docstring)."""
     if isinstance(expected, bool) or isinstance(actual, bool):
         return isinstance(expected, bool) and isinstance(actual, bool) and expected == actual

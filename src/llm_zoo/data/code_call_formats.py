@@ -12,7 +12,9 @@ Accepted assert forms (``f`` is the tested function: HumanEval's ``candidate``, 
 * ``f(args) == expected`` (either side), ``f(args) is expected``; ``tuple(...)`` / ``list(...)``
   around either side is dropped (lists and tuples compare equal);
 * ``abs(f(args) - expected) < tol`` (or ``<=``), ``math.isclose(f(args), expected, ...)``: compared
-  with the harness's tolerance (1e-6, absolute or relative);
+  with the harness's tolerance (1e-6, absolute or relative); an assert with a looser tolerance
+  (``tol`` or ``rel_tol`` / ``abs_tol`` above 1e-6, as some MBPP asserts have) is dropped, since
+  the judge would fail answers it accepts;
 * ``f(args)`` (expected ``True``) and ``not f(args)`` (expected ``False``);
 * ``assert True`` and bare names / strings are ignored.
 
@@ -34,6 +36,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from llm_zoo.call_harness import TOLERANCE
 from llm_zoo.data.code_problem import (
     CallSpec,
     CodeDatasetError,
@@ -285,20 +288,30 @@ class _Converter:
                     return self.add(left, self.evaluate(_unwrap(right), env), env)
                 if self.is_call(right) and not self.is_call(left):
                     return self.add(right, self.evaluate(_unwrap(left), env), env)
-            if isinstance(op, (ast.Lt, ast.LtE)) and self._tolerance_form(left, env):
+            if isinstance(op, (ast.Lt, ast.LtE)) and self._tolerance_form(left, right, env):
                 return None
         isclose = isinstance(test, ast.Call) and ast.unparse(test.func) in ("math.isclose", "isclose")
         if isclose and len(test.args) == 2 and self.is_call(test.args[0]):
+            self._within_judge_tolerance([self.evaluate(k.value, env) for k in test.keywords])
             return self.add(test.args[0], self.evaluate(test.args[1], env), env)
         raise _Unconvertible(f"assert {ast.unparse(test)[:60]}")
 
-    def _tolerance_form(self, node: ast.AST, env: Mapping[str, Any]) -> bool:
-        """``abs(f(args) - expected)`` (or ``expected - f(args)``) on the left of ``<``."""
+    def _within_judge_tolerance(self, tolerances: list[Any]) -> None:
+        """An assert that accepts more than the judge's tolerance would fail right answers: drop it."""
+        for tolerance in tolerances:
+            if not isinstance(tolerance, (int, float)) or tolerance > TOLERANCE:
+                raise _Unconvertible(f"tolerance {tolerance!r} looser than the judge's {TOLERANCE}")
+
+    def _tolerance_form(self, node: ast.AST, limit: ast.AST, env: Mapping[str, Any]) -> bool:
+        """``abs(f(args) - expected) < limit`` (or ``expected - f(args)``): add the test, if the
+        limit is within the judge's tolerance."""
         if not (isinstance(node, ast.Call) and ast.unparse(node.func) in ("abs", "math.fabs")):
             return False
         inner = node.args[0] if len(node.args) == 1 else None
         if not (isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Sub)):
             return False
+        if self.is_call(inner.left) or self.is_call(inner.right):
+            self._within_judge_tolerance([self.evaluate(limit, env)])
         if self.is_call(inner.left):
             self.add(inner.left, self.evaluate(inner.right, env), env)
         elif self.is_call(inner.right):

@@ -16,6 +16,7 @@ from typing import Any
 
 from llm_zoo import sandbox
 from llm_zoo.call_harness import (
+    TOLERANCE,
     call_stdin,
     canonical_literal,
     harness_program,
@@ -37,8 +38,6 @@ __all__ = [
     "run_program_on_inputs",
 ]
 
-#: Absolute / relative tolerance for numbers, in printed output and in return values.
-TOLERANCE = 1e-6
 _PARALLEL_RUNS = 2  # worker threads for the per-test fallback when the sandbox has no batch API
 
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")  # no overlapping quantifiers: linear
