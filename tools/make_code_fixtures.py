@@ -4,14 +4,14 @@ Each file imitates one public release exactly (field names, nesting, JSON-in-str
 LiveCodeBench's compressed private tests), with a few tiny problems written for the tests:
 
 * ``apps.jsonl``: APPS (``codeparrot/apps``): a stdin problem with solutions, a problem whose test
-  input/output are lists of lines and whose ``solutions`` is empty, a call-based problem (skipped).
+  input/output are lists of lines and whose ``solutions`` is empty, a call-based problem (``fn_name``, LeetCode-style ``Solution``).
 * ``apps_malformed.jsonl``: record 1 has an ``input_output`` that is not JSON.
 * ``code_contests.parquet`` and ``code_contests.json``: CodeContests (``deepmind/code_contests``):
   nested ``{input, output}`` test structs, ``solutions`` with a Python 2 (1), C++ (2) and Python 3
   (3) program, enum difficulty; one file-I/O problem (skipped).
 * ``livecodebench.jsonl``: ``code_generation_lite``: an AtCoder problem whose private tests are
   base64(zlib(pickle(JSON))) as in the real release, a Codeforces one with plain JSON private
-  tests, a LeetCode functional problem (skipped).
+  tests, a LeetCode functional problem (call-based).
 
 Usage: python tools/make_code_fixtures.py   (needs pyarrow for the parquet file)
 """
