@@ -21,7 +21,8 @@ Roles, in turn order:
   Parsed with ``json`` (never evaluated). Each answer replaces the previous test list.
 
 Observations: each agent's prompt holds its role instructions, the problem, the coder's current
-program, the current tests, and the *disagreements* between them (input, expected, got), so on
+program, the current tests, and the *disagreements* between them (input, expected, got;
+call-based: the call, the expected and the returned value), so on
 later turns the coder can fix its code and the tester its tests. Hidden tests, the reference
 solution and test validity are never shown.
 
@@ -33,7 +34,7 @@ crashes, exceeds its time (``timeout`` seconds per test) or memory (``memory_mb`
 Test inputs lacking a final newline get one.
 
 Call-based judging (:mod:`llm_zoo.call_harness`): the coder's code runs inside a harness program
-in the sandbox that reads one test's arguments on standard input (a Python literal list), calls
+in the sandbox that reads one test's arguments on standard input (only the arguments), calls
 the function and prints its return value's ``repr``; the host compares it with the expected value
 (:func:`~llm_zoo.call_harness.values_match`: lists and tuples alike, dict keys exact, ``bool``
 only equals ``bool``, ints exact, floats within the same 1e-6 tolerance as above). Expected
@@ -41,8 +42,7 @@ values never enter the sandbox. A crash, time-out, missing function or a return 
 not a plain value fails the test; the coder's prints are ignored. APPS's call-based problems also
 accept the only element of a one-element expected list, as APPS's own harness does.
 
-A program's tests run in batches of 8 through the
-sandbox's batch API (:func:`llm_zoo.sandbox.run_tests`, one ``run_python`` per test if it is
+A program's tests run in batches of 8 through the sandbox's batch API (:func:`llm_zoo.sandbox.run_tests`, one ``run_python`` per test if it is
 absent); once :data:`MAX_TIMEOUTS` of them have timed out, its remaining batches fail unrun.
 Results are cached per episode, keyed by program and input. No model code runs outside the sandbox.
 
