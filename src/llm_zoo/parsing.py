@@ -4,12 +4,14 @@ Everything here takes arbitrary text (model output) and either returns the extra
 raises :class:`ParseError` whose message is written to be shown to the model in its next prompt.
 Nothing is ever ``eval``'d or ``exec``'d: list literals go through :func:`ast.literal_eval`, which
 only builds Python literals, after a size check. Every function takes time linear in the length
-of the text (plain scanning, no regex): a policy can write megabytes.
+of the text (``str.find`` scanning; the few regexes are single character classes matched at one
+position): a policy can write megabytes.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Iterator
 
 __all__ = [
@@ -25,7 +27,10 @@ __all__ = [
 MAX_LIST_CHARS = 20_000
 
 _FENCE = "```"
-_TAG_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+-")
+# Matched only at one position and within one line (a single character class each, nothing to
+# backtrack into), so each match is linear in what it reads.
+_TAG = re.compile(r"[ \t]*([A-Za-z0-9_+\-]*)")
+_SPACES = re.compile(r"\s*")
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 
@@ -54,13 +59,8 @@ def iter_fenced_blocks(text: str) -> Iterator[tuple[str, str]]:
         closer = text.find(_FENCE, newline + 1)
         if closer < 0:
             return  # every later opener's body starts at or after this one's: none is closed
-        start = opener + len(_FENCE)
-        while start < newline and text[start] in " \t":
-            start += 1
-        end = start
-        while end < newline and text[end] in _TAG_CHARS:
-            end += 1
-        yield text[start:end], text[newline + 1 : closer]
+        tag = _TAG.match(text, opener + len(_FENCE), newline).group(1)  # always matches
+        yield tag, text[newline + 1 : closer]
         position = closer + len(_FENCE)
 
 
@@ -167,9 +167,7 @@ def _last_box_start(text: str) -> int:
             found = text.rfind(command, 0, end)
             if found < 0 or found < best:
                 break  # not found, or too early to beat the start already known
-            index = found + len(command)
-            while index < len(text) and text[index].isspace():
-                index += 1
+            index = _SPACES.match(text, found + len(command)).end()
             if index < len(text) and text[index] == "{":
                 best = index + 1
                 break
