@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,43 @@ def test_cards_for_the_smollm2_alias(tmp_path):
         in card
     )
     assert "--agent-model tool_agent=tool_agent" in card
+
+
+def _card_command(card: str, program: str) -> list[str]:
+    line = next(line for line in card.splitlines() if line.startswith(program))
+    return shlex.split(line)
+
+
+def test_the_cards_eval_command_runs_against_a_server_of_the_adapter(tmp_path, capsys):
+    """The card's `llm-zoo-train eval --endpoint` command, run as printed, against a fake vLLM server."""
+    from test_evaluate import FakeOpenAI
+
+    config = load_config(
+        None,
+        ["--env.kwargs", "{rows: 5, cols: 5}", "--model.name_or_path", str(tmp_path), "--env.alpha", "0.5"],
+    )
+    plan = plan_agents(config, ["tool_agent", "plan_agent"])
+    (tmp_path / "adapters" / "plan_agent").mkdir(parents=True)
+    (tmp_path / "adapters" / "plan_agent" / "adapter_config.json").write_text("{}")
+    (card,) = write_model_cards(tmp_path / "adapters", config, plan, 0, [])
+    text = card.read_text()
+    serve = _card_command(text, "vllm serve")
+    assert serve[2] == str(tmp_path)  # no public id: the local base is served
+    command = _card_command(text, "llm-zoo-train eval")
+    answers = {"plan_agent": 'I think #### ["R"]'}
+    with FakeOpenAI(
+        lambda model, prompt, system: answers.get(model, "?"), models=[str(tmp_path), "plan_agent"]
+    ) as server:
+        command[command.index("--endpoint") + 1] = server.url
+        output = tmp_path / "eval.json"
+        assert eval_main([*command[2:], "--eval.num_episodes", "2", "--output", str(output)]) == 0, (
+            capsys.readouterr().err
+        )
+        asked = {body["model"] for body in server.completions()}
+    document = json.loads(output.read_text())
+    assert asked == {str(tmp_path), "plan_agent"}  # the base for tool_agent, the adapter for plan_agent
+    assert document["settings"]["splits"]["eval"]["env_kwargs"] == {"rows": 5, "cols": 5, "alpha": 0.5}
+    capsys.readouterr()
 
 
 @pytest.fixture(scope="module")

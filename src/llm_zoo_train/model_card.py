@@ -23,13 +23,14 @@ pointing it at the public id changes nothing for them.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import llm_zoo_train
-from llm_zoo_train.config import AgentPlan, Config, train_env_kwargs
+from llm_zoo_train.config import AgentPlan, Config
 from llm_zoo_train.policy import EMBEDDED_MODELS, public_model_id, resolve_model_path
 
 __all__ = ["FACTS_FILE", "adapter_facts", "render_model_card", "write_model_cards"]
@@ -91,7 +92,13 @@ def adapter_facts(
             "dtype": config.model.dtype,
             "system_prompt": config.model.system_prompt,
         },
-        "env": {"id": config.env.id, "kwargs": train_env_kwargs(config)},
+        "env": {
+            "id": config.env.id,
+            "kwargs": dict(config.env.kwargs),
+            "alpha": config.env.alpha,
+            "plugins": list(config.env.plugins),
+        },
+        "run_adapters": {other: plan.agents_of(other) for other in plan.adapters},
         "rollout": {"mode": config.rollout.mode, "num_generations": config.rollout.num_generations},
         "lora": asdict(plan.lora[adapter]),
         "step": step,
@@ -145,7 +152,7 @@ def render_model_card(facts: Mapping[str, Any], directory: str | Path) -> str:
         f"| as configured | `{base['config_name']}` (dtype {base['dtype']}) |",
         f"| base weights | {base['weights']} |",
         f"| trained on (local path) | `{local}` |",
-        f"| environment | `{env['id']}` {json.dumps(env['kwargs'])} |",
+        f"| environment | `{env['id']}` {json.dumps(env['kwargs'])}, alpha {env['alpha']} |",
         f"| agents | {agents} |",
         f"| training steps | {facts['step']} of {facts['max_steps']} ({facts['rollout']['mode']} rollouts, "
         f"K = {facts['rollout']['num_generations']}) |",
@@ -197,12 +204,27 @@ def render_model_card(facts: Mapping[str, Any], directory: str | Path) -> str:
         f"vllm serve {serve_base} --enable-lora --lora-modules {name}={directory} --max-lora-rank {lora['r']}",
         "```",
         "",
-        "and measure it on the environment's evaluation tasks through the server:",
+        "and measure it on the environment's evaluation tasks through the server (agents without a "
+        "served adapter play the base model; serve the run's other adapters, next to this one, with "
+        "more `NAME=PATH` pairs and `--agent-model` options):",
         "",
         "```bash",
-        "llm-zoo-train eval --endpoint http://localhost:8000/v1 --served-model "
-        f"{serve_base} --env.id {env['id']} "
-        + " ".join(f"--agent-model {agent}={name}" for agent in facts["agents"]),
+        " ".join(
+            part
+            for part in [
+                "llm-zoo-train eval --endpoint http://localhost:8000/v1 --served-model",
+                serve_base,
+                f"--env.id {env['id']}",
+                f"--env.kwargs {shlex.quote(json.dumps(env['kwargs']))}" if env["kwargs"] else "",
+                f"--env.alpha {env['alpha']}" if env["alpha"] != 1.0 else "",
+                f"--env.plugins {shlex.quote(json.dumps(env['plugins']))}" if env["plugins"] else "",
+                f"--model.system_prompt {shlex.quote(base['system_prompt'])}"
+                if base["system_prompt"]
+                else "",
+                *(f"--agent-model {agent}={name}" for agent in facts["agents"]),
+            ]
+            if part
+        ),
         "```",
         "",
     ]
