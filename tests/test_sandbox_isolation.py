@@ -275,6 +275,18 @@ def test_job_of_a_dead_server_is_rerun_within_its_timeout(setup, victim, monkeyp
         assert worker not in box._workers and not _alive(pid)
 
 
+def test_servers_outlive_the_threads_that_started_them(box):
+    """A batch starts servers from threads that end with it; the servers must stay usable."""
+    with sandbox.Sandbox(box.layer, workers=2) as pool:
+        first = pool.run_tests("print(input())", ["a", "b", "c", "d"])
+        servers = sorted(worker.server_pid for worker in pool._workers)
+        time.sleep(0.2)
+        second = pool.run_tests("print(input())", ["e", "f", "g", "h"])
+        assert [r.stdout for r in first + second] == [f"{c}\n" for c in "abcdefgh"]
+        assert all(r.error is None for r in second)
+        assert sorted(worker.server_pid for worker in pool._workers) == servers
+
+
 def _children_of(pid: int) -> list[int]:
     children = []
     for task in os.listdir(f"/proc/{pid}/task"):

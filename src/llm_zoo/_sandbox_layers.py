@@ -95,8 +95,10 @@ def bwrap_options(bwrap: str, root: bool) -> tuple[str, ...]:
         if bwrap_supports_disable_userns(bwrap):  # needs a user namespace of bubblewrap's own
             args.append("--disable-userns")
     # The server is pid 1: when it dies, the kernel kills every process of the sandbox and the
-    # host sees end of file at once (bubblewrap's own init would wait for orphans).
-    args += ["--as-pid-1", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    # host sees end of file at once (bubblewrap's own init would wait for orphans). Not
+    # --die-with-parent: its signal follows the host *thread* that started bubblewrap (a batch's
+    # thread, gone after the batch); the server ends at end of file on its pipe instead.
+    args += ["--as-pid-1", "--new-session", "--hostname", "sandbox"]
     return tuple(args)
 
 
