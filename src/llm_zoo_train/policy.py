@@ -158,10 +158,14 @@ def load_base_model(config: ModelConfig, device: torch.device | str | None = Non
             path, dtype=_DTYPES[config.dtype], trust_remote_code=config.trust_remote_code
         )
     except (OSError, ValueError) as err:
-        where = "the local directory" if Path(path).is_dir() else "the Hugging Face hub (no network here?)"
+        problem = (
+            f"cannot load the model in {path}"
+            if Path(path).is_dir()
+            else f"{config.name_or_path!r} is not a local directory and the Hugging Face hub did not give it"
+        )
         raise ModelNotAvailableError(
-            f"model.name_or_path: cannot load {config.name_or_path!r} from {where}: {_first_line(err)}. "
-            f"Give a model directory (as save_pretrained writes it) or the alias {_ALIAS_HINT}"
+            f"model.name_or_path: {problem} ({_first_line(err)}). Give a model directory (as save_pretrained "
+            f"writes it) or the alias {_ALIAS_HINT}"
         ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
