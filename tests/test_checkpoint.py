@@ -272,7 +272,8 @@ def test_a_full_disk_during_a_checkpoint_is_one_clear_error(tmp_path, monkeypatc
     with pytest.raises(CheckpointWriteError) as error:
         write_checkpoint(checkpoint_path(tmp_path, 2), full)
     message = str(error.value)
-    assert "no space left on device" in message and "training.save_total_limit" in message
+    assert message.startswith(f"cannot write {tmp_path / 'checkpoint-2'}: no space left on device")
+    assert "training.save_total_limit" in message and error.value.errno == errno.ENOSPC
     assert "\n" not in message
     # The older checkpoint is intact and nothing half-written is left.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1"]

@@ -54,7 +54,14 @@ TRAINER_STATE = "trainer_state.json"
 
 
 class CheckpointWriteError(OSError):
-    """A checkpoint could not be written (e.g. the disk is full); the message says why and what to do."""
+    """A checkpoint could not be written (e.g. the disk is full); the message says why and what to do.
+
+    ``str(error)`` is the one-line message alone; ``error.errno`` is the failed write's errno.
+    """
+
+    def __init__(self, message: str, errno_value: int | None = None):
+        super().__init__(message)
+        self.errno = errno_value
 
 
 def checkpoint_path(output_dir: str | Path, step: int) -> Path:
@@ -121,13 +128,13 @@ def _write_error(directory: Path, err: BaseException) -> BaseException:
     )
     if out_of_space:
         return CheckpointWriteError(
-            errno.ENOSPC,
             f"cannot write {directory}: no space left on device ({free / 2**20:.0f} MiB free in "
             f"{directory.parent}); free disk space or keep fewer checkpoints (training.save_total_limit), "
             "then resume from the last complete checkpoint with --resume",
+            errno.ENOSPC,
         )
     if isinstance(err, OSError):
-        return CheckpointWriteError(err.errno, f"cannot write {directory}: {err}")
+        return CheckpointWriteError(f"cannot write {directory}: {err}", err.errno)
     return err
 
 
