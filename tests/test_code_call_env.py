@@ -260,10 +260,12 @@ def test_humaneval_as_shipped_canonical_solutions_pass_and_wrong_ones_fail(human
     for index, problem in enumerate(problems):
         env.reset(seed=0, options={"problem_index": index})
         env.step(oracle_action(env, "coder"))
-        if not env.infos["coder"]["success"]:
-            failures.append(problem.id)
+        env.step(oracle_action(env, "unit_tester"))  # the hidden tests, written as a tester would
+        rewards = (env.infos["coder"]["role_reward"], env.infos["unit_tester"]["role_reward"])
+        if not (env.success and rewards == (1.0, 1.0) and all(env.terminations.values())):
+            failures.append((problem.id, rewards))
     assert failures == [], failures
-    print(f"161 canonical solutions judged in {time.monotonic() - start:.1f} s")
+    print(f"161 canonical solutions and oracle testers judged in {time.monotonic() - start:.1f} s")
     # wrong solutions: the right signature returning a constant, and an off-by-one of the canonical one
     env.reset(seed=0, options={"problem_id": "HumanEval/0"})
     env.step(py("def has_close_elements(numbers, threshold):\n    return False\n"))
