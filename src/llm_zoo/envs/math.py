@@ -54,24 +54,72 @@ correct; the gold answer only once the episode is over (people play it with ``ll
 
 :func:`oracle_action` / :func:`oracle_policy` give perfect replies (for tests and benchmarks).
 
+Options for small models (defaults unchanged; see :mod:`llm_zoo.envs.math_options`):
+
+* ``agents``: the turn order. ``("reasoner", "tool_agent")`` (default); ``("tool_agent",
+  "reasoner")``: the tool agent acts first, so the reasoner sees the tool's result before its
+  scored answer of the turn; ``("reasoner",)``: the reasoner alone (the single-agent baseline;
+  the episode then ends only by truncation after ``max_turns``).
+* ``prompt_style="compact"``: short prompts. The tool agent is asked for one line of Python that
+  prints the answer (with the example ``print(2 + 3)``) and sees the reasoner's answer and its own
+  previous program when there are any; the reasoner sees the tool program's printed answer (or
+  that it gave none) and is asked for the number only.
+* ``answer_parser="lenient"``: the reasoner's last ``\\boxed{}`` if it wrote one, else the last
+  number of its reply is its answer.
+* ``code_parser="lenient"``: without a complete fenced block, the reply's lines starting with
+  ``print(``, ``import`` or ``from ... import`` are the program.
+
+The rewards keep their meaning under every option: answers are checked against the gold answer,
+the program is run in the sandbox and read by its last printed line, and a reply from which no
+answer can be read gets ``FORMAT_PENALTY``.
+
 Version history:
 
-* v0: first version.
+* v0: first version. Later additions that keep the defaults' behaviour: the ``agents``,
+  ``prompt_style``, ``answer_parser`` and ``code_parser`` options. Why, measured with
+  SmolLM2-135M-Instruct (bf16) on 48 generated difficulty-1 training problems, 32 new tokens
+  unless said (readable = an answer could be read; correct = equal to the gold answer as a plain
+  number, which undercounts replies such as ``The answer is 60.``):
+
+  - default prompts, 2 rounds, greedy (earlier note): 0/24 episodes solved, 10-15% of answers read;
+  - tool agent, "one line of Python that prints the answer, like print(2 + 3)": T=1 12/48
+    readable, 5 ran, 0 correct; greedy 41/48 ran, 0 correct (it copies the example);
+  - tool agent, a Python expression "like `12 * 3 - 4`, ... `math.gcd(12, 18)`": T=1 11/48
+    readable, 4 ran, 0 correct; greedy 13/48 ran, 2 correct;
+  - tool agent, four question -> ``print(...)`` examples: T=0.7 2/48 readable, 0 correct;
+  - tool agent, the compact prompt "Write a short Python program that prints the answer to:
+    <plain problem>", 48 tokens: T=0.7 24/48 readable, 5 ran, 1 correct; greedy 31/48 readable,
+    20 ran, 9 correct;
+  - reasoner shown the (correct) printed result, "Reply with the number only": T=1 32/48 readable
+    by their last number (0 wrote ``\\boxed{}``), 7 correct; greedy 48/48 readable, 24 correct;
+  - reasoner alone, the same prompt without a result: T=1 43/48 readable, 1 correct; greedy 48/48
+    readable, 1 correct.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from llm_zoo.core import Outcome, TextAECEnv
 from llm_zoo.data.math import MathProblem, ProblemSet, build_problem_set
+from llm_zoo.envs.math_options import (
+    AGENT_ORDERS,
+    ANSWER_PARSERS,
+    CODE_PARSERS,
+    PROMPT_STYLES,
+    check_choice,
+    compact_reasoner_prompt,
+    compact_tool_prompt,
+    read_reasoner_answer,
+    read_tool_program,
+)
 from llm_zoo.math_check import AnswerChecker, default_checker
-from llm_zoo.parsing import ParseError, extract_boxed, extract_code_block
+from llm_zoo.parsing import ParseError, extract_boxed
 from llm_zoo.sandbox import run_python
 
 __all__ = ["FORMAT_PENALTY", "MathEnv", "answer_from_output", "oracle_action", "oracle_policy"]
@@ -88,6 +136,7 @@ _REASONER_ROLE = (
     "You are the reasoner in a team of two solving a math problem. Your teammate, the tool agent, "
     "solves the same problem by writing a Python program."
 )
+_REASONER_ALONE = "You are solving a math problem."
 _REASONER_FORMAT = (
     "Reason step by step. End your reply with your final answer in \\boxed{...}, for example "
     "\\boxed{42} or \\boxed{\\frac{3}{4}}. Give an exact, simplified answer."
@@ -155,6 +204,11 @@ class MathEnv(TextAECEnv):
         render_mode: ``None`` or ``"ansi"``.
         checker: The answer checker; default: the process-wide shared one.
         code_timeout_s: Wall-clock limit on the tool agent's program.
+        agents: Turn order: ``("reasoner", "tool_agent")``, ``("tool_agent", "reasoner")`` or
+            ``("reasoner",)`` (the reasoner alone).
+        prompt_style: ``"full"`` or ``"compact"`` (short prompts for small models).
+        answer_parser: ``"strict"`` or ``"lenient"`` (how the reasoner's answer is read).
+        code_parser: ``"strict"`` or ``"lenient"`` (how the tool agent's program is read).
     """
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -176,10 +230,23 @@ class MathEnv(TextAECEnv):
         render_mode: str | None = None,
         checker: AnswerChecker | None = None,
         code_timeout_s: float = 5.0,
+        agents: Sequence[str] = ("reasoner", "tool_agent"),
+        prompt_style: str = "full",
+        answer_parser: str = "strict",
+        code_parser: str = "strict",
     ):
         super().__init__(max_turns=max_turns, alpha=alpha, render_mode=render_mode)
         if code_timeout_s <= 0:
             raise ValueError(f"code_timeout_s must be > 0, got {code_timeout_s!r}")
+        check_choice("agents", tuple(agents) if not isinstance(agents, str) else agents, AGENT_ORDERS)
+        check_choice("prompt_style", prompt_style, PROMPT_STYLES)
+        check_choice("answer_parser", answer_parser, ANSWER_PARSERS)
+        check_choice("code_parser", code_parser, CODE_PARSERS)
+        self.prompt_style, self.answer_parser, self.code_parser = prompt_style, answer_parser, code_parser
+        if tuple(agents) != tuple(self.possible_agents):
+            self.possible_agents = list(agents)
+            self.observation_spaces = {a: self.observation_spaces[a] for a in self.possible_agents}
+            self.action_spaces = {a: self.action_spaces[a] for a in self.possible_agents}
         self.problem_set: ProblemSet = build_problem_set(dataset, split, difficulty, dataset_format)
         self.split = split
         self.code_timeout_s = float(code_timeout_s)
@@ -211,9 +278,12 @@ class MathEnv(TextAECEnv):
 
     def _prompt(self, agent: str) -> str:
         assert self.problem is not None
+        if self.prompt_style == "compact":
+            return self._compact_prompt(agent)
         header = f"Problem:\n{self.problem.question}\n\nRound {self.turn + 1} of {self.max_turns}."
         if agent == "reasoner":
-            parts = [_REASONER_ROLE, header]
+            role = _REASONER_ROLE if "tool_agent" in self.possible_agents else _REASONER_ALONE
+            parts = [role, header]
             if self.tool_code is not None or self.tool_status:
                 parts.append(self._tool_report(for_reasoner=True))
                 previous = f"\\boxed{{{_short(self.reasoner_answer)}}}" if self.reasoner_answer else "(none)"
@@ -242,6 +312,24 @@ class MathEnv(TextAECEnv):
                 )
             parts.append(_tool_format(self.code_timeout_s))
         return "\n\n".join(parts)
+
+    def _compact_prompt(self, agent: str) -> str:
+        assert self.problem is not None
+        if agent == "reasoner":
+            ran = self.tool_code is not None or bool(self.tool_status)
+            shown = _short(self.tool_answer) if self.tool_answer is not None else None
+            return compact_reasoner_prompt(self.problem.question, tool_result=shown, tool_ran=ran)
+        previous = None
+        if self.tool_code is not None:
+            previous = _short(self.tool_answer) if self.tool_answer is not None else f"({self.tool_status})"
+        return compact_tool_prompt(
+            self.problem.question,
+            reasoner_answer=_short(self.reasoner_answer) if self.reasoner_answer is not None else None,
+            previous_program=_tail(self.tool_code, _ANSWER_SHOWN_CHARS)
+            if self.tool_code is not None
+            else None,
+            previous_result=previous,
+        )
 
     def _tool_report(self, *, for_reasoner: bool) -> str:
         whose = "The tool agent's" if for_reasoner else "Your previous"
@@ -298,7 +386,7 @@ class MathEnv(TextAECEnv):
         assert self.problem is not None
         self.reasoner_reply = action
         try:
-            answer = extract_boxed(action)
+            answer = read_reasoner_answer(action, self.answer_parser)
         except ParseError as error:
             self.reasoner_answer, self.reasoner_correct = None, False
             return FORMAT_PENALTY, False, f"Your previous reply could not be used: {error}.", "none", {}
@@ -310,7 +398,7 @@ class MathEnv(TextAECEnv):
         assert self.problem is not None
         self.tool_answer, self.tool_correct, self.tool_output = None, False, ""
         try:
-            code = extract_code_block(action)
+            code = read_tool_program(action, self.code_parser)
         except ParseError as error:
             self.tool_code, self.tool_status = None, "no_code"
             feedback = f"Your previous reply could not be used: {error}."
