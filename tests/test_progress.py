@@ -60,6 +60,7 @@ def test_watching_a_rollout_changes_nothing_and_counts_episodes(rollout):
     watched.engine.generate = recording_generate
     samples = _rollout(rollout, watched)
     watched.close()
+    progress.close()
     assert [dataclasses.asdict(s) for s in samples] == [dataclasses.asdict(s) for s in plain]
     assert seen == sorted(seen) and seen[0] == 0  # episodes done only grows
     calls = watched.engine.calls
@@ -80,6 +81,7 @@ def test_evaluation_progress_reaches_every_episode():
         ENV, {"max_turns": 2}, [1, 2, 3, 4, 5], watched, {"alice": None, "bob": None}, SAMPLING
     )
     watched.close()
+    progress.close()
     assert len(results) == 5 and watched.phase.completed == 5
     assert out.getvalue().startswith("evaluation: 5/5 episodes, ")
 
@@ -92,6 +94,7 @@ def test_plain_lines_per_phase_and_at_intervals_only():
         for done in range(1, 6):
             phase(done, 5)
     progress.step_done(1, "success 0%")
+    progress.close()
     assert out.getvalue().splitlines() == [out.getvalue().splitlines()[0]]
     assert out.getvalue().startswith("step 1/2 update alice: 5/5 micro-batches, ")
     console, out = _console(terminal=False)
@@ -120,7 +123,7 @@ def test_a_long_silent_phase_still_prints_lines():
         "evaluation: 0/4 episodes, "
     )
     assert not lines[-1].endswith("so far")
-    assert not any(t.name == "llm-zoo-progress" for t in threading.enumerate())  # the thread stopped
+    assert not any(t.name == progress.thread_name for t in threading.enumerate())  # the thread stopped
 
 
 def test_bars_on_a_terminal():

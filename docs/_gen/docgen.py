@@ -57,6 +57,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.data.math_generator", "llm_zoo.data.math_generator"),
     ("llm_zoo_train.config", "llm_zoo_train.config"),
     ("llm_zoo_train.typed_config", "llm_zoo_train.typed_config"),
+    ("llm_zoo_train.config_aliases", "llm_zoo_train.config_aliases"),
     ("llm_zoo_train.trainer", "llm_zoo_train.trainer"),
     ("llm_zoo_train.update", "llm_zoo_train.update"),
     ("llm_zoo_train.rollout", "llm_zoo_train.rollout"),
@@ -65,6 +66,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.advantages", "llm_zoo_train.advantages"),
     ("llm_zoo_train.loss", "llm_zoo_train.loss"),
     ("llm_zoo_train.policy", "llm_zoo_train.policy"),
+    ("llm_zoo_train.model_card", "llm_zoo_train.model_card"),
     ("llm_zoo_train.samples", "llm_zoo_train.samples"),
     ("llm_zoo_train.chat", "llm_zoo_train.chat"),
     ("llm_zoo_train.engines.base", "llm_zoo_train.engines.base"),
@@ -81,6 +83,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.eval_defaults", "llm_zoo_train.eval_defaults"),
     ("llm_zoo_train.engines.replay", "llm_zoo_train.engines.replay"),
     ("llm_zoo_train.tracking", "llm_zoo_train.tracking"),
+    ("llm_zoo_train.progress", "llm_zoo_train.progress"),
 ]
 
 #: Modules deliberately without an API page (besides private ``_name`` modules, never documented).

@@ -192,6 +192,7 @@ class RunProgress:
         enabled: Show anything at all (False on all but the main process).
         interval_s: Seconds between the plain lines of a long phase (0: a line at every update, no
             background thread).
+        stderr: Write to stderr instead of stdout (when ``console`` is None).
     """
 
     def __init__(
@@ -215,6 +216,8 @@ class RunProgress:
         self._open: list[Phase] = []
         self._stop = threading.Event()
         self._beater: threading.Thread | None = None
+        #: Name of the heartbeat thread (plain mode), one per instance.
+        self.thread_name = f"llm-zoo-progress-{id(self):x}"
         if not enabled:
             self.console = None
             return
@@ -259,7 +262,7 @@ class RunProgress:
         with self.lock:
             self._open.append(phase)
             if self.enabled and self.bars is None and self.interval_s > 0 and self._beater is None:
-                self._beater = threading.Thread(target=self._beat, name="llm-zoo-progress", daemon=True)
+                self._beater = threading.Thread(target=self._beat, name=self.thread_name, daemon=True)
                 self._beater.start()
 
     def closed(self, phase: Phase) -> None:
