@@ -224,7 +224,10 @@ def not_isolated(plan: LayerPlan) -> list[str]:
     if not plan.namespaces:
         gaps += [
             "the network (programs can connect to anything the host can)",
-            "host files (programs read what their uid may read, the envs' hidden tests and answers included)",
+            "host files (programs read every file, CAP_DAC_READ_SEARCH: the Python installation is not "
+            "world-readable)"
+            if plan.keep_read_search
+            else "host files (programs read what their uid may read, the envs' hidden tests and answers included)",
             "other processes (programs see the host's processes and command lines in /proc)",
         ]
         if not plan.uid_drop:
