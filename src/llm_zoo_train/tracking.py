@@ -25,7 +25,15 @@ from llm_zoo_train.advantages import group_samples
 from llm_zoo_train.progress import RunProgress
 from llm_zoo_train.samples import Sample
 
-__all__ = ["RunLogger", "episode_successes", "flatten_config", "plot_learning_curve", "rollout_metrics"]
+__all__ = [
+    "RunLogger",
+    "episode_successes",
+    "flatten_config",
+    "plot_learning_curve",
+    "rollout_metrics",
+    "trained_samples",
+    "trained_samples_text",
+]
 
 
 def _mean(values: Iterable[float]) -> float:
@@ -81,6 +89,24 @@ def rollout_metrics(
             }
         )
     return metrics
+
+
+def trained_samples(metrics: Mapping[str, float]) -> dict[str, float]:
+    """Samples that reached each adapter's update in one step (``update/{adapter}/samples``)."""
+    return {
+        key.split("/")[1]: value
+        for key, value in sorted(metrics.items())
+        if key.startswith("update/") and key.endswith("/samples") and key.count("/") == 2
+    }
+
+
+def trained_samples_text(metrics: Mapping[str, float]) -> str:
+    """The console's words for what a step trained, e.g. ``trained samples: reasoner 8, tool_agent 0``,
+    or, when no sample reached any update, that nothing was trained and why."""
+    counts = trained_samples(metrics)
+    if not counts or not any(counts.values()):
+        return "NOTHING TRAINED this step: every group's K rewards were equal (zero variance), no update"
+    return "trained samples: " + ", ".join(f"{adapter} {count:.0f}" for adapter, count in counts.items())
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -182,6 +208,7 @@ class RunLogger:
             f"reward {rewards}",
             f"success {100 * metrics.get('train/success_rate', 0.0):.1f}%",
             f"zero-var groups {zero:.0f}/{groups:.0f}",
+            trained_samples_text(metrics),
         ]
         if clips:
             parts.append(f"clip {max(clips):.3f}")
@@ -198,14 +225,15 @@ class RunLogger:
 
 
 def plot_learning_curve(history: Sequence[Mapping[str, float]], path: str | Path, title: str = "") -> Path:
-    """Draw per-agent mean reward and train/eval success rate against the step into a PNG."""
+    """Draw per-agent mean reward, train/eval success rate and each adapter's trained samples
+    (red crosses: steps that trained nothing) against the step into a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    figure, (reward_axis, success_axis) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    figure, (reward_axis, success_axis, trained_axis) = plt.subplots(3, 1, figsize=(8, 9.5), sharex=True)
     train = [r for r in history if "train/success_rate" in r]
     agents = sorted(
         {k.split("/")[0] for r in train for k in r if k.endswith("/reward") and not k.startswith("eval/")}
@@ -236,11 +264,23 @@ def plot_learning_curve(history: Sequence[Mapping[str, float]], path: str | Path
             steps, rates, yerr=[low, high], marker="o", capsize=4, label="evaluation (95% CI)"
         )
     success_axis.set_ylabel("success rate (%)")
-    success_axis.set_xlabel("training step")
-    success_axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     success_axis.set_ylim(-2, 102)
     success_axis.grid(alpha=0.3)
     success_axis.legend()
+    adapters = sorted({adapter for r in train for adapter in trained_samples(r)})
+    for adapter in adapters:
+        trained_axis.plot([r["step"] for r in train], [trained_samples(r).get(adapter, 0.0) for r in train],
+                          marker="o", label=adapter)  # fmt: skip
+    idle = [r["step"] for r in train if not any(trained_samples(r).values())]
+    if idle:
+        trained_axis.scatter(idle, [0] * len(idle), marker="x", color="red", zorder=3,
+                             label="nothing trained (all groups zero-variance)")  # fmt: skip
+    trained_axis.set_ylabel("trained samples")
+    trained_axis.set_xlabel("training step")
+    trained_axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    trained_axis.grid(alpha=0.3)
+    if adapters or idle:
+        trained_axis.legend()
     if title:
         figure.suptitle(title)
     figure.tight_layout()

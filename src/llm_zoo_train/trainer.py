@@ -309,6 +309,9 @@ class Trainer:
         for adapter in self.plan.trainable:
             with self.progress.update(step, adapter) as phase:
                 metrics.update(self.updater.update(adapter, [s for s in kept if s.adapter == adapter], phase))
+            # An adapter without samples makes no update and reports nothing: record its 0, so the
+            # console, metrics.jsonl and the learning curve say what it trained.
+            metrics.setdefault(f"update/{adapter}/samples", 0.0)
         if wake_up is not None:
             wake_up()
         for adapter, scheduler in self.schedulers.items():

@@ -1,0 +1,51 @@
+"""The console line and the learning curve say how many samples each adapter trained on, in words
+when a step trained nothing."""
+
+from __future__ import annotations
+
+from llm_zoo_train.tracking import RunLogger, plot_learning_curve, trained_samples, trained_samples_text
+
+
+def step_metrics(tool: float, reasoner: float) -> dict[str, float]:
+    return {
+        "train/success_rate": 0.5,
+        "tool_agent/reward": 0.1,
+        "reasoner/reward": 0.2,
+        "update/tool_agent/samples": tool,
+        "update/reasoner/samples": reasoner,
+        "update/reasoner/loss": 0.3,
+    }
+
+
+def test_trained_samples_reads_each_adapter():
+    assert trained_samples(step_metrics(8, 0)) == {"reasoner": 0.0, "tool_agent": 8.0}
+    assert trained_samples({"train/success_rate": 1.0}) == {}
+
+
+def test_console_words_for_trained_and_untrained_steps():
+    assert trained_samples_text(step_metrics(8, 12)) == "trained samples: reasoner 12, tool_agent 8"
+    assert trained_samples_text(step_metrics(8, 0)) == "trained samples: reasoner 0, tool_agent 8"
+    for idle in (step_metrics(0, 0), {"train/success_rate": 0.0}):
+        assert trained_samples_text(idle).startswith("NOTHING TRAINED this step")
+        assert "zero variance" in trained_samples_text(idle)
+    summary = RunLogger.summary(3, step_metrics(0, 0))
+    assert "NOTHING TRAINED" in summary and summary.startswith("step 3")
+
+
+def test_learning_curve_draws_trained_samples(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    drawn: list[tuple[list, list]] = []
+    original = matplotlib.axes.Axes.plot
+
+    def spy(self, *args, **kwargs):
+        if kwargs.get("label") in {"tool_agent", "reasoner"}:
+            drawn.append((list(args[0]), list(args[1])))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    history = [{"step": 1, **step_metrics(8, 4)}, {"step": 2, **step_metrics(0, 0)}]
+    path = plot_learning_curve(history, tmp_path / "curve.png")
+    assert path.stat().st_size > 0
+    samples = [series for series in drawn if series[0] == [1, 2]]
+    assert ([1, 2], [4.0, 0.0]) in samples and ([1, 2], [8.0, 0.0]) in samples
