@@ -216,13 +216,14 @@ def test_servers_end_with_the_host(ending):
     )
     info = json.loads(host.stdout.splitlines()[0])
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(pid) for pid in info["servers"]):
+    while time.monotonic() < deadline and any(process_alive(pid) for pid in info["servers"]):
         time.sleep(0.05)
-    assert not any(_alive(pid) for pid in info["servers"])
+    assert not any(process_alive(pid) for pid in info["servers"])
     assert all(processes_of_uid(uid) == [] for uid in info["uids"])
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """``pid`` runs (exists and is not a zombie)."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
             return handle.read().split(")")[1].split()[0] != "Z"

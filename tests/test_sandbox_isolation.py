@@ -22,6 +22,7 @@ import pytest
 
 import llm_zoo
 from llm_zoo import sandbox
+from test_sandbox import process_alive
 from test_sandbox_hostile import SETUPS, make_box
 
 SECRET = f"hidden-{uuid.uuid4().hex}"
@@ -272,7 +273,7 @@ def test_job_of_a_dead_server_is_rerun_within_its_timeout(setup, victim, monkeyp
         # The jobs' own time, the killed job's timeout once more, a new server's start (the chunk's
         # deadline, sum of timeouts + 10 s, is what a lost server used to cost).
         assert elapsed < 2.5 + 2.0 + 3.0
-        assert worker not in box._workers and not _alive(pid)
+        assert worker not in box._workers and not process_alive(pid)
 
 
 def test_servers_outlive_the_threads_that_started_them(box):
@@ -293,14 +294,6 @@ def _children_of(pid: int) -> list[int]:
         with open(f"/proc/{pid}/task/{task}/children") as handle:
             children += [int(child) for child in handle.read().split()]
     return children
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(")")[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # ------------------------------------------------------------------------- 6. a fallback that isolates
