@@ -188,7 +188,9 @@ def test_two_cpu_processes_keep_identical_adapters(tiny_model_dir, tmp_path):
     assert [r[:2] for r in ranks] == [["0", "2"], ["1", "2"]]
     assert ranks[0][2] == ranks[1][2]  # identical adapters on both processes
     rollouts = sorted(p.name for p in (tmp_path / "run" / "rollouts").iterdir())
-    assert rollouts == [f"step_00000{s}-rank{r}.jsonl" for s in (1, 2) for r in (0, 1)]
+    assert rollouts == sorted(
+        f"step_00000{s}-rank{r}{kind}.jsonl" for s in (1, 2) for r in (0, 1) for kind in ("", ".generations")
+    )
     first, second = (
         (tmp_path / "run" / "rollouts" / f"step_000001-rank{r}.jsonl").read_text() for r in (0, 1)
     )
