@@ -30,6 +30,7 @@ def test_runs_a_program_with_stdin():
     result = sandbox.run_python("name = input()\nprint(f'hello {name}')", stdin="zoo\n", timeout=5)
     assert result.ok and result.stdout == "hello zoo\n" and result.stderr == ""
     assert result.exit_code == 0 and not result.timed_out and not result.output_truncated
+    assert not result.memory_exceeded
     assert 0 < result.duration_s < 5 and result.cpu_s >= 0
     assert result.layer == sandbox.isolation_layer() and result.layer in sandbox.LAYERS
 
@@ -102,7 +103,7 @@ def test_run_many_applies_each_jobs_limits(box):
     assert fine.stdout == "fine\n" and fine.ok
     assert loop.timed_out and not loop.ok
     assert flood.output_truncated and len(flood.stdout) == 100
-    assert too_big.exit_code == 1 and "MemoryError" in too_big.stderr
+    assert too_big.exit_code == 1 and "MemoryError" in too_big.stderr and not too_big.memory_exceeded
     assert fits.ok and fits.stdout == "ok\n"
     assert sandbox.run_many([]) == []
 

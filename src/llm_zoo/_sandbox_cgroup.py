@@ -93,11 +93,13 @@ class RunCgroup:
     Attributes:
         procs_fd: ``cgroup.procs``, opened for writing: a program's process writes ``0`` to it.
         limit_fds: The limit files, in the order to write them when lowering the limit.
+        events_fd: The file counting OOM kills (v1 ``memory.oom_control``, v2 ``memory.events``:
+            their ``oom_kill`` line), opened for reading.
     """
 
     def __init__(self, version: str, parent: str) -> None:
         self.version = version
-        self.procs_fd, self.limit_fds = -1, []
+        self.procs_fd, self.events_fd, self.limit_fds = -1, -1, []
         self.path = os.path.join(parent, f"llm_zoo_sandbox_{os.getpid()}_{next(_counter)}")
         os.mkdir(self.path, 0o755)
         try:
@@ -113,6 +115,8 @@ class RunCgroup:
                     limits.append("memory.memsw.limit_in_bytes")
                 self._write("memory.swappiness", "0")
             self.procs_fd = os.open(os.path.join(self.path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+            events = "memory.events" if version == "v2" else "memory.oom_control"
+            self.events_fd = os.open(os.path.join(self.path, events), os.O_RDONLY | os.O_CLOEXEC)
             self.limit_fds = [
                 os.open(os.path.join(self.path, name), os.O_WRONLY | os.O_CLOEXEC) for name in limits
             ]
@@ -126,7 +130,7 @@ class RunCgroup:
 
     @property
     def fds(self) -> list[int]:
-        return [self.procs_fd, *self.limit_fds]
+        return [self.procs_fd, self.events_fd, *self.limit_fds]
 
     def peak_bytes(self) -> int | None:
         """The most memory the cgroup's processes held together since it was made (if known)."""
@@ -143,7 +147,7 @@ class RunCgroup:
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self.procs_fd, self.limit_fds = -1, []
+        self.procs_fd, self.events_fd, self.limit_fds = -1, -1, []
         deadline = time.monotonic() + wait_s
         while True:
             try:

@@ -69,6 +69,8 @@ class ServerConfig:
         self.private_files = self.cleanup == "pidns"  # /tmp, /dev/shm: the sandbox's own
         self.cgroup_procs_fd: int | None = options.get("cgroup_procs_fd")
         self.memory_fds: list[int] = options.get("memory_fds", [])  # limit files, in write order
+        if options.get("memory_events_fd") is not None:
+            self.memory_fds.append(options["memory_events_fd"])  # the last one: read, not written
         self.nproc_base = 0
         self.stdio = runner.StdioConfig()
 
@@ -176,11 +178,12 @@ def _read_capped(fd: int, cap: int) -> tuple[bytes, bool]:
 
 
 class MemoryLimit:
-    """The run cgroup's memory limit files (cgroup v1 ``limit_in_bytes`` then ``memsw``, or v2
-    ``memory.max``), opened by the host; written before a run when the limit changes."""
+    """The run cgroup's files, opened by the host: its limit files (cgroup v1 ``limit_in_bytes``
+    then ``memsw``, or v2 ``memory.max``), written before a run when the limit changes, and last
+    the file whose ``oom_kill`` line counts the processes the OOM killer stopped."""
 
     def __init__(self, fds: list[int]) -> None:
-        self.fds = fds
+        self.fds, self.events = fds[:-1], (fds[-1] if fds else None)
         self.current: int | None = None
 
     def set(self, limit: int) -> None:
@@ -192,6 +195,14 @@ class MemoryLimit:
             os.pwrite(fd, str(limit).encode(), 0)
         self.current = limit
 
+    def oom_kills(self) -> int:
+        if self.events is None:
+            return 0
+        for line in os.pread(self.events, 4096, 0).decode().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+        return 0
+
 
 def serve_one(request: dict, source: bytes, stdin: bytes, config: ServerConfig, channel: int,
               births: socket.socket, memory: MemoryLimit) -> dict:  # fmt: skip
@@ -202,6 +213,7 @@ def serve_one(request: dict, source: bytes, stdin: bytes, config: ServerConfig, 
     fds = [_memory_file("stdin", stdin), _memory_file("stdout"), _memory_file("stderr"), job]
     if config.cgroup_procs_fd is not None:
         fds.append(config.cgroup_procs_fd)
+    oom_kills = memory.oom_kills()
     start = time.monotonic()
     socket.send_fds(births, [b"r"], fds)
     for fd in (fds[0], job):
@@ -252,6 +264,7 @@ def serve_one(request: dict, source: bytes, stdin: bytes, config: ServerConfig, 
         "duration_s": duration,
         "cpu_s": cpu,
         "output_truncated": out_cut or err_cut,
+        "memory_exceeded": memory.oom_kills() > oom_kills,
         "error": None if answer["clean"] else "processes of the run survived SIGKILL; server retiring",
         "host_gone": host_gone,
         "retire": not answer["clean"],

@@ -230,9 +230,10 @@ class Worker:
             passed = [] if info_write is None else [info_write]
             if plan.memory:
                 self.cgroup = RunCgroup(*plan.memory)
-                options["cgroup_procs_fd"], options["memory_fds"] = (
-                    self.cgroup.procs_fd,
+                options["cgroup_procs_fd"] = self.cgroup.procs_fd
+                options["memory_fds"], options["memory_events_fd"] = (
                     self.cgroup.limit_fds,
+                    self.cgroup.events_fd,
                 )
                 passed += self.cgroup.fds
             argv = server_command(plan, options, disk_mb, info_write)

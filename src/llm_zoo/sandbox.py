@@ -141,6 +141,8 @@ class RunResult:
         output_truncated: stdout or stderr reached the cap.
         cpu_s: CPU seconds the program's own process used (user + system).
         layer: The isolation layer it ran under (``"bubblewrap"`` or ``"rlimits"``).
+        memory_exceeded: The OOM killer stopped a process of the run: together they reached
+            ``memory_mb`` (only where a memory cgroup is in force, see :func:`isolation_info`).
         error: Set when the sandbox itself failed (the result says nothing about the program).
     """
 
@@ -153,6 +155,7 @@ class RunResult:
     cpu_s: float = 0.0
     layer: str = ""
     error: str | None = None
+    memory_exceeded: bool = False
 
     @property
     def ok(self) -> bool:
@@ -382,6 +385,7 @@ class Sandbox:
             cpu_s=float(header["cpu_s"]),
             layer=self.layer,
             error=header.get("error"),
+            memory_exceeded=bool(header.get("memory_exceeded")),
         )
 
     def _acquire(self) -> Worker:
