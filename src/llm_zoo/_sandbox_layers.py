@@ -235,7 +235,11 @@ def not_isolated(plan: LayerPlan) -> list[str]:
     if not plan.memory:
         gaps.append("total memory (memory_mb limits each process's address space; memfd and System V "
                     "shared memory are not bounded)")  # fmt: skip
-    if not plan.uid_drop:
+    if not plan.uid_drop and plan.namespaces:
+        gaps.append(
+            "the server (programs run under its uid inside the sandbox: they can signal it; it is then replaced)"
+        )
+    elif not plan.uid_drop:
         gaps.append("the host's own processes and files (programs run under the host's uid)")
     return gaps
 
