@@ -111,6 +111,9 @@ def run_row(name: str, launcher: list[str], overrides: dict[str, Any], output_di
         str(REPO / row["config"]),
         "--training.output_dir",
         str(run_dir),
+        # A rerun of the benchmark replaces its own earlier row.
+        "--training.overwrite_output_dir",
+        "true",
     ]
     for key, value in overrides.items():
         command += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]

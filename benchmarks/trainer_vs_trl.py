@@ -137,9 +137,9 @@ def model_dir(args: argparse.Namespace, workdir: Path) -> str:
 
 def step_topics(seed: int, step: int, prompts_per_step: int) -> list[str]:
     """The topics our trainer's step ``step`` draws (its task seeds, derived as in Trainer.train_step)."""
-    from llm_zoo_train.trainer import _TASKS, derive_seed
+    from llm_zoo_train.seeding import Stream, derive_seed
 
-    seeds = np.random.default_rng(derive_seed(seed, step, 0, _TASKS)).integers(
+    seeds = np.random.default_rng(derive_seed(seed, step, 0, Stream.TASKS)).integers(
         0, 2**30, size=prompts_per_step
     )
     return [TOPICS[int(s) % len(TOPICS)] for s in seeds]
@@ -172,9 +172,17 @@ def make_ours(args: argparse.Namespace, path: str, workdir: Path, total_steps: i
             max_completion_length=args.max_completion_length,
             temperature=1.0,
             engine="hf",
-            generation_batch_size=args.prompts_per_step * args.num_generations,
+            max_rows_per_generate_call=args.prompts_per_step * args.num_generations,
         ),
-        algorithm=AlgorithmConfig(loss_type="dapo", epsilon=0.2, beta=0.0, scale_rewards="group"),
+        algorithm=AlgorithmConfig(
+            loss_type="dapo",
+            epsilon=0.2,
+            beta=0.0,
+            scale_rewards="group",
+            # TRL keeps zero-variance groups and divides by std + 1e-4: the same here, like for like.
+            zero_variance_groups="keep",
+            advantage_epsilon=1e-4,
+        ),
         training=TrainingConfig(
             output_dir=str(workdir / "ours"),
             max_steps=total_steps,

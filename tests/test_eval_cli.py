@@ -197,7 +197,7 @@ def test_dispatch_from_the_training_command_and_python_m(trained_run, capsys):
     )  # fmt: skip
     assert result.returncode == 2 and "no/such/run: no such file or directory" in result.stderr
     result = subprocess.run(
-        [sys.executable, "-m", "llm_zoo_train.evaluate", "--help"],
+        [sys.executable, "-m", "llm_zoo_train.eval_cli", "--help"],
         capture_output=True,
         text=True,
         timeout=120,

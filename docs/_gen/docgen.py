@@ -59,6 +59,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.typed_config", "llm_zoo_train.typed_config"),
     ("llm_zoo_train.config_aliases", "llm_zoo_train.config_aliases"),
     ("llm_zoo_train.trainer", "llm_zoo_train.trainer"),
+    ("llm_zoo_train.seeding", "llm_zoo_train.seeding"),
     ("llm_zoo_train.update", "llm_zoo_train.update"),
     ("llm_zoo_train.rollout", "llm_zoo_train.rollout"),
     ("llm_zoo_train.team_credit", "llm_zoo_train.team_credit"),

@@ -15,6 +15,7 @@ from typing import Any
 
 from llm_zoo_train.config import AgentPlan, Config, eval_env_kwargs, load_config, train_env_kwargs
 from llm_zoo_train.engines.base import Engine, SamplingParams
+from llm_zoo_train.seeding import Stream, derive_seed
 
 __all__ = [
     "POLICIES",
@@ -192,7 +193,6 @@ def _split_argument(env_id: str) -> tuple[bool, Any]:
 
 def plan_splits(config: Config, names: Sequence[str] | None) -> list[Split]:
     """The splits to play; ``names`` None: train and test if the env has a split argument, else eval."""
-    from llm_zoo_train.trainer import _TASKS, derive_seed
 
     has_splits, default_split = _split_argument(config.env.id)
     chosen = list(names) if names else (["train", "test"] if has_splits else ["eval"])
@@ -212,7 +212,7 @@ def plan_splits(config: Config, names: Sequence[str] | None) -> list[Split]:
             seeds: list[int] = []
             step = 1
             while len(seeds) < n:
-                rng = np.random.default_rng(derive_seed(config.training.seed, step, 0, _TASKS))
+                rng = np.random.default_rng(derive_seed(config.training.seed, step, 0, Stream.TASKS))
                 seeds += rng.integers(0, 2**30, size=config.rollout.envs_per_step).tolist()
                 step += 1
             splits.append(Split("train", train_env_kwargs(config), seeds[:n], False))
@@ -229,7 +229,6 @@ def plan_splits(config: Config, names: Sequence[str] | None) -> list[Split]:
 def eval_sampling(config: Config) -> SamplingParams:
     """The sampling of the trainer's evaluation (``eval`` section; the seed of process 0)."""
     from llm_zoo_train.eval_defaults import eval_temperature
-    from llm_zoo_train.trainer import _EVAL, derive_seed
 
     settings, rollout = config.eval, config.rollout
     temperature = eval_temperature(config.env.id, settings.temperature)
@@ -238,7 +237,7 @@ def eval_sampling(config: Config) -> SamplingParams:
         temperature=temperature,
         top_p=rollout.top_p if temperature > 0 else 1.0,
         top_k=rollout.top_k if temperature > 0 else 0,
-        seed=derive_seed(config.training.seed, 0, _EVAL),
+        seed=derive_seed(config.training.seed, 0, Stream.EVAL),
     )
 
 

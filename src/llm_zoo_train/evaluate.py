@@ -1,12 +1,12 @@
 """Evaluation: the success rate of the current adapters on an env's evaluation tasks.
 
 One episode per task seed, no branching (:func:`llm_zoo_train.rollout.evaluation_rollout`),
-greedy by default. The success rate comes with a 95% Wilson score interval, which stays inside
+at the env kind's evaluation temperature by default (:mod:`llm_zoo_train.eval_defaults`). The success rate comes with a 95% Wilson score interval, which stays inside
 [0, 1] and is honest for the small episode counts a CPU run affords (the normal approximation
 claims zero uncertainty at 0% or 100%).
 
 The trainer calls :func:`evaluate` during a run; the command ``llm-zoo-train eval`` (also
-``python -m llm_zoo_train.evaluate``, implemented in :mod:`llm_zoo_train.eval_cli`) evaluates a
+``python -m llm_zoo_train.eval_cli``, implemented in :mod:`llm_zoo_train.eval_cli`) evaluates a
 saved run, the base model, a role swap or a served model after it.
 """
 
@@ -129,10 +129,3 @@ def evaluate(
     episodes = evaluation_rollout(env_id, env_kwargs, seeds, engine, agent_adapters, sampling)
     return summarize(episodes), episodes
 
-
-if __name__ == "__main__":  # python -m llm_zoo_train.evaluate: the same as `llm-zoo-train eval`
-    import sys
-
-    from llm_zoo_train.eval_cli import main
-
-    sys.exit(main())

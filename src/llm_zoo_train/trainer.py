@@ -57,6 +57,7 @@ from llm_zoo_train.progress import RunProgress
 from llm_zoo_train.rollout import independent_rollout, tree_rollout
 from llm_zoo_train.run_dir import ResumePoint, start_run
 from llm_zoo_train.samples import write_jsonl
+from llm_zoo_train.seeding import Stream, derive_seed
 from llm_zoo_train.team_credit import team_credit_metrics
 from llm_zoo_train.tracking import RunLogger, flatten_config, plot_learning_curve, rollout_metrics
 from llm_zoo_train.trainer_state import load_trainer_checkpoint, save_trainer_checkpoint
@@ -65,13 +66,6 @@ from llm_zoo_train.update import AdapterUpdater, mean_across_processes
 __all__ = ["Trainer", "derive_seed"]
 
 ROLLOUTS = {"tree": tree_rollout, "independent": independent_rollout}
-# Independent random streams derived from (seed, step, process, stream).
-_TASKS, _TIES, _SAMPLING, _EVAL = 1, 2, 3, 4
-
-
-def derive_seed(*parts: int) -> int:
-    """A 32-bit seed that depends on every part (NumPy's SeedSequence hashing)."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
 class _TimedEngine:
@@ -248,14 +242,14 @@ class Trainer:
         rollout, algorithm, seed = config.rollout, config.algorithm, config.training.seed
         rank = accelerator.process_index
         start = time.perf_counter()
-        task_rng = np.random.default_rng(derive_seed(seed, step, rank, _TASKS))
+        task_rng = np.random.default_rng(derive_seed(seed, step, rank, Stream.TASKS))
         seeds = task_rng.integers(0, 2**30, size=rollout.envs_per_step).tolist()
         sampling = SamplingParams(
             max_tokens=rollout.max_completion_length,
             temperature=rollout.temperature,
             top_p=rollout.top_p,
             top_k=rollout.top_k,
-            seed=derive_seed(seed, step, rank, _SAMPLING),
+            seed=derive_seed(seed, step, rank, Stream.SAMPLING),
         )
         if isinstance(self.engine, ReplayEngine):
             self.engine.load_step(step, rank, accelerator.num_processes)
@@ -276,7 +270,7 @@ class Trainer:
             self.plan.agent_adapters,
             rollout.num_generations,
             sampling,
-            np.random.default_rng(derive_seed(seed, step, rank, _TIES)),
+            np.random.default_rng(derive_seed(seed, step, rank, Stream.TIES)),
             team_credit_lookahead=rollout.team_credit_lookahead,
         )
         rollout_seconds = time.perf_counter() - start
@@ -343,7 +337,7 @@ class Trainer:
             temperature=temperature,
             top_p=config.rollout.top_p if temperature > 0 else 1.0,
             top_k=config.rollout.top_k if temperature > 0 else 0,
-            seed=derive_seed(config.training.seed, accelerator.process_index, _EVAL),
+            seed=derive_seed(config.training.seed, accelerator.process_index, Stream.EVAL),
         )
         watched = self.progress.evaluation(self.eval_engine, len(local))
         _, episodes = evaluate(
