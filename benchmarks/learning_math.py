@@ -212,9 +212,9 @@ def plot(results: Mapping[str, Any], path: Path) -> None:
             key = f"update/{adapter}/samples"
             trained.plot([r["step"] for r in history], [r.get(key, 0.0) for r in history], marker=".",
                          label=f"{LABELS[name][:3]} {adapter}")  # fmt: skip
-    curve.set(
-        xlabel="training step", ylabel="success rate", title="Training episodes (T=1)", ylim=(-0.02, 1.02)
-    )
+    temperatures = sorted({run["config"]["rollout"]["temperature"] for run in results["variants"].values()})
+    title = f"Training episodes (T={', '.join(map(str, temperatures))})"
+    curve.set(xlabel="training step", ylabel="success rate", title=title, ylim=(-0.02, 1.02))
     curve.legend(fontsize=7)
     trained.set(
         xlabel="training step", ylabel="samples", title="Trained samples per adapter (0: nothing learned)"

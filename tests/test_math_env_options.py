@@ -209,3 +209,31 @@ def test_the_reasoner_alone_answers_once_per_turn():
     env.step(f"{env.problem.answer}")
     assert env.success and all(env.truncations.values())
     env.close()
+
+
+@pytest.mark.slow
+def test_learning_benchmark_quick_run(tmp_path, monkeypatch):
+    """``benchmarks/learning_math.py --quick`` trains the three variants, evaluates the role swap
+    and writes its files with per-agent figures."""
+    import importlib
+    import json
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("llm_zoo_train.trainer", reason="the trainer is not installed")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "learning_math", raising=False)
+    benchmark = importlib.import_module("learning_math")
+    benchmark.main(["--quick", "--output-dir", str(tmp_path)])
+    result = json.loads((tmp_path / "learning_math.json").read_text())
+    assert (tmp_path / "learning_math.png").stat().st_size > 0
+    assert set(result["variants"]) == {"per_agent", "shared", "single_agent"}
+    per_agent = result["variants"]["per_agent"]
+    assert per_agent["role_swap"]["after"]["agent_adapters"] == {
+        "tool_agent": "reasoner",
+        "reasoner": "tool_agent",
+    }
+    assert set(per_agent["after"]["agents"]) == {"tool_agent", "reasoner"}
+    assert set(result["variants"]["single_agent"]["after"]["agents"]) == {"reasoner"}
+    assert result["variants"]["shared"]["before"] is None
+    assert set(result["verdict"]) >= {"met"} and result["partial"] is False
