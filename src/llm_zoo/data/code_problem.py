@@ -2,10 +2,10 @@
 
 :class:`CodeProblem` is a statement with hidden ground-truth tests. A problem is one of two kinds:
 
-* *stdin/stdout* (``call is None``): each :class:`TestCase` is the text fed to standard input and
+* *stdin/stdout* (``call is None``): each :class:`~llm_zoo.data.code_problem.TestCase` is the text fed to standard input and
   the text the program must print;
 * *call-based* (``call`` is a :class:`CallSpec`): the program defines the function (or class
-  method) the spec names; each :class:`TestCase` holds the call's arguments as a Python literal
+  method) the spec names; each :class:`~llm_zoo.data.code_problem.TestCase` holds the call's arguments as a Python literal
   list in ``input`` (e.g. ``"[[1, 2], 3]"``) and the expected return value as a Python literal in
   ``output`` (e.g. ``"6"``), see :mod:`llm_zoo.call_harness`.
 
