@@ -14,7 +14,7 @@ BUILTIN_ENVS: dict[str, tuple[str, str]] = {
     ),
     "Code-v0": (
         "llm_zoo.envs.code:CodeEnv",
-        "Competitive programming: a coder writes a stdin/stdout program, a unit tester writes test cases.",
+        "Programming: a coder writes a stdin/stdout program or the function a problem names, a unit tester writes tests.",
     ),
     "Math-v0": (
         "llm_zoo.envs.math:MathEnv",
