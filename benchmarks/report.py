@@ -228,6 +228,64 @@ def learning_plan_path(result: dict[str, Any]) -> str:
     )
 
 
+MATH_LABELS = {
+    "single_agent": "(a) single agent: reasoner alone, GRPO",
+    "per_agent": "(b) AT-GRPO, per-agent adapters",
+    "shared": "(c) AT-GRPO, one shared adapter",
+    "role_swap": "(d) (b)'s adapters, roles swapped (eval only)",
+}
+
+
+def _agent_cells(before: dict[str, Any] | None, after: dict[str, Any] | None, key: str) -> str:
+    agents = sorted(set((before or {}).get("agents", {})) | set((after or {}).get("agents", {})))
+
+    def value(record: dict[str, Any] | None, agent: str) -> str:
+        stats = (record or {}).get("agents", {}).get(agent)
+        if stats is None:
+            return "-"
+        return f"{100 * stats[key]:.0f}%" if key != "role_reward" else f"{stats[key]:+.2f}"
+
+    return "; ".join(f"{agent} {value(before, agent)} -> {value(after, agent)}" for agent in agents)
+
+
+MATH_HEADER = [
+    "variant", "success before (95% CI, solved/tasks)", "after", "format", "role reward", "correct answers",
+    "minutes",
+]  # fmt: skip
+
+
+def learning_math(result: dict[str, Any]) -> str:
+    variants = result["variants"]
+    rows: list[list[Any]] = []
+    shared_before = variants.get("per_agent", {}).get("before")
+    for name in ("single_agent", "per_agent", "shared"):
+        run = variants.get(name)
+        if run is None:
+            continue
+        entries = [(name, run["before"] or (shared_before if name == "shared" else None), run["after"])]
+        if run.get("role_swap"):
+            entries.append(("role_swap", run["before"], run["role_swap"]["after"]))
+        for label, before, after in entries:
+            minutes = f"{run['wall_seconds'] / 60:.1f}" if label == name else "-"
+            rows.append([MATH_LABELS[label], _success(before), _success(after),
+                         _agent_cells(before, after, "format_rate"), _agent_cells(before, after, "role_reward"),
+                         _agent_cells(before, after, "correct_rate"), minutes])  # fmt: skip
+    checks = {k: v for k, v in result.get("verdict", {}).items() if k != "met"}
+    listed = "; ".join(f"{name}: {'yes' if ok else 'no'}" for name, ok in checks.items())
+    met = "**met**" if result.get("verdict", {}).get("met") else "**not met**"
+    settings = result["settings"]
+    return (
+        f"{settings['description']} (config `{settings['config_file']}`, {settings['threads']} torch threads)."
+        " Success is greedy on held-out test problems never drawn for training, with 95% Wilson intervals;"
+        ' untrained adapters equal the base model, so (c) starts from (b)\'s "before". Per agent: the share of'
+        " answers the env could read (format), the mean role reward, the share of correct answers, before ->"
+        " after.\n\n"
+        + _table(MATH_HEADER, rows)
+        + f"\n\nTarget ((b) after above its before-interval and above (a)'s after-interval; (d) below (b)):"
+        f" {met} ({listed})."
+    )
+
+
 def reproduce_paper(result: dict[str, Any]) -> str:
     def cell(evaluation: dict[str, Any] | None) -> str:
         if not evaluation:
@@ -254,6 +312,11 @@ def reproduce_paper(result: dict[str, Any]) -> str:
 
 
 SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
+    (
+        "learning_math",
+        "Two agents learning together: Math-v0 on CPU (SmolLM2-135M), single agent / per-agent / shared / swap",
+        learning_math,
+    ),
     (
         "learning_plan_path",
         "Learning Plan-Path on CPU (SmolLM2-135M), 12 steps, all variants",
