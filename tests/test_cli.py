@@ -78,7 +78,7 @@ def test_header_and_board_count_turns_the_same_way():
 
 
 def test_plan_path_board_and_header_agree_and_the_tool_agent_line_is_honest():
-    program = 'print(\'**Actions List**: ["D"]\')'
+    program = "print('**Actions List**: [\"D\"]')"
     answers = f"```python\n{program}\n```\n/end\nno idea\n/end\n"
     code, text = run(["play", "PlanPath-v0", "--seed", "0", "--env-arg", "max_turns=2"], stdin=answers)
     assert code == 0

@@ -128,4 +128,3 @@ def evaluate(
     """Play one episode per seed and summarize; returns the summary and the episodes."""
     episodes = evaluation_rollout(env_id, env_kwargs, seeds, engine, agent_adapters, sampling)
     return summarize(episodes), episodes
-

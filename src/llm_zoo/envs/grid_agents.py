@@ -506,6 +506,4 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
         )
 
     def _render_state(self) -> str:
-        return (
-            f"{self.puzzle_name} | {self.turn_label()} | {self._status_text()}\n{self._board()}"
-        )
+        return f"{self.puzzle_name} | {self.turn_label()} | {self._status_text()}\n{self._board()}"
