@@ -8,6 +8,7 @@ bench``) leave the published figures alone.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -182,3 +183,54 @@ class RecordingEngine:
 
     def load_adapters(self, paths: Any, version: int) -> None:
         self.engine.load_adapters(paths, version)
+
+
+def parse_learning_args(
+    description: str, variants: Sequence[str], argv: Sequence[str] | None
+) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """The command line of the learning benchmarks: ``(args, variant names, config overrides)``.
+
+    Options: ``--quick``, ``--output-dir``, ``--variants`` (a comma-separated subset of
+    ``variants``), ``--threads``, ``--workdir``; any other ``--section.field VALUE`` is a config
+    override. A stray positional argument or an unknown variant exits with a message naming the
+    valid choices.
+    """
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: tiny random model, 1 step, 4 eval tasks"
+    )
+    parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--variants", default=",".join(variants), help=f"comma-separated subset of {list(variants)}"
+    )
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="where the runs go (default: a temporary dir)"
+    )
+    parser.epilog = "Any other --section.field VALUE is a config override, e.g. --training.max_steps 5."
+    args, overrides = parser.parse_known_args(argv)
+    if overrides[:1] and not overrides[0].startswith("--"):
+        parser.error(
+            f"unexpected argument {overrides[0]!r}: config overrides look like --section.field VALUE"
+        )
+    names = [name for name in args.variants.split(",") if name]
+    unknown = [name for name in names if name not in variants]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {list(variants)}")
+    return args, names, list(overrides)
+
+
+def quick_overrides(workdir: Path) -> list[str]:
+    """Config overrides of a ``--quick`` smoke run: a tiny random model built in ``workdir``, one
+    step of 2 envs x K=2, 8 new tokens, 4 evaluation episodes (its figures mean nothing)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from tiny_model import build_tiny_model_dir
+
+    model = build_tiny_model_dir(workdir / "tiny-model")
+    return [
+        "--model.name_or_path", str(model), "--model.dtype", "float32", "--training.max_steps", "1",
+        "--rollout.envs_per_step", "2", "--rollout.num_generations", "2",
+        "--rollout.max_completion_length", "8", "--eval.num_episodes", "4",
+    ]  # fmt: skip

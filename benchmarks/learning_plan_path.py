@@ -29,9 +29,7 @@ and the machine facts to ``OUTPUT_DIR/learning_plan_path.json`` and a learning-c
 
 from __future__ import annotations
 
-import argparse
 import gc
-import sys
 import tempfile
 import time
 import warnings
@@ -39,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import RESULTS_DIR, finish, run_facts
+from _common import finish, parse_learning_args, quick_overrides, run_facts
 
 from llm_zoo_train.config import config_to_dict, eval_env_kwargs, load_config
 from llm_zoo_train.engines.base import SamplingParams
@@ -224,30 +222,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke run: tiny random model, 1 step, 4 eval tasks"
-    )
-    parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
-    parser.add_argument(
-        "--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}"
-    )
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument(
-        "--workdir", type=Path, default=None, help="where the runs go (default: a temporary dir)"
-    )
-    parser.epilog = "Any other --section.field VALUE is a config override, e.g. --training.max_steps 5."
-    args, extra = parser.parse_known_args(argv)
-    stray = [arg for arg in extra[:1] if not arg.startswith("--")]
-    if stray:
-        parser.error(f"unexpected argument {stray[0]!r}: config overrides look like --section.field VALUE")
-    args.overrides = extra
-    names = [n for n in args.variants.split(",") if n]
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        parser.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    args, names, extra = parse_learning_args(__doc__ or "", list(VARIANTS), argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning)
@@ -255,17 +230,9 @@ def main(argv: list[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory(prefix="learning_plan_path-") as tmp:
         workdir = args.workdir or Path(tmp)
-        overrides = list(args.overrides)
+        overrides = list(extra)
         if args.quick:
-            sys.path.insert(0, str(REPO / "tests"))
-            from tiny_model import build_tiny_model_dir
-
-            model = build_tiny_model_dir(Path(tmp) / "tiny-model")
-            overrides = [
-                "--model.name_or_path", str(model), "--model.dtype", "float32", "--training.max_steps", "1",
-                "--rollout.envs_per_step", "2", "--rollout.num_generations", "2",
-                "--rollout.max_completion_length", "8", "--eval.num_episodes", "4", *overrides,
-            ]  # fmt: skip
+            overrides = [*quick_overrides(Path(tmp)), *overrides]
         start = time.perf_counter()
         variants = {}
         for name in names:

@@ -137,6 +137,16 @@ def _rollout_speed(result: dict[str, Any]) -> str:
         )
     elif "tokens_per_s" in tree:
         text += f"\n\nOne whole tree rollout (1 turn): {tree['tokens_per_s']:.1f} tokens/s."
+    cost, immediate = result.get("team_credit_cost"), result.get("tree_rollout_lookahead_0")
+    if cost and immediate:
+        calls = ", ".join(f"{name} {count}" for name, count in cost.get("engine_calls", {}).items())
+        text += (
+            f"\n\nTeam credit cost (`rollout.team_credit_lookahead`): the default look-ahead (a full round of"
+            f" teammates) takes **{cost['seconds_ratio']:.2f} x the time** of look-ahead 0"
+            f" ({tree['seconds_best']:.2f} s against {immediate['seconds_best']:.2f} s, best repeat of each)"
+            f" and generates **{cost['generated_tokens_ratio']:.2f} x the tokens**"
+            + (f"; engine calls per rollout: {calls}." if calls else ".")
+        )
     return text
 
 
