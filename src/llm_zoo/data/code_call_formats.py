@@ -1,32 +1,41 @@
-"""HumanEval and MBPP records for ``Code-v0``: their assert-based tests become call-based tests.
+"""HumanEval and MBPP records for ``Code-v0``: their assert-based tests become call-based tests,
+and what cannot become one runs as a check.
 
-Both datasets test a solution with Python ``assert`` statements. These are **converted, not run**:
-each assert of the forms below becomes one call-based test (arguments, expected value), compared
-in the host process by :func:`llm_zoo.call_harness.values_match`. Running the dataset's ``check``
-function inside the sandbox would put the expected values in the same process as the model's
-code, which could read them (from the stack, the file or stdin) and return them; a converted test
-sends only the arguments into the sandbox.
+Both datasets test a solution with Python ``assert`` statements. Each assert of the forms below is
+**converted** into one call-based test (arguments, expected value), compared in the host process
+by :func:`llm_zoo.call_harness.values_match`: only the arguments enter the sandbox.
 
 Accepted assert forms (``f`` is the tested function: HumanEval's ``candidate``, MBPP's function):
 
 * ``f(args) == expected`` (either side), ``f(args) is expected``; ``tuple(...)`` / ``list(...)``
   around either side is dropped (lists and tuples compare equal);
 * ``abs(f(args) - expected) < tol`` (or ``<=``), ``math.isclose(f(args), expected, ...)``: compared
-  with the harness's tolerance (1e-6, absolute or relative); an assert with a looser tolerance
-  (``tol`` or ``rel_tol`` / ``abs_tol`` above 1e-6, as some MBPP asserts have) is dropped, since
-  the judge would fail answers it accepts;
+  with the harness's tolerance (1e-6, absolute or relative), when ``tol`` (or ``rel_tol`` /
+  ``abs_tol``) is within it;
 * ``f(args)`` (expected ``True``) and ``not f(args)`` (expected ``False``);
 * ``assert True`` and bare names / strings are ignored.
 
 Arguments and expected values must be *static*: literals, arithmetic on them, names bound by
 earlier simple assignments in ``check``, ``for`` loops over static ranges (unrolled), and a few
 pure builtins (``len``, ``sum``, ``sorted``, ``range``, ``list``, ``str``, ...) and comprehensions,
-evaluated here by a small interpreter with size limits (never ``eval``). Statements that do not fit
-(random inputs, helper functions from the prompt, order-free ``set(...)`` comparisons, imports)
-are dropped; the count is kept in ``metadata["unconverted_statements"]``. A problem left with no
-test is skipped with a :class:`UserWarning` naming it. On HumanEval (164 problems) this skips
-HumanEval/32 (any root of a polynomial is accepted), /38 and /50 (random strings through
-encoders defined in the prompt).
+evaluated here by a small interpreter with size limits (never ``eval``).
+
+Statements that do not fit (random inputs, helper functions from the prompt, order-free
+``set(...)`` comparisons, tolerances looser than the judge's, imports; counted in
+``metadata["unconverted_statements"]``) are **run as a check** instead: the problem keeps the
+converted tests and gets the hidden test :data:`~llm_zoo.data.code_problem.CHECK_TEST`, which runs
+test source in a sandbox process of its own that calls the candidate's code in another one (see
+:mod:`llm_zoo.call_checker`; the test source never shares a process with the model's code):
+
+* HumanEval: the prompt (its helpers, such as ``poly`` or ``encode_cyclic``) and the record's whole
+  ``test``, so ``check(candidate)`` runs as the dataset wrote it. Of the 164 problems, 159 are
+  fixed calls only; HumanEval/32 (any root of a random polynomial), /38 and /50 (random strings
+  through the prompt's encoders) are checked only, /33 and /53 both;
+* MBPP: ``test_imports`` and the asserts that did not convert, in a ``check``; the function's name
+  is bound to the candidate.
+
+MBPP records with ``test_setup_code`` are skipped with a :class:`UserWarning` (their setup builds
+objects, which cannot cross between processes as plain values).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from typing import Any
 
 from llm_zoo.call_harness import TOLERANCE
 from llm_zoo.data.code_problem import (
+    CHECK_TEST,
     CallSpec,
     CodeDatasetError,
     CodeProblem,
@@ -255,7 +265,7 @@ class _Converter:
         self.function = function
         self.evaluate = _Evaluator()
         self.tests: list[TestCase] = []
-        self.dropped = 0
+        self.unconverted: list[ast.stmt] = []
 
     def is_call(self, node: ast.AST) -> bool:
         node = _unwrap(node)
@@ -325,7 +335,7 @@ class _Converter:
             try:
                 self.statement(statement, env)
             except _Unconvertible:
-                self.dropped += 1
+                self.unconverted.append(statement)
 
     def statement(self, node: ast.stmt, env: dict[str, Any]) -> None:
         if isinstance(node, ast.Assert):
@@ -353,12 +363,12 @@ class _Converter:
             raise _Unconvertible(type(node).__name__)
 
 
-def convert_asserts(statements: list[ast.stmt], function: str) -> tuple[list[TestCase], int]:
-    """Call-based tests from assert statements about ``function``, and the number of statements
-    that could not be converted (see the module docstring)."""
+def convert_asserts(statements: list[ast.stmt], function: str) -> tuple[list[TestCase], list[ast.stmt]]:
+    """Call-based tests from assert statements about ``function``, and the statements that could
+    not be converted (see the module docstring)."""
     converter = _Converter(function)
     converter.statements(statements, {})
-    return converter.tests, converter.dropped
+    return converter.tests, converter.unconverted
 
 
 def _parse(source: str, what: str) -> ast.Module:
@@ -372,30 +382,31 @@ def _skipped(problem_id: str, reason: str) -> None:
     warnings.warn(f"{problem_id}: {reason}; the problem is skipped", UserWarning, stacklevel=4)
 
 
-def from_humaneval(record: Mapping[str, Any]) -> CodeProblem | None:
+def from_humaneval(record: Mapping[str, Any]) -> CodeProblem:
     """A HumanEval record (``task_id``, ``prompt``, ``canonical_solution``, ``entry_point``,
-    ``test``); ``None`` (with a warning) when none of its asserts converts."""
+    ``test``): converted tests, and a check running the whole ``test`` if any statement of
+    ``check`` does not convert."""
     task_id = str(field_value(record, "task_id", (str, int)))
     prompt = field_value(record, "prompt")
     entry_point = field_value(record, "entry_point")
-    test_module = _parse(field_value(record, "test"), "field 'test'")
+    test_source = field_value(record, "test")
+    test_module = _parse(test_source, "field 'test'")
     check = next((n for n in test_module.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
     if check is None or len(check.args.args) != 1:
         raise CodeDatasetError("field 'test' should define check(candidate)")
-    tests, dropped = convert_asserts(check.body, check.args.args[0].arg)
-    if not tests:
-        _skipped(task_id, f"none of its {dropped} test statements converts to a call-based test")
-        return None
+    tests, unconverted = convert_asserts(check.body, check.args.args[0].arg)
+    checker = f"{prompt.rstrip()}\n\n\n{test_source.strip()}\n" if unconverted else None
+    _parse(checker or "", "the prompt with the field 'test'")
     canonical = record.get("canonical_solution")
     return CodeProblem(
         id=task_id if task_id.lower().startswith("humaneval") else f"humaneval/{task_id}",
         statement=f"Complete the Python function `{entry_point}` described by the signature and docstring below.",
-        tests=tuple(tests),
+        tests=tuple(tests) + ((CHECK_TEST,) if checker else ()),
         reference=prompt + canonical if isinstance(canonical, str) else None,
         source="humaneval",
         title=entry_point,
-        metadata={"unconverted_statements": dropped},
-        call=CallSpec(entry_point, None, prompt.rstrip()),
+        metadata={"unconverted_statements": len(unconverted)},
+        call=CallSpec(entry_point, None, prompt.rstrip(), checker=checker),
     )
 
 
@@ -407,9 +418,9 @@ def _signature(code: str, name: str) -> str:
 
 
 def from_mbpp(record: Mapping[str, Any]) -> CodeProblem | None:
-    """An MBPP record (``task_id``, ``text`` or ``prompt``, ``code``, ``test_list``); the tested
-    function is the one the first assert calls. ``None`` (with a warning) if no assert converts or
-    the record needs ``test_setup_code``."""
+    """An MBPP record (``task_id``, ``text`` or ``prompt``, ``code``, ``test_list``, optional
+    ``test_imports``); the tested function is the one the first assert calls. Asserts that do not
+    convert run as a check. ``None`` (with a warning) if the record needs ``test_setup_code``."""
     task_id = field_value(record, "task_id", (int, str))
     text = record.get("text") or record.get("prompt")
     if not isinstance(text, str) or not text:
@@ -418,6 +429,9 @@ def from_mbpp(record: Mapping[str, Any]) -> CodeProblem | None:
     assertions = field_value(record, "test_list", list)
     if not assertions or not all(isinstance(a, str) for a in assertions):
         raise CodeDatasetError("field 'test_list' should be a non-empty list of assert statements")
+    imports = record.get("test_imports") or []
+    if not isinstance(imports, list) or not all(isinstance(line, str) for line in imports):
+        raise CodeDatasetError("field 'test_imports' should be a list of import statements")
     problem_id = f"mbpp/{task_id}"
     if (record.get("test_setup_code") or "").strip():
         _skipped(problem_id, "it needs test_setup_code")
@@ -432,17 +446,20 @@ def from_mbpp(record: Mapping[str, Any]) -> CodeProblem | None:
     if not called:
         raise CodeDatasetError("the first assert calls no function that the field 'code' defines")
     name = called[0]
-    tests, dropped = convert_asserts(statements, name)
-    if not tests:
-        _skipped(problem_id, f"none of its {dropped} asserts converts to a call-based test")
-        return None
+    tests, unconverted = convert_asserts(statements, name)
+    checker = None
+    if unconverted:
+        body = "\n".join("    " + line for n in unconverted for line in ast.unparse(n).splitlines())
+        header = "\n".join(imports) + "\n\n\n" if imports else ""
+        checker = f"{header}def check(candidate):\n{body}\n"
+        _parse(checker, "field 'test_imports' with the asserts")
     return CodeProblem(
         id=problem_id,
         statement=text.strip(),
-        tests=tuple(tests),
+        tests=tuple(tests) + ((CHECK_TEST,) if checker else ()),
         reference=code,
         source="mbpp",
         title=name,
-        metadata={"unconverted_statements": dropped},
-        call=CallSpec(name, None, _signature(code, name)),
+        metadata={"unconverted_statements": len(unconverted)},
+        call=CallSpec(name, None, _signature(code, name), checker=checker),
     )

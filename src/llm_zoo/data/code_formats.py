@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from llm_zoo.data.code_problem import (
+    CHECK_TEST,
     CallSpec,
     CodeDatasetError,
     CodeProblem,
@@ -71,8 +72,13 @@ def from_llm_zoo(record: Mapping[str, Any]) -> CodeProblem:
     if call is not None:
         if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
             raise CodeDatasetError("field 'call' should be an object with a string 'name'")
+        checker = call.get("checker")
+        if checker is not None and not isinstance(checker, str):
+            raise CodeDatasetError("field 'call': 'checker' should be test source (a string) or null")
         try:
-            spec = CallSpec(str(call["name"]), call.get("class_name"), str(call.get("signature") or ""))
+            spec = CallSpec(
+                str(call["name"]), call.get("class_name"), str(call.get("signature") or ""), checker=checker
+            )
         except ValueError as err:
             raise CodeDatasetError(f"field 'call': {err}") from None
     tests = []
@@ -87,6 +93,8 @@ def from_llm_zoo(record: Mapping[str, Any]) -> CodeProblem:
             tests.append(TestCase(test["input"], test["output"]))
         else:
             raise CodeDatasetError(f"test {n} should be an object with string fields 'input' and 'output'")
+    if call is not None and spec.checker is not None:
+        tests.append(CHECK_TEST)
     if not tests:
         raise CodeDatasetError("field 'tests' is empty")
     reference = record.get("reference")
@@ -109,6 +117,27 @@ def from_llm_zoo(record: Mapping[str, Any]) -> CodeProblem:
     )
 
 
+def _int_keyed(value: Any) -> dict | None:
+    try:
+        return {int(key): item for key, item in value.items()}
+    except (TypeError, ValueError):
+        return None
+
+
+def _apps_int_keys(args: list[Any], expected: Any) -> tuple[list[Any], Any]:
+    """What APPS's harness does to a call-based test, since JSON keys are strings: a first
+    argument that is a dict with integer-like keys becomes the only argument, int-keyed; an
+    expected dict (or a list starting with one) with such keys becomes ``[that dict, int-keyed]``."""
+    if args and isinstance(args[0], dict) and (keyed := _int_keyed(args[0])) is not None:
+        args = [keyed]
+    if isinstance(expected, dict) and (keyed := _int_keyed(expected)) is not None:
+        expected = [keyed]
+    first = expected[0] if isinstance(expected, list) and expected else None
+    if isinstance(first, dict) and (keyed := _int_keyed(first)) is not None:
+        expected = [keyed]
+    return args, expected
+
+
 def from_apps(record: Mapping[str, Any]) -> CodeProblem | None:
     """An APPS record, stdin/stdout or call-based (``fn_name``); ``None`` if it has no tests."""
     problem_id = field_value(record, "problem_id", (int, str))
@@ -126,7 +155,9 @@ def from_apps(record: Mapping[str, Any]) -> CodeProblem | None:
         for n, args in enumerate(inputs):
             if not isinstance(args, list):
                 raise CodeDatasetError(f"input_output input {n} should be the list of arguments")
-        tests = [call_test(args, expected) for args, expected in zip(inputs, outputs, strict=True)]
+        tests = [
+            call_test(*_apps_int_keys(args, expected)) for args, expected in zip(inputs, outputs, strict=True)
+        ]
     else:
         tests = stdio_tests(inputs, outputs, "input_output")
     if not tests:

@@ -7,7 +7,9 @@
 * *call-based* (``call`` is a :class:`CallSpec`): the program defines the function (or class
   method) the spec names; each :class:`~llm_zoo.data.code_problem.TestCase` holds the call's arguments as a Python literal
   list in ``input`` (e.g. ``"[[1, 2], 3]"``) and the expected return value as a Python literal in
-  ``output`` (e.g. ``"6"``), see :mod:`llm_zoo.call_harness`.
+  ``output`` (e.g. ``"6"``), see :mod:`llm_zoo.call_harness`. A call-based problem may also carry
+  test source (``call.checker``), run by the hidden test :data:`CHECK_TEST` (see
+  :mod:`llm_zoo.call_checker`), for tests that are not fixed calls.
 
 Everything here is re-exported by :mod:`llm_zoo.data.code`, the module to import.
 """
@@ -19,9 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llm_zoo.call_checker import CHECK_INPUT
 from llm_zoo.call_harness import args_text, value_text
 
 __all__ = [
+    "CHECK_TEST",
     "CallSpec",
     "CodeDatasetError",
     "CodeProblem",
@@ -50,6 +54,10 @@ class TestCase:
     output: str
 
 
+#: The hidden test of a problem with a checker: run ``check(candidate)`` (:mod:`llm_zoo.call_checker`).
+CHECK_TEST = TestCase(CHECK_INPUT, "True")
+
+
 def call_test(args: list[Any] | tuple[Any, ...], expected: Any) -> TestCase:
     """A call-based test from plain values; :class:`CodeDatasetError` if they are not plain."""
     try:
@@ -70,18 +78,25 @@ class CallSpec:
             prompt, ``def name(args):`` for MBPP). May be empty.
         lenient_singleton: Also accept a return value equal to the only element of a one-element
             expected list (APPS stores many expected values wrapped in a list).
+        checker: Test source defining ``check(candidate)`` (for HumanEval, the prompt's helpers
+            and the record's ``test``), run by the hidden test :data:`CHECK_TEST` in a sandbox
+            process of its own that calls the candidate's code in another one (see
+            :mod:`llm_zoo.call_checker`); ``None`` when every test is a fixed call. Hidden.
     """
 
     name: str
     class_name: str | None = None
     signature: str = ""
     lenient_singleton: bool = False
+    checker: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise ValueError(f"a call's function name must be a Python identifier, got {self.name!r}")
         if self.class_name is not None and not self.class_name.isidentifier():
             raise ValueError(f"a call's class name must be a Python identifier, got {self.class_name!r}")
+        if self.checker is not None and (self.class_name is not None or not isinstance(self.checker, str)):
+            raise ValueError("a call's checker must be test source (str), for a top-level function only")
 
     @property
     def target(self) -> str:
@@ -128,6 +143,8 @@ class CodeProblem:
             raise ValueError(f"problem {self.id!r}: tests must be a non-empty sequence of TestCase")
         if self.call is not None and not isinstance(self.call, CallSpec):
             raise ValueError(f"problem {self.id!r}: call must be a CallSpec or None")
+        if CHECK_TEST in self.tests and (self.call is None or self.call.checker is None):
+            raise ValueError(f"problem {self.id!r}: the test {CHECK_INPUT!r} needs a call with a checker")
 
     @property
     def kind(self) -> str:

@@ -42,6 +42,19 @@ values never enter the sandbox. A crash, time-out, missing function or a return 
 not a plain value fails the test; the coder's prints are ignored. APPS's call-based problems also
 accept the only element of a one-element expected list, as APPS's own harness does.
 
+Checked call-based problems (``problem.call.checker`` set: HumanEval problems whose ``check``
+cannot all become fixed calls, such as /32 where any root of a random polynomial is right, and
+MBPP's order-free or loosely toleranced asserts): besides any fixed call tests, one hidden test
+runs the dataset's own ``check(candidate)`` (:mod:`llm_zoo.call_checker`). The test source runs
+in a sandbox process of its own where ``candidate`` is a proxy; the coder's code runs in another
+one that only receives the arguments of each call and returns values; the host relays between
+them in rounds (usually two checker runs and one candidate run). The test source, its expected
+values and its frames are never in the coder's process. The check passes when ``check`` returns;
+an assertion, an error, or a call of the coder's code that crashes, times out (the run's limits
+cover all its calls) or returns a value that is not plain fails it. Generated tests on such
+problems are fixed calls as usual, judged against the reference's return value (so on /32 a
+test expecting a different, equally right root is invalid).
+
 A program's tests run in batches of 8 through the sandbox's batch API (:func:`llm_zoo.sandbox.run_tests`, one ``run_python`` per test if it is
 absent); once :data:`MAX_TIMEOUTS` of them have timed out, its remaining batches fail unrun.
 Results are cached per episode, keyed by program and input. No model code runs outside the sandbox.
@@ -95,6 +108,9 @@ Version history:
 * v0, call-based problems added (2026-12): LeetCode / LiveCodeBench functional, APPS ``fn_name``,
   HumanEval and MBPP problems and built-in call-based problems, judged through the call harness.
   Stdin/stdout episodes, rewards and prompts are unchanged.
+* v0, checked call-based problems (2026-12): HumanEval / MBPP tests that are not fixed calls run
+  as a check in a separate sandbox process (all 164 HumanEval problems load); APPS int-keyed
+  dicts; infinite return values. Fixed-call episodes are unchanged.
 """
 
 from __future__ import annotations
@@ -106,7 +122,7 @@ from typing import Any
 
 import numpy as np
 
-from llm_zoo.call_harness import call_text, literal
+from llm_zoo.call_harness import call_text, literal, value_text
 from llm_zoo.core import MAX_ACTION_CHARS, Outcome, TextAECEnv
 from llm_zoo.data.code import TestCase, load_code_problems
 from llm_zoo.envs.code_judge import judge_for, outputs_match, run_program_on_inputs
@@ -281,9 +297,7 @@ class CodeEnv(TextAECEnv):
 
     def _judge(self, code: str, tests: list[TestCase] | tuple[TestCase, ...]) -> list[tuple[bool, str]]:
         """``(passed, shown output)`` of ``code`` on each test, judged by the problem's kind."""
-        judge = self.judge
-        runs = self._run(judge.program(code), [judge.stdin(t.input) for t in tests])
-        return [judge.verdict(test, run, self.timeout) for test, run in zip(tests, runs, strict=True)]
+        return self.judge.evaluate(code, tests, self._run, self.timeout)
 
     def _validity(self, tests: list[TestCase]) -> list[bool | None]:
         hidden = {self.judge.input_key(t.input): t.output for t in self.hidden_tests}
@@ -444,14 +458,20 @@ class CodeEnv(TextAECEnv):
 def oracle_action(env: CodeEnv, agent: str) -> str:
     """A perfect answer for ``agent`` in ``env``'s current episode: the reference solution for the
     coder; for the unit tester, the smallest hidden tests (at most ``max_tests``, within the
-    answer-size limit), which are valid by definition. For tests and benchmarks
+    answer-size limit), which are valid by definition (with a check, also the calls the check
+    made of the reference, with its return values: valid as the reference reproduces them). For tests and benchmarks
     (``benchmarks/env_speed.py``). Raises ``ValueError`` for a coder on a problem without reference."""
     if agent == "coder":
         if env.problem.reference is None:
             raise ValueError(f"problem {env.problem.id!r} has no reference solution")
         return f"```python\n{env.problem.reference.rstrip()}\n```"
+    candidates = list(env.hidden_tests)
+    if env.problem.call is not None and env.problem.call.checker is not None and env.problem.reference:
+        # a check's calls, answered by the reference, are fixed call tests the reference passes
+        answered = env.judge.answered_calls(env.problem.reference, env._run, env.timeout)
+        candidates += [TestCase(args, value_text(value)) for args, value in answered]
     chosen: list[str] = []
-    for test in sorted(env.hidden_tests, key=lambda t: len(t.input) + len(t.output)):
+    for test in sorted(candidates, key=lambda t: len(t.input) + len(t.output)):
         item = _oracle_item(env, test)
         if item is None:
             continue

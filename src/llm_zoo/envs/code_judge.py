@@ -2,8 +2,9 @@
 
 :func:`outputs_match` is the stdin/stdout judge. :class:`StdioJudge` and :class:`CallJudge`
 turn a candidate's code and a :class:`~llm_zoo.data.code.TestCase` into what runs in the sandbox
-(a program and its standard input) and a verdict on the run; :func:`judge_for` picks one for a
-problem. :func:`run_program_on_inputs` runs one program on many standard inputs. See the
+(a program and its standard input) and a verdict on the run (:meth:`Judge.evaluate`);
+:func:`judge_for` picks one for a problem. A call-based problem's check (test source rather than
+fixed calls) is run by :meth:`CallJudge.run_check`, see :mod:`llm_zoo.call_checker`. :func:`run_program_on_inputs` runs one program on many standard inputs. See the
 :mod:`llm_zoo.envs.code` docstring for the rules and :mod:`llm_zoo.call_harness` for calls.
 """
 
@@ -11,17 +12,29 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from llm_zoo import sandbox
+from llm_zoo.call_checker import (
+    CHECK_INPUT,
+    MAX_CHECK_CALLS,
+    MAX_CHECK_ROUNDS,
+    checker_program,
+    checker_stdin,
+    read_checker_report,
+)
 from llm_zoo.call_harness import (
     TOLERANCE,
+    batch_stdin,
     call_stdin,
+    call_text,
     canonical_literal,
     harness_program,
     literal,
     read_call_result,
+    read_call_results,
     values_match,
 )
 from llm_zoo.data.code import CallSpec, CodeProblem, TestCase
@@ -30,6 +43,8 @@ from llm_zoo.sandbox import RunResult
 __all__ = [
     "TOLERANCE",
     "CallJudge",
+    "Judge",
+    "Runner",
     "StdioJudge",
     "judge_for",
     "normalized_output",
@@ -128,7 +143,32 @@ def output_or_error(run: RunResult, timeout: float) -> str | None:
     return None
 
 
-class StdioJudge:
+#: Runs one program on several standard inputs: ``run(program, stdins) -> results`` (the env's
+#: cached :meth:`~llm_zoo.envs.code.CodeEnv._run`, or :func:`run_program_on_inputs`).
+Runner = Callable[[str, list[str]], list[RunResult]]
+
+
+class Judge:
+    """What both kinds share: :meth:`evaluate` runs a program on tests and judges each run."""
+
+    def program(self, code: str) -> str:
+        raise NotImplementedError
+
+    def stdin(self, test_input: str) -> str:
+        raise NotImplementedError
+
+    def verdict(self, test: TestCase, run: RunResult, timeout: float) -> tuple[bool, str]:
+        raise NotImplementedError
+
+    def evaluate(
+        self, code: str, tests: Sequence[TestCase], run: Runner, timeout: float
+    ) -> list[tuple[bool, str]]:
+        """``(passed, shown output)`` of ``code`` on each test, in order."""
+        runs = run(self.program(code), [self.stdin(t.input) for t in tests])
+        return [self.verdict(test, result, timeout) for test, result in zip(tests, runs, strict=True)]
+
+
+class StdioJudge(Judge):
     """Stdin/stdout problems: the program itself runs, fed the test input; stdout is judged."""
 
     kind = "stdio"
@@ -156,15 +196,69 @@ class StdioJudge:
         return outputs_match(known, claimed)
 
 
-class CallJudge:
+class CallJudge(Judge):
     """Call-based problems: a harness calls the named function with the test's arguments (its
-    standard input); the printed return value is compared in the host (:func:`values_match`)."""
+    standard input); the printed return value is compared in the host (:func:`values_match`).
+    The hidden test :data:`~llm_zoo.data.code_problem.CHECK_TEST` runs the problem's check
+    instead (:meth:`run_check`)."""
 
     kind = "call"
 
     def __init__(self, call: CallSpec, tolerance: float = TOLERANCE):
         self.call = call
         self.tolerance = tolerance
+        self._answered: dict[str, list[tuple[str, Any]]] = {}
+
+    def evaluate(
+        self, code: str, tests: Sequence[TestCase], run: Runner, timeout: float
+    ) -> list[tuple[bool, str]]:
+        fixed = [test for test in tests if test.input != CHECK_INPUT]
+        if len(fixed) == len(tests):
+            return super().evaluate(code, tests, run, timeout)
+        judged = iter(super().evaluate(code, fixed, run, timeout) if fixed else [])
+        checked = self.run_check(code, run, timeout)
+        return [checked if test.input == CHECK_INPUT else next(judged) for test in tests]
+
+    def run_check(self, code: str, run: Runner, timeout: float) -> tuple[bool, str]:
+        """``(passed, why)`` of the problem's check on ``code``: the checker and the candidate in
+        separate sandbox runs, relayed in rounds (see :mod:`llm_zoo.call_checker`)."""
+        if self.call.checker is None:
+            return False, "(no check: the problem has no test source)"
+        checker = checker_program(self.call.checker, self.call.name)
+        harness = self.program(code)
+        answers: list[tuple[str, bool, Any]] = []
+        for _ in range(MAX_CHECK_ROUNDS):
+            checker_run = run(checker, [checker_stdin(answers)])[0]
+            report = read_checker_report(checker_run.stdout)
+            if report.outcome == "limit":
+                return False, f"(check failed: more than {MAX_CHECK_CALLS} calls)"
+            if report.unknown_from is None:
+                if report.outcome == "pass":
+                    self._answered[code] = [(args, value) for args, ok, value in answers if ok]
+                    return True, f"(check passed: {len(report.calls)} calls)"
+                why = report.message or output_or_error(checker_run, timeout) or "no verdict"
+                return False, f"(check failed: {why})"
+            pending = list(report.calls[report.unknown_from :])
+            answers = answers[: report.unknown_from]
+            try:
+                stdin = batch_stdin(pending)
+            except ValueError as err:
+                return False, f"(check failed: it called the candidate with unreadable arguments: {err})"
+            candidate_run = run(harness, [stdin])[0]
+            values = read_call_results(candidate_run.stdout, len(pending))
+            answers += [(args, True, value) for args, value in zip(pending, values, strict=False)]
+            if len(values) < len(pending):
+                failed = pending[len(values)]
+                why = output_or_error(candidate_run, timeout) or "(no return value)"
+                answers.append((failed, False, f"{call_text(self.call.target, failed)} failed: {why}"))
+        return False, f"(check failed: no verdict after {MAX_CHECK_ROUNDS} checker runs)"
+
+    def answered_calls(self, code: str, run: Runner, timeout: float) -> list[tuple[str, Any]]:
+        """The calls (arguments as stored, return value) of the check's last passing run on
+        ``code``, running the check if needed; empty if it fails or the problem has no check."""
+        if code not in self._answered and self.call.checker is not None:
+            self.run_check(code, run, timeout)
+        return list(self._answered.get(code, []))
 
     def program(self, code: str) -> str:
         return harness_program(code, self.call.name, self.call.class_name)
