@@ -38,6 +38,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.parsing", "llm_zoo.parsing"),
     ("llm_zoo.sandbox", "llm_zoo.sandbox"),
     ("llm_zoo.call_harness", "llm_zoo.call_harness"),
+    ("llm_zoo.call_checker", "llm_zoo.call_checker"),
     ("llm_zoo.math_check", "llm_zoo.math_check"),
     ("llm_zoo.math_normalize", "llm_zoo.math_normalize"),
     ("llm_zoo.cli", "llm_zoo.cli"),
