@@ -4,6 +4,7 @@ their published schemas, gzip files, JSON-object files, and the assert-to-call-t
 from __future__ import annotations
 
 import ast
+import gzip
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from llm_zoo.call_harness import literal
 from llm_zoo.data.code import CallSpec, CodeDatasetError, TestCase, load_code_problems, sniff_format
 from llm_zoo.data.code_call_formats import convert_asserts, static_value
 from llm_zoo.data.code_problem import CHECK_TEST
+from llm_zoo.data.math import load_math_records
 
 FIXTURES = Path(__file__).parent / "fixtures" / "code"
 
@@ -130,6 +132,16 @@ assert True
 def test_a_json_file_holding_an_object_names_its_keys(name):
     with pytest.raises(CodeDatasetError, match=r"one JSON object with the keys \['problems', 'version'\]"):
         load_code_problems(FIXTURES / name)
+
+
+def test_json_gz_lists_load_in_the_code_and_math_loaders(tmp_path):
+    mbpp = [json.loads(line) for line in (FIXTURES / "mbpp.jsonl").read_text().splitlines()][:2]
+    packed = tmp_path / "mbpp.json.gz"
+    packed.write_bytes(gzip.compress(json.dumps(mbpp).encode()))
+    assert [p.id for p in load_code_problems(packed)] == ["mbpp/9001", "mbpp/9002"]
+    math_file = tmp_path / "math.json.gz"
+    math_file.write_bytes(gzip.compress(json.dumps([{"question": "1 + 1?", "answer": "2"}]).encode()))
+    assert [p.answer for p in load_math_records(math_file)] == ["2"]
 
 
 def test_gzip_errors_are_clear(tmp_path):
