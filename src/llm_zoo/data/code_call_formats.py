@@ -184,7 +184,8 @@ class _Evaluator:
         if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
             raise _Unconvertible("keyword or starred arguments")
         args = [self(a, env) for a in node.args]
-        return self._guard(lambda: _PURE[node.func.id](*args))  # type: ignore[union-attr]
+        function = _PURE[node.func.id]
+        return self._guard(lambda: function(*args))
 
     def _comprehension(self, node: Any, env: Mapping[str, Any]) -> list:
         results: list = []
@@ -213,7 +214,7 @@ class _Evaluator:
     def _SetComp(self, node: ast.SetComp, env: Mapping[str, Any]) -> set:
         return set(self._comprehension(node, env))
 
-    def _apply(self, table: Mapping[type, Callable[..., Any]], op: ast.AST, *args: Any) -> Any:
+    def _apply(self, table: Mapping[Any, Callable[..., Any]], op: ast.AST, *args: Any) -> Any:
         if type(op) not in table:
             raise _Unconvertible(f"operator {type(op).__name__}")
         return self._guard(lambda: table[type(op)](*args))
@@ -301,7 +302,7 @@ class _Converter:
             if isinstance(op, (ast.Lt, ast.LtE)) and self._tolerance_form(left, right, env):
                 return None
         isclose = isinstance(test, ast.Call) and ast.unparse(test.func) in ("math.isclose", "isclose")
-        if isclose and len(test.args) == 2 and self.is_call(test.args[0]):
+        if isclose and isinstance(test, ast.Call) and len(test.args) == 2 and self.is_call(test.args[0]):
             self._within_judge_tolerance([self.evaluate(k.value, env) for k in test.keywords])
             return self.add(test.args[0], self.evaluate(test.args[1], env), env)
         raise _Unconvertible(f"assert {ast.unparse(test)[:60]}")

@@ -42,18 +42,15 @@ values never enter the sandbox. A crash, time-out, missing function or a return 
 not a plain value fails the test; the coder's prints are ignored. APPS's call-based problems also
 accept the only element of a one-element expected list, as APPS's own harness does.
 
-Checked call-based problems (``problem.call.checker`` set: HumanEval problems whose ``check``
-cannot all become fixed calls, such as /32 where any root of a random polynomial is right, and
-MBPP's order-free or loosely toleranced asserts): besides any fixed call tests, one hidden test
-runs the dataset's own ``check(candidate)`` (:mod:`llm_zoo.call_checker`). The test source runs
-in a sandbox process of its own where ``candidate`` is a proxy; the coder's code runs in another
-one that only receives the arguments of each call and returns values; the host relays between
-them in rounds (usually two checker runs and one candidate run). The test source, its expected
-values and its frames are never in the coder's process. The check passes when ``check`` returns;
-an assertion, an error, or a call of the coder's code that crashes, times out (the run's limits
-cover all its calls) or returns a value that is not plain fails it. Generated tests on such
-problems are fixed calls as usual, judged against the reference's return value (so on /32 a
-test expecting a different, equally right root is invalid).
+Checked call-based problems (``problem.call.checker``: HumanEval tests that are not fixed calls,
+e.g. /32 accepts any root of a random polynomial; MBPP's order-free asserts): one more hidden test
+runs the dataset's ``check(candidate)`` (:mod:`llm_zoo.call_checker`) in a sandbox process of its
+own, where ``candidate`` is a proxy; the coder's code runs in another process that only receives
+each call's arguments and returns values, relayed by the host (usually two checker runs and one
+candidate run), so the test source and its values are never in the coder's process. It passes
+when ``check`` returns; an assertion, an error, or a call that crashes, times out (the limits
+cover all calls of a run) or returns a value that is not plain fails it. Generated tests stay
+fixed calls, judged against the reference (on /32 another right root is invalid).
 
 A program's tests run in batches of 8 through the sandbox's batch API (:func:`llm_zoo.sandbox.run_tests`, one ``run_python`` per test if it is
 absent); once :data:`MAX_TIMEOUTS` of them have timed out, its remaining batches fail unrun.
@@ -125,7 +122,7 @@ import numpy as np
 from llm_zoo.call_harness import call_text, literal, value_text
 from llm_zoo.core import MAX_ACTION_CHARS, Outcome, TextAECEnv
 from llm_zoo.data.code import TestCase, load_code_problems
-from llm_zoo.envs.code_judge import judge_for, outputs_match, run_program_on_inputs
+from llm_zoo.envs.code_judge import CallJudge, judge_for, outputs_match, run_program_on_inputs
 from llm_zoo.envs.code_prompts import (
     MAX_TESTS_JSON_CHARS,
     ROLE_INTRO,
@@ -459,16 +456,18 @@ def oracle_action(env: CodeEnv, agent: str) -> str:
     """A perfect answer for ``agent`` in ``env``'s current episode: the reference solution for the
     coder; for the unit tester, the smallest hidden tests (at most ``max_tests``, within the
     answer-size limit), which are valid by definition (with a check, also the calls the check
-    made of the reference, with its return values: valid as the reference reproduces them). For tests and benchmarks
-    (``benchmarks/env_speed.py``). Raises ``ValueError`` for a coder on a problem without reference."""
+    made of the reference, with its return values: valid as the reference reproduces them). For
+    tests and benchmarks (``benchmarks/env_speed.py``). Raises ``ValueError`` for a coder on a
+    problem without reference."""
     if agent == "coder":
         if env.problem.reference is None:
             raise ValueError(f"problem {env.problem.id!r} has no reference solution")
         return f"```python\n{env.problem.reference.rstrip()}\n```"
     candidates = list(env.hidden_tests)
-    if env.problem.call is not None and env.problem.call.checker is not None and env.problem.reference:
+    judge, reference = env.judge, env.problem.reference
+    if isinstance(judge, CallJudge) and judge.call.checker is not None and reference:
         # a check's calls, answered by the reference, are fixed call tests the reference passes
-        answered = env.judge.answered_calls(env.problem.reference, env._run, env.timeout)
+        answered = judge.answered_calls(reference, env._run, env.timeout)
         candidates += [TestCase(args, value_text(value)) for args, value in answered]
     chosen: list[str] = []
     for test in sorted(candidates, key=lambda t: len(t.input) + len(t.output)):
@@ -484,13 +483,14 @@ def oracle_action(env: CodeEnv, agent: str) -> str:
 def _oracle_item(env: CodeEnv, test: TestCase) -> str | None:
     """A hidden test as the tester writes it; ``None`` for a call whose values JSON cannot carry
     (sets, dicts with non-string keys, ...)."""
-    if env.problem.call is None:
+    judge = env.judge
+    if not isinstance(judge, CallJudge):
         return json.dumps({"input": test.input, "output": test.output})
     try:
         args, expected = literal(test.input), literal(test.output)
         item = json.dumps({"input": args, "output": expected})
         decoded = json.loads(item)
-        same = env.judge.matches(expected, decoded["output"]) and env.judge.matches(args, decoded["input"])
+        same = judge.matches(expected, decoded["output"]) and judge.matches(args, decoded["input"])
     except (TypeError, ValueError):
         return None
     return item if same else None
