@@ -12,7 +12,7 @@ import pytest
 
 import llm_zoo
 from llm_zoo import sandbox
-from llm_zoo.call_checker import MAX_CHECK_CALLS, REPORT_MARKER, read_checker_report
+from llm_zoo.call_checker import CHECK_TIME_FACTOR, MAX_CHECK_CALLS, REPORT_MARKER, read_checker_report
 from llm_zoo.call_harness import (
     args_text,
     call_stdin,
@@ -46,15 +46,15 @@ def checked(checker: str, tests: tuple[TestCase, ...] = ()) -> CodeProblem:
     )  # fmt: skip
 
 
-def judged(checker: str, code: str, log: list[str] | None = None) -> tuple[bool, str]:
+def judged(checker: str, code: str, log: list[str] | None = None, timeout: float = 5.0) -> tuple[bool, str]:
     """The check's verdict on ``code``; ``log`` records which program each sandbox run was."""
 
     def run(program: str, stdins: list[str]):
         if log is not None:
             log.append("checker" if REPORT_MARKER in program else "candidate")
-        return run_program_on_inputs(program, stdins, 5.0, 256)
+        return run_program_on_inputs(program, stdins, timeout, 256)
 
-    return CallJudge(checked(checker).call).run_check(code, run, 5.0)
+    return CallJudge(checked(checker).call).run_check(code, run, timeout)
 
 
 def py(code: str) -> str:
@@ -134,6 +134,17 @@ def test_failed_calls_fail_the_check_with_a_clear_message_even_when_the_check_ca
 def test_the_number_of_calls_is_bounded():
     check = f"def check(candidate):\n    for i in range({MAX_CHECK_CALLS + 1}):\n        candidate(i)\n"
     assert judged(check, DOUBLE) == (False, f"(check failed: more than {MAX_CHECK_CALLS} calls)")
+
+
+def test_the_time_of_a_verdict_is_bounded():
+    chain = "def check(candidate):\n    x = 0\n    for _ in range(11):\n        x = candidate(x)\n    assert x == 11\n"
+    increment = "def f(x):\n    return x + 1\n"
+    assert judged(chain, increment) == (True, "(check passed: 11 calls)")  # 12 checker runs
+    slow = "import time\n\n\ndef f(x):\n    time.sleep(0.4)\n    return x + 1\n"  # >= 4.4 s in all
+    assert judged(chain, slow, timeout=1.0) == (
+        False,
+        f"(check failed: no verdict within {CHECK_TIME_FACTOR:g} s)",
+    )
 
 
 def test_a_check_that_raises_on_its_own_fails():

@@ -35,8 +35,9 @@ The host relays between them in rounds (:class:`llm_zoo.envs.code_judge.CallJudg
    raises as an error the test cannot catch).
 
 A check whose calls never depend on return values (all of HumanEval's and MBPP's) takes two
-checker runs and one candidate run. Bounds: :data:`MAX_CHECK_CALLS` calls and
-:data:`MAX_CHECK_ROUNDS` rounds per verdict, each run under the env's time and memory limits. The
+checker runs and one candidate run. Bounds per verdict: :data:`MAX_CHECK_CALLS` calls,
+:data:`MAX_CHECK_ROUNDS` rounds, no new round after :data:`CHECK_TIME_FACTOR` times the env's
+per-run time limit; each run is under the env's time and memory limits. The
 checker's ``random`` is seeded with :data:`CHECK_SEED`, so every round replays the same calls
 (the sandbox reseeds ``random`` per run otherwise). Values cross between the processes as plain
 values (None, bool, int, float, str, bytes, list, tuple, set, dict): the host reads the checker's
@@ -59,6 +60,7 @@ from llm_zoo.call_harness import PRELUDE, literal, literal_writer_source
 __all__ = [
     "CHECK_INPUT",
     "CHECK_SEED",
+    "CHECK_TIME_FACTOR",
     "MAX_CHECK_CALLS",
     "MAX_CHECK_ROUNDS",
     "REPORT_MARKER",
@@ -78,6 +80,9 @@ MAX_CHECK_CALLS = 10_000
 
 #: Most checker runs one verdict may take.
 MAX_CHECK_ROUNDS = 12
+
+#: A verdict starts no new round after this many times the per-run time limit.
+CHECK_TIME_FACTOR = 4
 
 #: Seed of the checker's ``random`` module.
 CHECK_SEED = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from llm_zoo import sandbox
 from llm_zoo.call_checker import (
     CHECK_INPUT,
+    CHECK_TIME_FACTOR,
     MAX_CHECK_CALLS,
     MAX_CHECK_ROUNDS,
     checker_program,
@@ -227,7 +229,10 @@ class CallJudge(Judge):
         checker = checker_program(self.call.checker, self.call.name)
         harness = self.program(code)
         answers: list[tuple[str, bool, Any]] = []
+        deadline = time.monotonic() + CHECK_TIME_FACTOR * timeout
         for _ in range(MAX_CHECK_ROUNDS):
+            if time.monotonic() > deadline:
+                return False, f"(check failed: no verdict within {CHECK_TIME_FACTOR * timeout:g} s)"
             checker_run = run(checker, [checker_stdin(answers)])[0]
             report = read_checker_report(checker_run.stdout)
             if report.outcome == "limit":
