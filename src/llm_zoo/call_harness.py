@@ -133,7 +133,7 @@ def plain(value, depth=0):
     if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
         return plain(value.tolist(), depth + 1)
     fail(
-        f"the function returned a {{type(value).__name__}}, not a plain value "
+        f"the function returned a value of type {{type(value).__name__}}, not a plain value "
         "(None, bool, int, float, str, list, tuple, dict, set)"
     )
 
