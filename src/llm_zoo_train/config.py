@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any, Literal
 
 import yaml
 
+from llm_zoo_train.agent_plan import AgentPlan, plan_agents
 from llm_zoo_train.config_aliases import CONFIG_ALIASES
 from llm_zoo_train.team_credit import check_lookahead
 from llm_zoo_train.typed_config import (
@@ -130,6 +130,14 @@ class AgentsConfig:
     init_adapters: dict[str, str] = field(default_factory=dict)
     """Adapter name -> directory of a saved PEFT adapter to start from (e.g. a trained policy for a
     frozen agent). Its LoRA settings come from that directory."""
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """More base models, by name, each overriding the fields of the `model` section it names, e.g.
+    {big: {name_or_path: Qwen/Qwen3-1.7B, dtype: bfloat16}}. Each has its own tokenizer, chat
+    template, adapters, optimizers and engine (engine `hf` or `replay`). See
+    docs/training/base-models.md."""
+    base_models: dict[str, str] = field(default_factory=dict)
+    """Agent -> the base model it runs on: a name in `models`, or `model` (the model section, also
+    where unlisted agents run). An adapter shared by agents must be on one base model."""
 
 
 @dataclass
@@ -338,109 +346,6 @@ def save_config(config: Config, path: str | Path) -> None:
 def format_help() -> str:
     """Every field with its type, default and documentation, by section."""
     return format_fields(Config, CONFIG_ALIASES)
-
-
-# --------------------------------------------------------------------------- agents -> adapters
-
-_ADAPTER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
-
-
-@dataclass(frozen=True)
-class AgentPlan:
-    """The resolved agent -> adapter assignment.
-
-    Attributes:
-        agent_adapters: Each env agent -> the adapter acting for it (None: the base model).
-        adapters: Adapter names, in first-use order.
-        trainable: Adapters that get an optimizer (those of non-frozen agents).
-        lora: LoRA settings of every adapter (overrides applied).
-    """
-
-    agent_adapters: dict[str, str | None]
-    adapters: list[str]
-    trainable: list[str]
-    lora: dict[str, LoraSettings]
-
-    def agents_of(self, adapter: str) -> list[str]:
-        return [a for a, name in self.agent_adapters.items() if name == adapter]
-
-
-def plan_agents(config: Config, possible_agents: Sequence[str]) -> AgentPlan:
-    """Resolve ``config.agents`` against the env's agents; ConfigError on any mismatch."""
-    agents_cfg = config.agents
-    possible = list(possible_agents)
-    spec = agents_cfg.adapters
-    if isinstance(spec, str):
-        if spec == "per_agent":
-            mapping: dict[str, str | None] = {a: a for a in possible}
-        elif spec == "shared":
-            mapping = dict.fromkeys(possible, "shared")
-        else:
-            raise ConfigError(
-                f"agents.adapters: {spec!r} is not 'per_agent', 'shared' or a map {{agent: adapter}}"
-            )
-    else:
-        missing = [a for a in possible if a not in spec]
-        extra = [a for a in spec if a not in possible]
-        if missing or extra:
-            parts = []
-            if missing:
-                parts.append(f"missing {missing}")
-            if extra:
-                parts.append(f"not agents of {config.env.id} {extra}")
-            raise ConfigError(
-                f"agents.adapters must name every agent of {config.env.id} exactly once: "
-                f"{'; '.join(parts)}. The env's agents: {possible}"
-            )
-        mapping = {a: spec[a] for a in possible}
-
-    unknown_frozen = [a for a in agents_cfg.frozen if a not in possible]
-    if unknown_frozen:
-        raise ConfigError(
-            f"agents.frozen: {unknown_frozen} are not agents of {config.env.id}; its agents: {possible}"
-        )
-    frozen = set(agents_cfg.frozen)
-    for agent, adapter in mapping.items():
-        if adapter is None and agent not in frozen:
-            raise ConfigError(
-                f"agents.adapters.{agent} is null (the base model), which cannot be trained: "
-                f"give {agent!r} an adapter or add it to agents.frozen"
-            )
-        if adapter is not None and not _ADAPTER_NAME.match(adapter):
-            raise ConfigError(
-                f"agents.adapters.{agent}: adapter name {adapter!r} must be letters, digits, '_' or '-' "
-                "and start with a letter or '_'"
-            )
-
-    adapters = list(dict.fromkeys(a for a in mapping.values() if a is not None))
-    trainable = []
-    for adapter in adapters:
-        users = [a for a, name in mapping.items() if name == adapter]
-        frozen_users = [a for a in users if a in frozen]
-        if frozen_users and len(frozen_users) != len(users):
-            raise ConfigError(
-                f"adapter {adapter!r} is shared by frozen agent(s) {frozen_users} and trained agent(s) "
-                f"{[a for a in users if a not in frozen]}; training would change the frozen agents' "
-                "policy. Give the frozen agents their own adapter, or freeze all of them."
-            )
-        if not frozen_users:
-            trainable.append(adapter)
-
-    for where, names in (
-        ("agents.adapter_lora", agents_cfg.adapter_lora),
-        ("agents.init_adapters", agents_cfg.init_adapters),
-    ):
-        unknown = [n for n in names if n not in adapters]
-        if unknown:
-            raise ConfigError(f"{where}: {unknown} are not adapters of this config; adapters: {adapters}")
-    lora = {}
-    base = config_to_dict(config.lora)
-    for adapter in adapters:
-        override = agents_cfg.adapter_lora.get(adapter, {})
-        lora[adapter] = config_from_dict(
-            {**base, **override}, LoraSettings, f"agents.adapter_lora.{adapter}."
-        )
-    return AgentPlan(agent_adapters=mapping, adapters=adapters, trainable=trainable, lora=lora)
 
 
 # --------------------------------------------------------------------------- validation

@@ -169,16 +169,27 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
         engine: Engine = _endpoint_engine(options, config.model.system_prompt, maps)
         model = {"endpoint": endpoint, "served_model": options.served_model}
     else:
-        print(f"loading model {config.model.name_or_path} ...", file=sys.stderr, flush=True)
-        needs_adapters = any(mapping != dict.fromkeys(mapping) for mapping in maps.values())
-        engine = local_engine(
-            config, {n: source.adapters[n] for n in plan.adapters} if needs_adapters else {}
-        )
+        names = ", ".join(settings.name_or_path for settings in plan.models.values())
+        print(f"loading model {names} ...", file=sys.stderr, flush=True)
+        needs_adapters = any(a in plan.adapters for mapping in maps.values() for a in mapping.values())
+        adapters = {n: source.adapters[n] for n in plan.adapters} if needs_adapters else {}
+        if len(plan.models) == 1:
+            engine = local_engine(config, adapters)
+        else:
+            from llm_zoo_train.model_pools import local_engine_by_model
+
+            engine = local_engine_by_model(config, plan, adapters)
         model = {
             "name_or_path": config.model.name_or_path,
             "dtype": config.model.dtype,
             "engine": config.rollout.engine,
         }
+        if len(plan.models) > 1:
+            model["base_models"] = {
+                name: {"name_or_path": m.name_or_path, "dtype": m.dtype, "system_prompt": m.system_prompt}
+                for name, m in plan.models.items()
+            }
+            model["agent_models"] = dict(plan.agent_models)
     rows = []
     progress = RunProgress(stderr=True)
     try:

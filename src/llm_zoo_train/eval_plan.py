@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llm_zoo_train.base_models import base_model_label
 from llm_zoo_train.config import AgentPlan, Config, eval_env_kwargs, load_config, train_env_kwargs
 from llm_zoo_train.engines.base import Engine, SamplingParams
 from llm_zoo_train.seeding import Stream, derive_seed
@@ -149,7 +150,28 @@ def choose_policies(
                 f"policies {policies} need the saved adapters {plan.adapters}; {source.adapters_dir} has "
                 f"{found} (missing {missing})"
             )
-    return policy_maps(policies, agents, trained)
+    maps = policy_maps(policies, agents, trained)
+    return maps if endpoint or len(plan.models) == 1 else _on_base_models(maps, plan)
+
+
+def _on_base_models(
+    maps: Mapping[str, Mapping[str, str | None]], plan: AgentPlan
+) -> dict[str, dict[str, str | None]]:
+    """Policy maps for a run on several base models: ``base`` names each agent's own bare base
+    model (:func:`~llm_zoo_train.base_models.base_model_label`); ``swap`` is refused across models."""
+    out: dict[str, dict[str, str | None]] = {}
+    for policy, mapping in maps.items():
+        if policy == "swap" and len({plan.agent_models[a] for a in mapping}) > 1:
+            on = ", ".join(f"{agent} on {plan.agent_models[agent]}" for agent in mapping)
+            raise UsageError(
+                f"the role swap trades adapters between agents on different base models ({on}); an "
+                "adapter runs only on the base model it was trained on. Evaluate base and adapters instead"
+            )
+        out[policy] = {
+            agent: base_model_label(plan.agent_models[agent]) if adapter is None else adapter
+            for agent, adapter in mapping.items()
+        }
+    return out
 
 
 def policy_maps(

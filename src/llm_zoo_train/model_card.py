@@ -70,7 +70,8 @@ def adapter_facts(
     config: Config, plan: AgentPlan, adapter: str, step: int, history: Sequence[Mapping[str, float]]
 ) -> dict[str, Any]:
     """What ``llm_zoo_adapter.json`` says about adapter ``adapter`` of a run at ``step``."""
-    name = config.model.name_or_path
+    model = plan.model_of(adapter)  # the model section, or the agents.models entry it sits on
+    name = model.name_or_path
     embedded = EMBEDDED_MODELS.get(name)
     if embedded is not None:
         weights = (
@@ -87,10 +88,10 @@ def adapter_facts(
         "base_model": {
             "config_name": name,
             "public_id": public_model_id(name),
-            "local_path": resolve_model_path(name, config.model.cache_dir),
+            "local_path": resolve_model_path(name, model.cache_dir),
             "weights": weights,
-            "dtype": config.model.dtype,
-            "system_prompt": config.model.system_prompt,
+            "dtype": model.dtype,
+            "system_prompt": model.system_prompt,
         },
         "env": {
             "id": config.env.id,

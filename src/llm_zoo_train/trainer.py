@@ -52,6 +52,7 @@ from llm_zoo_train.engines.replay import GenerationRecorder, ReplayEngine
 from llm_zoo_train.eval_defaults import eval_temperature
 from llm_zoo_train.evaluate import EvalResult, evaluate, summarize
 from llm_zoo_train.model_card import write_model_cards
+from llm_zoo_train.model_pools import ModelRouter, build_policy, live_engine, make_updater
 from llm_zoo_train.policy import Policy
 from llm_zoo_train.progress import RunProgress
 from llm_zoo_train.rollout import independent_rollout, tree_rollout
@@ -61,7 +62,7 @@ from llm_zoo_train.seeding import Stream, derive_seed
 from llm_zoo_train.team_credit import team_credit_metrics
 from llm_zoo_train.tracking import RunLogger, flatten_config, plot_learning_curve, rollout_metrics
 from llm_zoo_train.trainer_state import load_trainer_checkpoint, save_trainer_checkpoint
-from llm_zoo_train.update import AdapterUpdater, mean_across_processes
+from llm_zoo_train.update import mean_across_processes
 
 __all__ = ["Trainer", "derive_seed"]
 
@@ -124,16 +125,17 @@ class Trainer:
         #: Console progress of the phases; the run's own while :meth:`train` runs.
         self.progress = RunProgress.disabled()
         load_start = time.perf_counter()
-        accelerator.print(f"loading model {config.model.name_or_path} ...")
-        self.policy = Policy.from_config(
-            config.model,
-            {name: self.plan.lora[name] for name in self.plan.adapters},
-            self.plan.trainable,
-            init_paths=config.agents.init_adapters,
+        names = ", ".join(model.name_or_path for model in self.plan.models.values())
+        accelerator.print(f"loading model {names} ...")
+        #: A Policy, or a PolicyGroup when agents.base_models puts agents on several base models.
+        self.policy = build_policy(
+            config,
+            self.plan,
             gradient_checkpointing=training.gradient_checkpointing,
             device=accelerator.device,
         )
-        self.model = self.policy.model
+        #: The PEFT model (None with several base models: each is in self.policy.policies).
+        self.model = self.policy.model if isinstance(self.policy, Policy) else None
         accelerator.print(f"model loaded in {time.perf_counter() - load_start:.1f} s")
         self.engine = self._make_engine()
         #: Evaluation plays new episodes, which a replayed recording does not hold: the live model answers.
@@ -160,7 +162,7 @@ class Trainer:
             )
             self.optimizers[name] = accelerator.prepare_optimizer(optimizer)
 
-        self.updater = AdapterUpdater(
+        self.updater = make_updater(
             self.policy,
             self.optimizers,
             accelerator,
@@ -374,18 +376,13 @@ class Trainer:
             )
         return factory(self.config, self.policy)
 
-    def _live_engine(self) -> HFEngine:
-        return HFEngine(
-            self.model,
-            self.policy.tokenizer,
-            max_batch_size=self.config.rollout.max_rows_per_generate_call,
-            system_prompt=self.config.model.system_prompt,
-        )
+    def _live_engine(self) -> HFEngine | ModelRouter:
+        return live_engine(self.config, self.plan, self.policy)
 
     def _sync_engine(self, adapters: Sequence[str] | None = None) -> None:
         """Hand the current ``adapters`` (default: all) to an engine that keeps its own copy of the
         weights, as version ``self.version``; older saved versions are deleted."""
-        if isinstance(self.engine, HFEngine | ReplayEngine):
+        if isinstance(self.engine, HFEngine | ModelRouter | ReplayEngine):
             return  # generates with the live model, or replays a recording: nothing to load
         if adapters is not None and not adapters:
             return
