@@ -25,6 +25,7 @@ from llm_zoo_train.engines.base import Completion, SamplingParams  # noqa: E402
 from llm_zoo_train.eval_cli import main as eval_main  # noqa: E402
 from llm_zoo_train.model_pools import ModelRouter, PolicyGroup, UpdaterByModel  # noqa: E402
 from llm_zoo_train.trainer import Trainer  # noqa: E402
+from tiny_model import train_byte_level_bpe  # noqa: E402
 from train_helpers import history_without_timing, toy_config  # noqa: E402
 
 pytestmark = [
@@ -42,19 +43,9 @@ _CORPUS = ["ab ba abba bob says b", "### user: reply ### assistant: ok", "a b c 
 
 def build_tiny_gpt2_dir(path: Path) -> Path:
     """A tiny random GPT-2 model (vocabulary about 300, hidden size 48) with its own tokenizer and template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|endoftext|>", "<pad>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
+    tokenizer = train_byte_level_bpe(_CORPUS, 300, ["<|endoftext|>", "<pad>"])
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<pad>")
     fast.chat_template = GPT_TEMPLATE
     config = GPT2Config(

@@ -25,21 +25,27 @@ _CORPUS = [
 ] * 20
 
 
-def build_tokenizer():
+def train_byte_level_bpe(corpus: list[str], vocab_size: int, special_tokens: list[str]):
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``corpus`` (at most ``vocab_size`` tokens)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
-    specials = ["<pad>", "<|im_start|>", "<|im_end|>"]
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=specials,
+        vocab_size=vocab_size,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    return tokenizer
+
+
+def build_tokenizer():
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = train_byte_level_bpe(_CORPUS, 400, ["<pad>", "<|im_start|>", "<|im_end|>"])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         pad_token="<pad>",
