@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,6 +176,17 @@ class RolloutConfig:
     replay_path: str | None = None
     """engine `replay` only: the `rollouts` directory of a run recorded with save_rollouts (or one
     step's .jsonl file); step N serves the completions of step_N, in the order they were sampled."""
+    async_steps: int = 0
+    """Rollouts generated ahead of the update, in a separate generation process (engine `hf` only).
+    0: synchronous, each step rolls out with the adapters it then updates. 1: step t+1's rollout is
+    generated with the adapters of step t-1 (adapter version t-1) while step t updates: one step
+    off-policy, corrected by `algorithm.importance_sampling`. k > 1: up to k rollouts in flight.
+    See docs/training/async.md."""
+    async_worker_threads: int | None = None
+    """async_steps > 0: torch threads of the generation process (None: one per core it may run on)."""
+    async_worker_cores: list[int] | None = None
+    """async_steps > 0: CPU cores the generation process is pinned to (os.sched_setaffinity; None:
+    the trainer's own cores). Pin the trainer to the other cores so the two do not compete."""
 
 
 @dataclass
@@ -221,9 +233,11 @@ class AlgorithmConfig:
     shrinks the advantages of groups with a small spread, e.g. Plan-Path's 0.01 step costs."""
     num_iterations: int = 1
     """Passes over each step's samples (TRL's num_iterations, PPO epochs)."""
-    importance_sampling: bool = False
+    importance_sampling: bool | None = None
     """Correct the train/inference mismatch with truncated importance weights
-    min(exp(old - behaviour logprob), cap) per token."""
+    min(exp(old - behaviour logprob), cap) per token; with rollout.async_steps > 0 this also corrects
+    the rollout's staleness (behaviour: the older adapters that generated it). None: on when
+    rollout.async_steps > 0, off otherwise."""
     importance_sampling_cap: float = 2.0
     """Cap of the importance weights."""
 
@@ -356,6 +370,24 @@ def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
         raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
+def _check_async_rollout(r: RolloutConfig) -> None:
+    _positive("rollout.async_steps", r.async_steps, allow_zero=True)
+    if r.async_steps and r.engine != "hf":
+        raise ConfigError(
+            f"rollout.async_steps {r.async_steps} needs rollout.engine 'hf' (its generation process runs "
+            f"the transformers engine), got {r.engine!r}; use async_steps 0 with {r.engine!r}"
+        )
+    if r.async_worker_threads is not None:
+        _positive("rollout.async_worker_threads", r.async_worker_threads)
+    cores = list(range(os.cpu_count() or 1))  # the machine's, not the trainer's own (it may be pinned)
+    unknown = [core for core in r.async_worker_cores or [] if core not in cores]
+    if r.async_worker_cores is not None and (unknown or not r.async_worker_cores):
+        raise ConfigError(
+            f"rollout.async_worker_cores {r.async_worker_cores}: not cores of this machine "
+            f"{unknown or '(empty list)'}; choose from {cores} or null"
+        )
+
+
 def import_plugins(modules: Sequence[str]) -> None:
     for module in modules:
         try:
@@ -381,6 +413,7 @@ def validate(config: Config) -> AgentPlan:
     except ValueError as err:
         raise ConfigError(f"rollout.{err}") from None
     _positive("rollout.max_rows_per_generate_call", r.max_rows_per_generate_call)
+    _check_async_rollout(r)
     if r.num_generations < 2:
         raise ConfigError("rollout.num_generations must be >= 2: a group of one has no relative advantage")
     if r.temperature == 0:

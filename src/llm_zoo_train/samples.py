@@ -59,6 +59,9 @@ class Sample:
             episode return).
         lookahead_steps: Teammate actions after this one whose outcome was credited.
         lookahead_tokens: Tokens generated for this sample's look-ahead (not trained on).
+        policy_version: The adapter version that generated the action: the number of updates the
+            adapters had received (0: the initial adapters; ``None``: not recorded). Equal to the
+            trained adapters' version in synchronous runs, older with ``rollout.async_steps``.
     """
 
     env_id: str
@@ -87,6 +90,7 @@ class Sample:
     credit: str = "immediate"
     lookahead_steps: int = 0
     lookahead_tokens: int = 0
+    policy_version: int | None = None
 
 
 def group_key(env_index: int, turn: int, agent: str) -> str:

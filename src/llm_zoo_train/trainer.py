@@ -37,16 +37,16 @@ import numpy as np
 import torch
 
 from llm_zoo_train.advantages import compute_advantages
+from llm_zoo_train.async_rollout import AsyncRollouts, algorithm_settings
 from llm_zoo_train.checkpoint import find_checkpoint
 from llm_zoo_train.config import (
     Config,
     ConfigError,
     config_to_dict,
     eval_env_kwargs,
-    train_env_kwargs,
     validate,
 )
-from llm_zoo_train.engines.base import Completion, SamplingParams
+from llm_zoo_train.engines.base import SamplingParams
 from llm_zoo_train.engines.hf import HFEngine
 from llm_zoo_train.engines.replay import GenerationRecorder, ReplayEngine
 from llm_zoo_train.eval_defaults import eval_temperature
@@ -55,38 +55,15 @@ from llm_zoo_train.model_card import write_model_cards
 from llm_zoo_train.model_pools import ModelRouter, build_policy, live_engine, make_updater
 from llm_zoo_train.policy import Policy
 from llm_zoo_train.progress import RunProgress
-from llm_zoo_train.rollout import independent_rollout, tree_rollout
 from llm_zoo_train.run_dir import ResumePoint, start_run
-from llm_zoo_train.samples import write_jsonl
 from llm_zoo_train.seeding import Stream, derive_seed
+from llm_zoo_train.step_rollout import StepRollout, play_step, save_step_rollout
 from llm_zoo_train.team_credit import team_credit_metrics
 from llm_zoo_train.tracking import RunLogger, flatten_config, plot_learning_curve, rollout_metrics
 from llm_zoo_train.trainer_state import load_trainer_checkpoint, save_trainer_checkpoint
 from llm_zoo_train.update import mean_across_processes
 
 __all__ = ["Trainer", "derive_seed"]
-
-ROLLOUTS = {"tree": tree_rollout, "independent": independent_rollout}
-
-
-class _TimedEngine:
-    """Wraps an engine and adds up the seconds spent generating (the rest of a rollout is env time)."""
-
-    def __init__(self, engine: Any):
-        self.engine = engine
-        self.seconds = 0.0
-
-    def generate(
-        self, prompts: Sequence[str], adapters: Sequence[str | None], n: int, sampling: SamplingParams
-    ) -> list[list[Completion]]:
-        start = time.perf_counter()
-        try:
-            return self.engine.generate(prompts, adapters, n, sampling)
-        finally:
-            self.seconds += time.perf_counter() - start
-
-    def load_adapters(self, paths: Mapping[str, str], version: int) -> None:
-        self.engine.load_adapters(paths, version)
 
 
 class Trainer:
@@ -166,7 +143,7 @@ class Trainer:
             self.policy,
             self.optimizers,
             accelerator,
-            config.algorithm,
+            algorithm_settings(config),  # importance sampling on by default for async rollouts
             training,
             temperature=config.rollout.temperature,
             max_completion_length=config.rollout.max_completion_length,
@@ -175,6 +152,8 @@ class Trainer:
         self.step = 0
         self.version = 0
         self.history: list[dict[str, float]] = []
+        #: The generation process's side of rollout.async_steps > 0 (None: synchronous rollouts).
+        self.async_rollouts = self._async_rollouts() if config.rollout.async_steps else None
         if checkpoint is not None:
             load_trainer_checkpoint(self, checkpoint)
         self._sync_engine()
@@ -234,58 +213,21 @@ class Trainer:
             ):
                 logger.log(0, self._evaluation_metrics())
         finally:
+            if self.async_rollouts is not None:
+                self.async_rollouts.close()  # no generation process outlives train(), error or not
             logger.close()
             self.progress = RunProgress.disabled()
         return self._finish(logger)
 
     def train_step(self, step: int) -> dict[str, float]:
         """One rollout and one update of every trainable adapter; returns the step's metrics."""
-        config, accelerator = self.config, self.accelerator
-        rollout, algorithm, seed = config.rollout, config.algorithm, config.training.seed
-        rank = accelerator.process_index
+        rollout, algorithm = self.config.rollout, self.config.algorithm
         start = time.perf_counter()
-        task_rng = np.random.default_rng(derive_seed(seed, step, rank, Stream.TASKS))
-        seeds = task_rng.integers(0, 2**30, size=rollout.envs_per_step).tolist()
-        sampling = SamplingParams(
-            max_tokens=rollout.max_completion_length,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
-            seed=derive_seed(seed, step, rank, Stream.SAMPLING),
-        )
-        if isinstance(self.engine, ReplayEngine):
-            self.engine.load_step(step, rank, accelerator.num_processes)
-        recorder = GenerationRecorder(self.engine) if rollout.save_rollouts else None
-        watched = self.progress.rollout(
-            recorder or self.engine,
-            step,
-            len(seeds),
-            mode=rollout.mode,
-            num_generations=rollout.num_generations,
-        )
-        engine = _TimedEngine(watched)
-        samples = ROLLOUTS[rollout.mode](
-            config.env.id,
-            train_env_kwargs(config),
-            seeds,
-            engine,
-            self.plan.agent_adapters,
-            rollout.num_generations,
-            sampling,
-            np.random.default_rng(derive_seed(seed, step, rank, Stream.TIES)),
-            team_credit_lookahead=rollout.team_credit_lookahead,
-        )
-        rollout_seconds = time.perf_counter() - start
-        watched.close()
-        if isinstance(self.engine, ReplayEngine):
-            self.engine.check_all_served()
-        if rollout.save_rollouts:
-            directory = self.output_dir / "rollouts"
-            directory.mkdir(parents=True, exist_ok=True)
-            suffix = f"-rank{rank}" if accelerator.num_processes > 1 else ""
-            write_jsonl(samples, directory / f"step_{step:06d}{suffix}.jsonl")
-            assert recorder is not None
-            recorder.write(directory / f"step_{step:06d}{suffix}.generations.jsonl")
+        if self.async_rollouts is not None:
+            produced, waited = self.async_rollouts.take(step, self.version, self.config.training.max_steps)
+        else:
+            produced = self._rollout(step)
+        samples = produced.samples
 
         kept, stats = compute_advantages(
             samples,
@@ -297,6 +239,10 @@ class Trainer:
             self.accelerator,
             {**rollout_metrics(samples, kept, stats, rollout.mode), **team_credit_metrics(samples)},
         )
+        if self.async_rollouts is not None:
+            metrics["rollout/policy_version"] = float(produced.policy_version)
+            metrics["rollout/staleness"] = float(self.version - produced.policy_version)
+            metrics["time/rollout_wait"] = waited
 
         update_start = time.perf_counter()
         sleep, wake_up = getattr(self.engine, "sleep", None), getattr(self.engine, "wake_up", None)
@@ -319,11 +265,33 @@ class Trainer:
                 scheduler.step()
         self.version += 1
         self._sync_engine(self.plan.trainable)
-        metrics["time/generation"] = engine.seconds
-        metrics["time/env"] = rollout_seconds - engine.seconds
+        metrics["time/generation"] = produced.generation_seconds
+        metrics["time/env"] = produced.seconds - produced.generation_seconds
         metrics["time/update"] = time.perf_counter() - update_start
         metrics["time/step"] = time.perf_counter() - start
         return metrics
+
+    def _rollout(self, step: int) -> StepRollout:
+        """Step ``step``'s rollout, played here with the adapters being trained."""
+        rollout, accelerator = self.config.rollout, self.accelerator
+        rank = accelerator.process_index
+        if isinstance(self.engine, ReplayEngine):
+            self.engine.load_step(step, rank, accelerator.num_processes)
+        recorder = GenerationRecorder(self.engine) if rollout.save_rollouts else None
+        watched = self.progress.rollout(
+            recorder or self.engine,
+            step,
+            rollout.envs_per_step,
+            mode=rollout.mode,
+            num_generations=rollout.num_generations,
+        )
+        produced = play_step(self.config, self.plan.agent_adapters, watched, step, rank, self.version)
+        watched.close()
+        if isinstance(self.engine, ReplayEngine):
+            self.engine.check_all_served()
+        if recorder is not None:
+            save_step_rollout(self.output_dir, produced, rank, accelerator.num_processes, recorder)
+        return produced
 
     # ------------------------------------------------------------------ evaluation
 
@@ -396,8 +364,26 @@ class Trainer:
                 shutil.rmtree(old, ignore_errors=True)
 
     def save_checkpoint(self) -> Path:
-        """Write ``output_dir/checkpoint-STEP`` atomically (see :mod:`llm_zoo_train.trainer_state`)."""
+        """Write ``output_dir/checkpoint-STEP`` atomically (see :mod:`llm_zoo_train.trainer_state`);
+        with async rollouts, after the rollouts in flight arrive (the checkpoint keeps them)."""
+        if self.async_rollouts is not None:
+            self.async_rollouts.wait_for_in_flight()
         return save_trainer_checkpoint(self)
+
+    def _async_rollouts(self) -> AsyncRollouts:
+        if self.accelerator.num_processes > 1 or not isinstance(self.policy, Policy):
+            raise ConfigError(
+                "rollout.async_steps > 0 runs with one training process and one base model for now: "
+                "use async_steps 0 with several processes or agents.base_models"
+            )
+        return AsyncRollouts(
+            self.config,
+            self.policy,
+            output_dir=self.output_dir,
+            rank=self.accelerator.process_index,
+            num_processes=self.accelerator.num_processes,
+            device=str(self.accelerator.device),
+        )
 
     def _finish(self, logger: RunLogger) -> dict[str, Any]:
         accelerator = self.accelerator
@@ -431,6 +417,8 @@ class Trainer:
         Separate from :meth:`train` so callers can still use the engine after a run (for example to
         compare what it serves with the live policy).
         """
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()
         close = getattr(self.engine, "close", None)
         if close is not None and not isinstance(self.engine, HFEngine):
             close()

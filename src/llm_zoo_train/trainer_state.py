@@ -2,8 +2,9 @@
 
 What goes into a checkpoint and how it is written atomically is :mod:`llm_zoo_train.checkpoint`;
 this module collects the trainer's pieces (adapters, optimizers, schedulers, the mixed-precision
-scaler, every process's RNG states, step, adapter version, metrics history, config, model cards)
-and puts them back, so that a resumed run continues exactly as the uninterrupted one.
+scaler, every process's RNG states, step, adapter version, metrics history, config, model cards,
+and the rollouts generated ahead with ``rollout.async_steps``) and puts them back, so that a
+resumed run continues exactly as the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def save_trainer_checkpoint(trainer: Any) -> Path:
                 trainer_state=state,
             )
             save_config(trainer.config, directory / "config.yaml")
+            if getattr(trainer, "async_rollouts", None) is not None:
+                trainer.async_rollouts.save(directory)  # rollouts generated ahead of this step
             write_model_cards(
                 directory / "adapters",
                 trainer.config,
@@ -94,3 +97,5 @@ def load_trainer_checkpoint(trainer: Any, checkpoint: Path) -> None:
     restore_rng_state(ranks[min(accelerator.process_index, len(ranks) - 1)], trainer.rng)
     trainer.step, trainer.version = int(state["step"]), int(state["version"])
     trainer.history = list(state["history"])
+    if getattr(trainer, "async_rollouts", None) is not None:
+        trainer.async_rollouts.restore(checkpoint)

@@ -1,0 +1,321 @@
+"""Asynchronous rollouts (rollout.async_steps): which adapters generate each step, exact resume with
+rollouts in flight, and no generation process left behind, on the tiny model and the toy env."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+import toy_envs_trainer  # noqa: E402, F401  (registers test/Scripted-v0)
+from llm_zoo_train.async_rollout import RolloutWorkerError, algorithm_settings  # noqa: E402
+from llm_zoo_train.config import ConfigError, validate  # noqa: E402
+from llm_zoo_train.samples import read_jsonl  # noqa: E402
+from llm_zoo_train.step_rollout import play_step  # noqa: E402
+from llm_zoo_train.trainer import Trainer  # noqa: E402
+from train_helpers import history_without_timing, toy_config  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+STEPS = 4
+ASYNC = ["--rollout.async_steps", "1", "--rollout.async_worker_threads", "1"]
+COMMON = ["--training.max_steps", str(STEPS), "--eval.num_episodes", "0", "--training.save_steps", "1"]
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not reaped) counts as gone.
+    status = Path(f"/proc/{pid}/stat")
+    return not (status.exists() and status.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def _records(samples) -> list[str]:
+    return [json.dumps(dataclasses.asdict(s), sort_keys=True) for s in samples]
+
+
+def _adapters(directory: Path) -> dict[str, dict[str, torch.Tensor]]:
+    from peft.utils import load_peft_weights
+
+    return {
+        name: load_peft_weights(str(directory / "adapters" / name), device="cpu") for name in ("alice", "bob")
+    }
+
+
+def _record_pids(trainer: Trainer) -> list[int]:
+    """The generation process's pid after each step's rollout arrived (it is None once closed)."""
+    pids: list[int] = []
+    take = trainer.async_rollouts.take
+
+    def recording_take(*args):
+        result = take(*args)
+        pids.append(trainer.async_rollouts.pid)
+        return result
+
+    trainer.async_rollouts.take = recording_take
+    return pids
+
+
+def _same_adapters(a, b) -> bool:
+    return all(a[n].keys() == b[n].keys() and all(torch.equal(a[n][k], b[n][k]) for k in a[n]) for n in a)
+
+
+@pytest.fixture(scope="module")
+def async_run(tiny_model_dir, tmp_path_factory):
+    """A 4-step run with async_steps 1, every step checkpointed and its rollout saved."""
+    from llm_zoo_train.engines.hf import HFEngine  # noqa: F401  (import cost outside the timing)
+
+    root = tmp_path_factory.mktemp("async")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trainer = Trainer(
+            toy_config(tiny_model_dir, root / "run", [*COMMON, *ASYNC, "--rollout.save_rollouts", "true"])
+        )
+        trainer.train()
+    finally:
+        torch.set_num_threads(threads)
+    return trainer, root
+
+
+# ---------------------------------------------------------------------------------------- config
+
+
+def test_config_checks_and_importance_sampling_default(tiny_model_dir, tmp_path):
+    sync = toy_config(tiny_model_dir, tmp_path / "a")
+    assert sync.rollout.async_steps == 0 and algorithm_settings(sync).importance_sampling is False
+    on = toy_config(tiny_model_dir, tmp_path / "b", ASYNC)
+    assert algorithm_settings(on).importance_sampling is True  # behaviour policy is one version old
+    off = toy_config(tiny_model_dir, tmp_path / "c", [*ASYNC, "--algorithm.importance_sampling", "false"])
+    assert algorithm_settings(off).importance_sampling is False  # an explicit choice wins
+    for overrides, message in [
+        (["--rollout.async_steps", "-1"], "rollout.async_steps must be >= 0"),
+        (["--rollout.async_worker_threads", "0"], "rollout.async_worker_threads must be > 0"),
+        (["--rollout.async_worker_cores", "[4096]"], r"not cores of this machine \[4096\]; choose from"),
+        (
+            [
+                "--rollout.async_steps",
+                "1",
+                "--rollout.engine",
+                "replay",
+                "--rollout.replay_path",
+                str(tmp_path),
+            ],
+            "needs rollout.engine 'hf'",
+        ),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            validate(toy_config(tiny_model_dir, tmp_path / "d", overrides))
+
+
+# ---------------------------------------------------------------------------------------- behaviour
+
+
+def test_synchronous_runs_start_no_process_and_record_the_current_version(tiny_model_dir, tmp_path):
+    trainer = Trainer(
+        toy_config(
+            tiny_model_dir,
+            tmp_path / "run",
+            ["--training.max_steps", "2", "--eval.num_episodes", "0", "--rollout.save_rollouts", "true"],
+        )
+    )
+    assert trainer.async_rollouts is None
+    trainer.train()
+    for step in (1, 2):
+        samples = list(read_jsonl(tmp_path / "run" / "rollouts" / f"step_{step:06d}.jsonl"))
+        assert {s.policy_version for s in samples} == {step - 1}
+    assert not any("rollout/staleness" in record for record in trainer.history)
+
+
+def test_every_sample_of_step_t_was_generated_by_version_t_minus_2(async_run):
+    trainer, root = async_run
+    assert trainer.async_rollouts.pid is None  # train() stopped the process
+    for step in range(1, STEPS + 1):
+        samples = list(read_jsonl(root / "run" / "rollouts" / f"step_{step:06d}.jsonl"))
+        assert samples and {s.policy_version for s in samples} == {max(step - 2, 0)}, step
+    history = [r for r in trainer.history if r["step"] > 0]
+    assert [r["rollout/policy_version"] for r in history] == [0, 0, 1, 2]
+    assert [r["rollout/staleness"] for r in history] == [0, 1, 1, 1]  # the update starts from version t-1
+    assert all("time/rollout_wait" in r for r in history)
+
+
+def test_async_samples_are_what_the_recorded_version_generates_here(async_run, tiny_model_dir, tmp_path):
+    """Replayed in this process with the adapters of the recorded version, each step's rollout is
+    bit-identical; with the next version's adapters it is not (so the label is not just a label)."""
+    _, root = async_run
+    fresh = Trainer(toy_config(tiny_model_dir, tmp_path / "fresh", [*COMMON, *ASYNC]))  # version 0 adapters
+
+    def replay(step: int, version: int) -> list[str]:
+        if version > 0:
+            for name in fresh.plan.trainable:
+                fresh.policy.load_adapter_weights(
+                    name, root / "run" / f"checkpoint-{version}" / "adapters" / name
+                )
+        return _records(
+            play_step(fresh.config, fresh.plan.agent_adapters, fresh.engine, step, 0, version).samples
+        )
+
+    for step in range(1, STEPS + 1):
+        recorded = _records(read_jsonl(root / "run" / "rollouts" / f"step_{step:06d}.jsonl"))
+        version = max(step - 2, 0)
+        assert replay(step, version) == recorded, step
+        if step >= 2:
+            newer = replay(step, step - 1)  # what a synchronous step would have generated
+            assert [json.loads(r)["completion_token_ids"] for r in newer] != [
+                json.loads(r)["completion_token_ids"] for r in recorded
+            ], step
+
+
+def test_resume_with_a_rollout_in_flight_is_exact(async_run, tiny_model_dir, tmp_path):
+    """Checkpoints keep the rollouts generated ahead; the resumed run uses them and equals the
+    uninterrupted run: same metrics, same adapters."""
+    straight, root = async_run
+    checkpoint = root / "run" / "checkpoint-2"
+    kept = list(read_jsonl(checkpoint / "async_rollouts" / "step_000003.jsonl"))
+    assert kept and {s.policy_version for s in kept} == {1}
+
+    config = toy_config(tiny_model_dir, tmp_path / "resumed", [*COMMON, *ASYNC])
+    first = Trainer(config)
+    pids = _record_pids(first)
+    first.train(stop_after_step=2)
+    assert pids and not _alive(pids[-1])
+    resumed = Trainer(config, resume_from=tmp_path / "resumed")
+    assert resumed.step == 2
+    resumed.train()
+    assert history_without_timing(resumed.history) == history_without_timing(straight.history)
+    assert _same_adapters(_adapters(tmp_path / "resumed"), _adapters(root / "run"))
+
+
+@pytest.mark.parametrize(
+    "error", [RuntimeError("update failed"), KeyboardInterrupt()], ids=["error", "ctrl-c"]
+)
+def test_the_process_is_gone_after_the_trainer_raises(error, tiny_model_dir, tmp_path, monkeypatch):
+    trainer = Trainer(toy_config(tiny_model_dir, tmp_path / "run", [*COMMON, *ASYNC]))
+    pids = []
+
+    def update(adapter, samples, phase=None):
+        pids.append(trainer.async_rollouts.pid)
+        assert _alive(pids[-1])  # generating step 2 while step 1 updates
+        raise error
+
+    monkeypatch.setattr(trainer.updater, "update", update)
+    with pytest.raises(type(error)):
+        trainer.train()
+    assert pids and not _alive(pids[0])
+
+
+def test_a_dead_generation_process_is_a_clear_error(tiny_model_dir, tmp_path, monkeypatch):
+    trainer = Trainer(toy_config(tiny_model_dir, tmp_path / "run", [*COMMON, *ASYNC]))
+    update = trainer.updater.update
+
+    def kill_then_update(adapter, samples, phase=None):
+        os.kill(trainer.async_rollouts.pid, signal.SIGKILL)
+        return update(adapter, samples, phase)
+
+    monkeypatch.setattr(trainer.updater, "update", kill_then_update)
+    with pytest.raises(RolloutWorkerError, match="exited with code -9"):
+        trainer.train()
+
+
+def test_the_process_dies_with_a_killed_trainer(tiny_model_dir, tmp_path):
+    """SIGKILL gives the trainer no chance to clean up: the kernel stops the generation process."""
+    config_path = tmp_path / "run.yaml"
+    toy_config(tiny_model_dir, tmp_path / "run", [*COMMON, *ASYNC])  # writes run.yaml next to the run
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import toy_envs_trainer
+        from llm_zoo_train.config import load_config
+        from llm_zoo_train.trainer import Trainer
+
+        if __name__ == "__main__":
+            trainer = Trainer(load_config({str(config_path)!r}, {[*COMMON, *ASYNC]!r}))
+            def update(adapter, samples, phase=None):
+                print("PID", trainer.async_rollouts.pid, flush=True)
+                time.sleep(600)
+            trainer.updater.update = update
+            trainer.train()
+        """
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while not line.startswith("PID "):
+            line = process.stdout.readline()
+            assert line, "the training script ended before its generation process started"
+        pid = int(line.split()[1])
+        assert _alive(pid)
+        process.kill()
+        process.wait(30)
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid)
+    finally:
+        process.kill()
+        process.wait()
+
+
+# ---------------------------------------------------------------------------------------- async_steps 0
+
+#: The last commit before asynchronous rollouts: its trainer is the reference for async_steps 0.
+BEFORE_ASYNC = "5296948"
+
+_RUN_TWO_STEPS = """
+import json, sys, torch
+sys.path.insert(0, {tests!r})
+torch.set_num_threads(1)
+import toy_envs_trainer
+from train_helpers import history_without_timing, toy_config
+from llm_zoo_train.trainer import Trainer
+
+if __name__ == "__main__":
+    trainer = Trainer(toy_config({model!r}, {output!r}, ["--training.max_steps", "2", "--eval.num_episodes", "2"]))
+    trainer.train()
+    weights = {{n: trainer.policy.adapter_state_dict(n) for n in trainer.plan.adapters}}
+    torch.save({{"history": history_without_timing(trainer.history), "weights": weights}}, {output!r} + ".pt")
+"""
+
+
+@pytest.mark.slow
+def test_async_steps_0_is_bit_identical_to_the_trainer_before_async(tiny_model_dir, tmp_path):
+    """A 2-step run (rollouts, update, evaluation) of this code and of the code before asynchronous
+    rollouts existed give the same metrics and bit-identical adapters."""
+    repo = Path(__file__).resolve().parents[1]
+    old = tmp_path / "before"
+    old.mkdir()
+    archive = subprocess.run(["git", "-C", str(repo), "archive", BEFORE_ASYNC, "src"], capture_output=True)
+    if archive.returncode != 0:
+        pytest.skip(f"commit {BEFORE_ASYNC} is not available: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+    results = {}
+    for name, source in (("before", old / "src"), ("now", repo / "src")):
+        (tmp_path / name).mkdir(exist_ok=True)
+        output = str(tmp_path / name / "run")
+        script = _RUN_TWO_STEPS.format(
+            tests=str(Path(__file__).parent), model=str(tiny_model_dir), output=output
+        )
+        env = {**os.environ, "PYTHONPATH": str(source), "OMP_NUM_THREADS": "1"}
+        subprocess.run([sys.executable, "-c", script], check=True, env=env, cwd=tmp_path, timeout=600)
+        results[name] = torch.load(output + ".pt")
+    assert results["now"]["history"] == results["before"]["history"]
+    before, now = results["before"]["weights"], results["now"]["weights"]
+    assert before.keys() == now.keys()
+    for adapter in before:
+        assert all(torch.equal(before[adapter][k], now[adapter][k]) for k in before[adapter]), adapter
