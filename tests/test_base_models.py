@@ -9,6 +9,9 @@ checkpoint, resume exactly, evaluate with ``llm-zoo-train eval``, and check the 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,7 @@ import toy_envs_trainer  # noqa: E402, F401  (registers test/Scripted-v0)
 from llm_zoo_train.base_models import base_model_label  # noqa: E402
 from llm_zoo_train.chat import encode_prompt  # noqa: E402
 from llm_zoo_train.checkpoint import find_checkpoint  # noqa: E402
-from llm_zoo_train.config import ConfigError, load_config, plan_agents  # noqa: E402
+from llm_zoo_train.config import ConfigError, load_config, plan_agents, save_config  # noqa: E402
 from llm_zoo_train.engines.base import Completion, SamplingParams  # noqa: E402
 from llm_zoo_train.eval_cli import main as eval_main  # noqa: E402
 from llm_zoo_train.model_pools import ModelRouter, PolicyGroup, UpdaterByModel  # noqa: E402
@@ -227,6 +230,48 @@ def test_eval_command_reproduces_the_trainers_evaluation_and_refuses_the_swap(tr
     assert eval_main([str(run), "--policies", "swap", "--splits", "eval"]) == 2
     error = capsys.readouterr().err
     assert "different base models" in error and "alice on model" in error and "bob on gpt" in error
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_keep_identical_adapters_on_both_base_models(tiny_model_dir, gpt2_dir, tmp_path):
+    """Data parallel on CPU (gloo, torchrun): each adapter's gradients are summed over the processes
+    on its own base model, so both processes end with the same two adapters."""
+    config = toy_config(tiny_model_dir, tmp_path / "run", two_model_overrides(gpt2_dir))
+    config_path = tmp_path / "two_models.yaml"
+    save_config(config, config_path)
+    script = tmp_path / "check.py"
+    script.write_text(
+        "import hashlib\n"
+        "from llm_zoo_train.config import load_config\n"
+        "from llm_zoo_train.trainer import Trainer\n"
+        f"config = load_config({str(config_path)!r}, ['--training.max_steps', '2', '--eval.num_episodes', '2'])\n"
+        "trainer = Trainer(config)\n"
+        "trainer.train()\n"
+        "for name in trainer.plan.adapters:\n"
+        "    digest = hashlib.sha256()\n"
+        "    for value in trainer.policy.adapter_state_dict(name).values():\n"
+        "        digest.update(value.numpy().tobytes())\n"
+        "    print('ADAPTER', trainer.accelerator.process_index, name, digest.hexdigest())\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+        "ACCELERATE_USE_CPU": "1",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    torchrun = Path(sys.executable).parent / "torchrun"
+    command = [str(torchrun) if torchrun.exists() else "torchrun", "--nproc_per_node", "2", str(script)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    digests = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("ADAPTER"):
+            _, rank, name, digest = line.split()
+            digests.setdefault(name, {})[rank] = digest
+    assert sorted(digests) == ["alice", "bob"]
+    for name, by_rank in digests.items():
+        assert sorted(by_rank) == ["0", "1"] and len(set(by_rank.values())) == 1, name
 
 
 def _plan(overrides, agents=("alice", "bob")):
