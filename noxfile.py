@@ -60,9 +60,8 @@ def tests_vllm(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     session.install("-e", ".[train,dev]")
     session.run("python", "-c", "import torch; assert torch.__version__ == '2.13.0+cpu', torch.__version__")
-    session.run(
-        "python", "-m", "pytest", "-m", "vllm", "tests/test_vllm_engine.py", *(session.posargs or ["-q"])
-    )
+    tests = ["tests/test_vllm_engine.py", "tests/test_vllm_server.py"]
+    session.run("python", "-m", "pytest", "-m", "vllm", *tests, *(session.posargs or ["-q"]))
 
 
 @nox.session(python=PYTHON)

@@ -158,9 +158,11 @@ class RolloutConfig:
     """Nucleus sampling mass of training rollouts (1.0: off)."""
     top_k: int = 0
     """Keep only the k most likely tokens when sampling (0: off)."""
-    engine: Literal["hf", "vllm", "replay"] = "hf"
-    """Generation backend: `hf` (transformers generate on the training model), `vllm`, or `replay`
-    (serve the completions recorded by `save_rollouts` from `replay_path`, to re-run steps exactly)."""
+    engine: Literal["hf", "vllm", "vllm_server", "replay"] = "hf"
+    """Generation backend: `hf` (transformers generate on the training model), `vllm` (a colocated
+    vLLM engine), `vllm_server` (running vLLM servers at `vllm.server_urls`, docs/vllm.md), or
+    `replay` (serve the completions recorded by `save_rollouts` from `replay_path`, to re-run steps
+    exactly)."""
     max_rows_per_generate_call: int = 32
     """hf engine only: most rows (prompt x sample) one transformers `generate` call takes; more are
     split into several calls (a memory cap, not TRL's generation_batch_size)."""
@@ -206,6 +208,33 @@ class VLLMConfig:
     """GPU only: offload vLLM's weights and free its KV cache during each update (None: off)."""
     enable_prefix_caching: bool | None = None
     """Share KV-cache blocks between prompts with a common prefix (None: engine default, on)."""
+    tensor_parallel_size: int = 1
+    """Engine `vllm`: GPUs one colocated vLLM engine spans (tensor parallel; single-process runs only).
+    With several trainer processes it must be 1: each process has its own engine on its own GPU."""
+    server_urls: list[str] = field(default_factory=list)
+    """Engine `vllm_server`: root URLs of the running vLLM servers (e.g. http://gpu-node-1:8000),
+    started with LoRA and runtime adapter loading on; requests are spread over them."""
+    served_model_name: str | None = None
+    """Engine `vllm_server`: the base model's name on the servers (None: the one non-LoRA model
+    they list; it must be model.name_or_path or its directory)."""
+    adapter_dir: str | None = None
+    """Engine `vllm_server`: directory every server can read (shared storage on several machines),
+    where adapters are copied before each load (None: output_dir/engine_adapters/served)."""
+    server_adapter_dir: str | None = None
+    """Engine `vllm_server`: adapter_dir as the servers see it, when they mount it elsewhere (None:
+    the same path)."""
+    zero_adapter_for_base: bool = True
+    """Engine `vllm_server`: serve base-model prompts (agents mapped to null) with an all-zero LoRA;
+    needed on CPU servers (vLLM's CPU kernels mix adapters into base requests); false saves a slot."""
+    request_timeout_s: float = 600.0
+    """Engine `vllm_server`: seconds one request may take before it counts as failed."""
+    max_retries: int = 3
+    """Engine `vllm_server`: retries of a request after a connection error, timeout, HTTP 429 or 5xx
+    (generation requests go to the next server)."""
+    retry_backoff_s: float = 1.0
+    """Engine `vllm_server`: first retry delay in seconds; it doubles with each retry (at most 30)."""
+    max_concurrent_requests: int = 64
+    """Engine `vllm_server`: requests in flight at once per trainer process, over all servers."""
 
 
 @dataclass
@@ -450,6 +479,9 @@ def validate(config: Config) -> AgentPlan:
             f"rollout.engine 'replay' needs rollout.replay_path: the rollouts/ directory of a run recorded "
             f"with rollout.save_rollouts true (got {r.replay_path!r}, which does not exist)"
         )
+    _positive("vllm.tensor_parallel_size", config.vllm.tensor_parallel_size)
+    if r.engine == "vllm_server":
+        _check_vllm_server(config.vllm)
     if r.engine == "vllm":
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError(
@@ -493,6 +525,21 @@ def validate(config: Config) -> AgentPlan:
             "nothing to train: every agent is frozen; unfreeze one, or set training.max_steps 0 to only evaluate"
         )
     return plan
+
+
+def _check_vllm_server(section: VLLMConfig) -> None:
+    if not section.server_urls:
+        raise ConfigError(
+            "rollout.engine 'vllm_server' needs vllm.server_urls, e.g. --vllm.server_urls "
+            "'[http://localhost:8000]' (docs/vllm.md shows how to start the servers)"
+        )
+    for url in section.server_urls:
+        if not str(url).startswith(("http://", "https://")):
+            raise ConfigError(f"vllm.server_urls: {url!r} is not an http:// or https:// URL")
+    _positive("vllm.request_timeout_s", section.request_timeout_s)
+    _positive("vllm.retry_backoff_s", section.retry_backoff_s)
+    _positive("vllm.max_retries", section.max_retries, allow_zero=True)
+    _positive("vllm.max_concurrent_requests", section.max_concurrent_requests)
 
 
 def train_env_kwargs(config: Config) -> dict[str, Any]:

@@ -335,6 +335,10 @@ class Trainer:
         if rollout.engine == "replay":
             assert rollout.replay_path is not None  # validate() checked it
             return ReplayEngine(rollout.replay_path)
+        if rollout.engine == "vllm_server":
+            from llm_zoo_train.engines.vllm_server import engine_from_config
+
+            return engine_from_config(self.config, self.policy)
         from llm_zoo_train.engines import vllm as vllm_engine  # type: ignore[attr-defined]
 
         factory = getattr(vllm_engine, "engine_from_config", None)

@@ -70,7 +70,16 @@ import numpy as np
 from llm_zoo_train.chat import encode_prompt
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
 
-__all__ = ["VLLM_LORA_RANKS", "VLLMEngine", "adapter_rank", "engine_from_config", "supported_lora_rank"]
+__all__ = [
+    "VLLM_LORA_RANKS",
+    "VLLMEngine",
+    "adapter_rank",
+    "engine_from_config",
+    "request_sampling_fields",
+    "request_seed",
+    "supported_lora_rank",
+    "write_zero_adapter",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +117,38 @@ def adapter_rank(path: str | Path) -> int:
     return max(ranks)
 
 
-def _write_zero_adapter(source: str | Path, target: Path) -> Path:
+def request_seed(seed: int, index: int) -> int:
+    """The vLLM seed of prompt ``index`` of a call seeded with ``seed`` (vLLM seeds the ``n``
+    samples of one request ``seed + j``, so each prompt gets its own base)."""
+    return int(np.random.SeedSequence([int(seed) % 2**63, int(index)]).generate_state(1, np.uint32)[0])
+
+
+def request_sampling_fields(sampling: SamplingParams, n: int, index: int) -> dict[str, Any]:
+    """vLLM sampling fields of prompt ``index`` of a call: ``n`` samples, the seed from
+    :func:`request_seed`, and the logprob of each sampled token (``logprobs=0``).
+
+    The same names are ``vllm.SamplingParams`` arguments and fields of the OpenAI-compatible
+    server's ``/v1/completions`` request, so the colocated and the server engine sample alike.
+    Penalties and ``min_p`` are set to their neutral values: the recorded logprobs must describe
+    the real sampling, and nothing else may reshape it.
+    """
+    greedy = sampling.greedy
+    return {
+        "n": int(n),
+        "max_tokens": int(sampling.max_tokens),
+        "temperature": 0.0 if greedy else float(sampling.temperature),
+        "top_p": 1.0 if greedy else float(sampling.top_p),
+        "top_k": int(sampling.top_k) if not greedy and sampling.top_k and sampling.top_k > 0 else 0,
+        "seed": None if sampling.seed is None else request_seed(sampling.seed, index),
+        "logprobs": 0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "min_p": 0.0,
+    }
+
+
+def write_zero_adapter(source: str | Path, target: Path) -> Path:
     """Write the LoRA weights of the PEFT adapter at ``source`` as zeros (its delta is exactly 0).
 
     Fully trained modules (``modules_to_save``) are left out: zeroing those would replace the base
@@ -350,7 +390,7 @@ class VLLMEngine:
             self._served[adapter] = _ServedAdapter(adapter, version, path, request)
             logger.debug("vLLM serves adapter %s from %s", request.lora_name, path)
             if self._zero_adapter_for_base and self._base_request is None:
-                zero_dir = _write_zero_adapter(path, Path(self._scratch) / "base-zero")
+                zero_dir = write_zero_adapter(path, Path(self._scratch) / "base-zero")
                 base_request = LoRARequest("llm-zoo-base-zero", next(self._lora_ids), str(zero_dir))
                 if not self._llm.llm_engine.add_lora(base_request):
                     raise RuntimeError(
@@ -421,30 +461,9 @@ class VLLMEngine:
     def _sampling_params(self, sampling: SamplingParams, n: int, index: int) -> Any:
         import vllm
 
-        seed = None
-        if sampling.seed is not None:
-            # vLLM seeds the n samples of a request with seed + j: give each prompt its own base.
-            seed = int(
-                np.random.SeedSequence([int(sampling.seed) % 2**63, index]).generate_state(1, np.uint32)[0]
-            )
-        greedy = sampling.greedy
-        return vllm.SamplingParams(
-            n=n,
-            max_tokens=int(sampling.max_tokens),
-            temperature=0.0 if greedy else float(sampling.temperature),
-            top_p=1.0 if greedy else float(sampling.top_p),
-            top_k=int(sampling.top_k) if not greedy and sampling.top_k and sampling.top_k > 0 else 0,
-            seed=seed,
-            logprobs=0,
-            # The recorded logprobs must describe the real sampling: nothing else reshapes it.
-            repetition_penalty=1.0,
-            presence_penalty=0.0,
-            frequency_penalty=0.0,
-            min_p=0.0,
-            # Text is decoded here like the transformers engine does (vLLM's incremental detokenizer
-            # holds back a trailing incomplete UTF-8 sequence, so the two texts could differ).
-            detokenize=False,
-        )
+        # Text is decoded here like the transformers engine does (vLLM's incremental detokenizer
+        # holds back a trailing incomplete UTF-8 sequence, so the two texts could differ).
+        return vllm.SamplingParams(**request_sampling_fields(sampling, n, index), detokenize=False)
 
     def _completions(self, output: Any, prompt_ids: list[int]) -> list[Completion]:
         completions = []
@@ -503,6 +522,7 @@ def engine_from_config(config: Any, policy: Any) -> VLLMEngine:
     exactly; bfloat16 is the usual choice on GPU, with the mismatch logged and optionally corrected
     by importance sampling).
     """
+    from llm_zoo_train.engines.vllm_placement import engine_gpus, visible_devices
     from llm_zoo_train.policy import resolve_model_path
 
     try:
@@ -511,25 +531,25 @@ def engine_from_config(config: Any, policy: Any) -> VLLMEngine:
         world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     except (ImportError, RuntimeError):  # pragma: no cover - torch without distributed
         world_size = 1
-    if world_size > 1:
-        raise ValueError(
-            "rollout.engine 'vllm' runs in single-process training (one colocated vLLM engine); "
-            f"this run has {world_size} processes. Use engine 'hf' for data-parallel runs."
-        )
     section = getattr(config, "vllm", None)
     options: dict[str, Any] = {"dtype": config.model.dtype}
     for name in _CONFIG_OPTIONS:
         value = getattr(section, name, None) if section is not None else None
         if value is not None:
             options[name] = value
-    llm_kwargs = {"trust_remote_code": True} if config.model.trust_remote_code else {}
-    return VLLMEngine(
-        resolve_model_path(config.model.name_or_path, config.model.cache_dir),
-        tokenizer=policy.tokenizer,
-        system_prompt=config.model.system_prompt,
-        max_lora_rank=_policy_lora_rank(policy),
-        max_loras=len(policy.adapter_names),
-        seed=int(config.training.seed),
-        llm_kwargs=llm_kwargs,
-        **options,
-    )
+    llm_kwargs: dict[str, Any] = {"trust_remote_code": True} if config.model.trust_remote_code else {}
+    tensor_parallel_size = int(getattr(section, "tensor_parallel_size", 1) or 1)
+    if tensor_parallel_size > 1:
+        llm_kwargs["tensor_parallel_size"] = tensor_parallel_size
+    # Each process's engine on its own GPU (or tensor-parallel group): engines/vllm_placement.py.
+    with visible_devices(engine_gpus(world_size, tensor_parallel_size)):
+        return VLLMEngine(
+            resolve_model_path(config.model.name_or_path, config.model.cache_dir),
+            tokenizer=policy.tokenizer,
+            system_prompt=config.model.system_prompt,
+            max_lora_rank=_policy_lora_rank(policy),
+            max_loras=len(policy.adapter_names),
+            seed=int(config.training.seed),
+            llm_kwargs=llm_kwargs,
+            **options,
+        )

@@ -1,0 +1,424 @@
+"""The vllm_server engine against real vLLM servers on 127.0.0.1 (vLLM's CPU backend).
+
+Run in the vLLM environment (nox session ``tests_vllm``)::
+
+    python -m pytest -m vllm tests/test_vllm_server.py
+
+Two servers serve the module (each starts in ~30 s on 2 cores) with the tiny model of
+tests/test_vllm_engine.py; the colocated engine built from the same directory is the reference.
+The last test kills the second server. Tests without a vLLM mark need no vLLM: they check the
+config, URLs and the errors for servers that are down or do not answer.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+
+import pytest
+
+from llm_zoo_train.engines.base import SamplingParams
+
+PROMPTS = [
+    "say the word apple",
+    "You are the plan agent. Grid: # . @",
+    "reply with one word",
+    "move up down left right",
+    "The answer is",
+    "def main(): print(sum(map(int, input().split())))",
+]
+# Same adapters, same seeds, same kernels: the server and the colocated engine should agree to
+# float32 rounding. Sampled tokens get the tolerances the colocated engine needs against the
+# trainer (test_vllm_engine.py): its kernels' rounding differs most on unlikely tokens.
+LOGPROB_TOLERANCE = 1e-4
+SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def server_settings(model_dir, tmp_path, name):
+    return dict(
+        dtype="float32",
+        max_model_len=512,
+        max_lora_rank=8,
+        max_loras=4,
+        max_cpu_loras=16,  # several engines (run tags) load adapters on one server in this module
+        kv_cache_memory_bytes=64 << 20,
+        extra_args=["--enforce-eager", "--seed", "0"],
+        env=SERVER_ENV,
+        log_path=tmp_path / f"{name}.log",
+        startup_timeout_s=300,
+    )
+
+
+# --------------------------------------------------------------------------- no vLLM needed
+
+
+def test_server_urls_are_normalised_and_checked():
+    from llm_zoo_train.engines.vllm_server import server_root
+
+    assert server_root("http://host:8000") == "http://host:8000"
+    assert server_root("http://host:8000/v1/") == "http://host:8000"
+    with pytest.raises(ValueError, match="http://"):
+        server_root("host:8000")
+
+
+def test_config_refuses_a_server_engine_without_servers():
+    from llm_zoo_train.config import ConfigError, load_config, validate
+
+    with pytest.raises(ConfigError, match=r"vllm\.server_urls"):
+        validate(load_config(None, ["--rollout.engine", "vllm_server"]))
+    with pytest.raises(ConfigError, match="not an http"):
+        validate(load_config(None, ["--rollout.engine", "vllm_server", "--vllm.server_urls", "[gpu1:8000]"]))
+    bad_timeout = ["--rollout.engine", "vllm_server", "--vllm.server_urls", "[http://gpu1:8000]"]
+    with pytest.raises(ConfigError, match="request_timeout_s"):
+        validate(load_config(None, [*bad_timeout, "--vllm.request_timeout_s", "0"]))
+
+
+def test_a_server_that_is_down_gives_an_error_naming_it(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from llm_zoo_train.engines.openai_compat import EndpointError
+    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
+    from llm_zoo_train.engines.vllm_server_launch import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    start = time.monotonic()
+    with pytest.raises(EndpointError, match=rf"cannot reach vLLM server {url} \(GET /health\)"):
+        VLLMServerEngine([url], tokenizer, "unused", max_retries=2, retry_backoff_s=0.05)
+    assert time.monotonic() - start < 10
+
+
+def test_a_server_that_never_answers_times_out(tiny_model_dir):
+    """A server that accepts the connection and then says nothing: the request times out (and is
+    retried), it does not hang."""
+    from transformers import AutoTokenizer
+
+    from llm_zoo_train.engines.openai_compat import EndpointError
+    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    start = time.monotonic()
+    try:
+        with pytest.raises(EndpointError, match=rf"{url}.*(Timeout|timed out)"):
+            VLLMServerEngine(
+                [url], tokenizer, "unused", request_timeout_s=0.5, max_retries=1, retry_backoff_s=0.05
+            )
+    finally:
+        silent.close()
+    assert time.monotonic() - start < 10
+
+
+# --------------------------------------------------------------------------- real servers
+
+
+@pytest.fixture(scope="module")
+def vllm_modules():
+    pytest.importorskip("vllm")
+    pytest.importorskip("torch")
+    import test_vllm_engine
+
+    return test_vllm_engine
+
+
+@pytest.fixture(scope="module")
+def model_dir(vllm_modules, tmp_path_factory):
+    return vllm_modules.build_vllm_tiny_model_dir(tmp_path_factory.mktemp("vllm_tiny_model"))
+
+
+@pytest.fixture(scope="module")
+def policy(vllm_modules, model_dir):
+    return vllm_modules.make_policy(model_dir)
+
+
+@pytest.fixture(scope="module")
+def adapter_dirs(policy, tmp_path_factory):
+    return policy.save_adapters(tmp_path_factory.mktemp("adapters_v0"))
+
+
+@pytest.fixture(scope="module")
+def servers(model_dir, tmp_path_factory):
+    """Two running servers (started one after the other: two cores), stopped at the end."""
+    from llm_zoo_train.engines.vllm_server_launch import LocalVLLMServer
+
+    logs = tmp_path_factory.mktemp("server_logs")
+    started = []
+    try:
+        for name in ("a", "b"):
+            started.append(LocalVLLMServer(model_dir, **server_settings(model_dir, logs, name)).start())
+        yield started
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def engine(servers, policy, adapter_dirs, tmp_path_factory):
+    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
+
+    engine = VLLMServerEngine(
+        [servers[0].url], policy.tokenizer, tmp_path_factory.mktemp("served"), expected_models=[]
+    )
+    engine.load_adapters(adapter_dirs, version=0)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def colocated(model_dir, adapter_dirs, policy):
+    from llm_zoo_train.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine(
+        model_dir,
+        adapter_dirs,
+        tokenizer=policy.tokenizer,
+        dtype="float32",
+        max_model_len=512,
+        kv_cache_memory_bytes=64 << 20,
+        enforce_eager=True,
+    )
+    yield engine
+    engine.close()
+
+
+def differences(rows_a, rows_b):
+    return [
+        abs(a - b)
+        for row_a, row_b in zip(rows_a, rows_b, strict=True)
+        for ca, cb in zip(row_a, row_b, strict=True)
+        for a, b in zip(ca.logprobs, cb.logprobs, strict=True)
+    ]
+
+
+def request_count(server) -> float:
+    """Requests the server has finished, from its Prometheus metrics."""
+    import requests
+
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total{")
+    )
+
+
+@pytest.mark.vllm
+def test_the_server_checks_pass_and_adapters_are_loaded_under_versioned_names(engine, servers):
+    from llm_zoo_train.engines.base import Engine
+
+    assert isinstance(engine, Engine)
+    tag = engine.run_tag
+    assert engine.served_adapters == {"alpha": f"{tag}-alpha-v0", "beta": f"{tag}-beta-v0"}
+    listed = engine.loaded_models(servers[0].url)
+    assert {f"{tag}-alpha-v0", f"{tag}-beta-v0", f"{tag}-base-zero"} <= set(listed)
+    assert engine.max_model_len == 512
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_tokens_and_logprobs_match_the_colocated_engine(engine, colocated, temperature):
+    adapters = [None, "alpha", "beta", "alpha", None, "beta"]
+    sampling = SamplingParams(max_tokens=12, temperature=temperature, seed=123)
+    n = 1 if temperature == 0 else 3
+    got = engine.generate(PROMPTS, adapters, n, sampling)
+    want = colocated.generate(PROMPTS, adapters, n, sampling)
+    assert [[c.token_ids for c in row] for row in got] == [[c.token_ids for c in row] for row in want]
+    assert [[c.prompt_token_ids for c in row] for row in got] == [
+        [c.prompt_token_ids for c in row] for row in want
+    ]
+    assert [[c.text for c in row] for row in got] == [[c.text for c in row] for row in want]
+    assert [[c.finish_reason for c in row] for row in got] == [[c.finish_reason for c in row] for row in want]
+    diffs = differences(got, want)
+    print(
+        f"T={temperature}: server vs colocated logprobs over {len(diffs)} tokens: max |diff| = {max(diffs):.2e}, "
+        f"mean = {sum(diffs) / len(diffs):.2e}"
+    )
+    assert max(diffs) < LOGPROB_TOLERANCE
+    assert all(math.isfinite(c.logprobs[0]) for row in got for c in row)
+    # The comparison means something only if the candidates and adapters differ.
+    if n > 1:
+        assert len({tuple(c.token_ids) for c in got[1]}) > 1
+    assert (
+        len(
+            {
+                tuple(row[0].token_ids)
+                for row in engine.generate([PROMPTS[0]] * 3, [None, "alpha", "beta"], 1, sampling)
+            }
+        )
+        == 3
+    )
+
+
+@pytest.mark.vllm
+def test_bad_requests_give_clear_errors(engine):
+    sampling = SamplingParams(max_tokens=4, temperature=0.0)
+    with pytest.raises(ValueError, match=r"unknown adapter\(s\) \['gamma'\].*alpha"):
+        engine.generate(["hi"], ["gamma"], 1, sampling)
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.generate(["apple " * 600], [None], 1, sampling)
+    with pytest.raises(ValueError, match="higher version"):
+        engine.load_adapters({"alpha": engine.adapter_dir / engine.served_adapters["alpha"]}, version=0)
+    assert engine.generate([], [], 2, sampling) == []
+
+
+@pytest.mark.vllm
+def test_after_a_sync_the_updated_adapter_is_served(engine, servers, vllm_modules, model_dir, tmp_path):
+    """New weights for alpha, loaded as version 1: the server answers like the transformers engine
+    on the new weights, the old version is unloaded and its copy deleted, beta is unchanged."""
+    import torch
+
+    from llm_zoo_train.engines.hf import HFEngine
+
+    updated = vllm_modules.make_policy(model_dir)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for param in updated.adapter_parameters("alpha"):
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    greedy = SamplingParams(max_tokens=12, temperature=0.0)
+    prompts, adapters = [PROMPTS[0], PROMPTS[0], PROMPTS[3]], ["alpha", "beta", None]
+    before = engine.generate(prompts, adapters, 1, greedy)
+    old_name = engine.served_adapters["alpha"]
+
+    engine.load_adapters({"alpha": updated.save_adapter("alpha", tmp_path / "alpha")}, version=1)
+    new_name = engine.served_adapters["alpha"]
+    assert new_name == f"{engine.run_tag}-alpha-v1"
+    listed = engine.loaded_models(servers[0].url)
+    assert new_name in listed and old_name not in listed
+    assert not (engine.adapter_dir / old_name).exists() and (engine.adapter_dir / new_name).is_dir()
+
+    after = engine.generate(prompts, adapters, 1, greedy)
+    want = HFEngine(updated.model, updated.tokenizer).generate(prompts, adapters, 1, greedy)
+    assert [r[0].token_ids for r in after] == [r[0].token_ids for r in want]
+    assert max(differences(after, want)) < LOGPROB_TOLERANCE
+    assert after[0][0].token_ids != before[0][0].token_ids  # alpha changed
+    assert after[1][0].token_ids == before[1][0].token_ids  # beta did not
+    assert after[2][0].token_ids == before[2][0].token_ids  # nor the base model
+
+
+@pytest.mark.vllm
+def test_two_servers_share_the_load_and_agree(servers, policy, adapter_dirs, engine, tmp_path):
+    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
+
+    pair = VLLMServerEngine([s.url for s in servers], policy.tokenizer, tmp_path, expected_models=[])
+    try:
+        pair.load_adapters(adapter_dirs, version=0)
+        single = VLLMServerEngine([servers[0].url], policy.tokenizer, tmp_path, expected_models=[])
+        single.load_adapters(adapter_dirs, version=0)
+        counts = [request_count(s) for s in servers]
+        sampling = SamplingParams(max_tokens=10, temperature=1.0, seed=5)
+        adapters = ["alpha", "beta"] * 3
+        got = pair.generate(PROMPTS, adapters, 2, sampling)
+        served = [request_count(s) - c for s, c in zip(servers, counts, strict=True)]
+        assert served[0] == served[1] > 0, served  # 6 prompts, round robin: 3 on each server
+        want = single.generate(PROMPTS, adapters, 2, sampling)
+        assert [[c.token_ids for c in row] for row in got] == [[c.token_ids for c in row] for row in want]
+        assert max(differences(got, want)) < LOGPROB_TOLERANCE
+        single.close()
+    finally:
+        pair.close()
+
+
+@pytest.mark.vllm
+def test_two_step_at_grpo_run_with_the_server_engine(servers, model_dir, tmp_path):
+    """The trainer builds the server engine from the config, rolls out AT-GRPO trees on Plan-Path
+    over both servers, updates both agents and syncs them as versions 1 and 2."""
+    from llm_zoo_train.config import load_config
+    from llm_zoo_train.engines.hf import HFEngine
+    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
+    from llm_zoo_train.trainer import Trainer
+
+    overrides = {
+        "model.name_or_path": str(model_dir),
+        "env.id": "PlanPath-v0",
+        "env.kwargs": "{rows: 5, cols: 5, max_turns: 1}",
+        "rollout.engine": "vllm_server",
+        "vllm.server_urls": f"[{servers[0].url}, {servers[1].url}]",
+        "rollout.mode": "tree",
+        "rollout.num_generations": 2,
+        "rollout.envs_per_step": 2,
+        "rollout.max_completion_length": 8,
+        "algorithm.importance_sampling": "true",
+        "algorithm.zero_variance_groups": "keep",
+        "training.max_steps": 2,
+        "training.learning_rate": 0.01,
+        "training.output_dir": str(tmp_path / "run"),
+        "eval.num_episodes": 2,
+        "logging.progress_bar": "false",
+        "logging.plot": "false",
+    }
+    config = load_config(None, [arg for key, value in overrides.items() for arg in (f"--{key}", str(value))])
+    trainer = Trainer(config)
+    try:
+        engine = trainer.engine
+        assert isinstance(engine, VLLMServerEngine)
+        result = trainer.train()
+        tag = engine.run_tag
+        assert engine.served_adapters == {
+            "tool_agent": f"{tag}-tool_agent-v2",
+            "plan_agent": f"{tag}-plan_agent-v2",
+        }
+        import llm_zoo
+
+        env = llm_zoo.make("PlanPath-v0", rows=5, cols=5, max_turns=1)
+        env.reset(seed=3)
+        prompt = env.observe(env.agent_selection)["prompt"]
+        adapters = ["tool_agent", "plan_agent", None]
+        greedy = SamplingParams(max_tokens=8, temperature=0.0)
+        got = engine.generate([prompt] * 3, adapters, 1, greedy)
+        want = HFEngine(trainer.policy.model, trainer.policy.tokenizer).generate(
+            [prompt] * 3, adapters, 1, greedy
+        )
+        assert [r[0].token_ids for r in got] == [r[0].token_ids for r in want]
+    finally:
+        trainer.close()
+    assert not engine.adapter_dir.exists()  # close() unloaded the adapters and removed the copies
+    steps = [record for record in result["history"] if "tool_agent/groups" in record]
+    assert [r["step"] for r in steps] == [1, 2]
+    for record in steps:
+        for agent in ("tool_agent", "plan_agent"):
+            mismatch = record[f"update/{agent}/logp_mismatch"]
+            print(f"step {record['step']} {agent}: logp_mismatch {mismatch:.2e}")
+            assert mismatch < LOGPROB_TOLERANCE
+    assert result["after"] is not None and "eval/success_rate" in result["after"]
+
+
+@pytest.mark.vllm
+def test_a_killed_server_is_retried_elsewhere_or_named_in_the_error(servers, policy, adapter_dirs, tmp_path):
+    """Runs last: it kills server b. Requests to it go to server a; with only b, a clear error."""
+    from llm_zoo_train.engines.openai_compat import EndpointError
+    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
+
+    pair = VLLMServerEngine(
+        [s.url for s in servers],
+        policy.tokenizer,
+        tmp_path,
+        expected_models=[],
+        max_retries=2,
+        retry_backoff_s=0.1,
+    )
+    alone = VLLMServerEngine(
+        [servers[1].url], policy.tokenizer, tmp_path, expected_models=[], max_retries=1, retry_backoff_s=0.1
+    )
+    pair.load_adapters(adapter_dirs, version=0)
+    alone.load_adapters(adapter_dirs, version=0)
+    sampling = SamplingParams(max_tokens=200, temperature=1.0, seed=1)
+    # Kill b while a long generation is in flight on it.
+    killer = threading.Timer(1.0, servers[1].kill)
+    killer.start()
+    start = time.monotonic()
+    try:
+        rows = pair.generate(PROMPTS, ["alpha"] * len(PROMPTS), 8, sampling)
+    finally:
+        killer.join()
+    assert len(rows) == len(PROMPTS) and all(len(row) == 8 for row in rows)
+    with pytest.raises(EndpointError, match=rf"cannot reach vLLM server {servers[1].url}"):
+        alone.generate(PROMPTS[:2], ["alpha", None], 1, SamplingParams(max_tokens=4))
+    with pytest.raises(EndpointError, match=rf"{servers[1].url}"):
+        alone.load_adapters(adapter_dirs, version=1)
+    assert time.monotonic() - start < 120
+    pair.close()
