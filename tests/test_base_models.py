@@ -296,6 +296,7 @@ def test_one_base_model_unless_asked():
         (["--agents.adapters", "shared"], r"adapter 'shared' is shared by agents on different base models \(alice on model, bob on big\)"),
         (["--agents.adapters", "{alice: alice, bob: null}", "--agents.frozen", "[bob]"], r"\['bob'\] act with the bare base model"),
         (["--rollout.engine", "vllm"], r"rollout.engine 'vllm' serves one base model"),
+        (["--rollout.async_steps", "1"], r"rollout.async_steps 1: the generation process holds one base model"),
         (["--agents.base_models.carol", "big"], r"agents.base_models: \['carol'\] are not agents"),
         (["--agents.base_models.bob", "huge"], r"'huge' is not a base model; base models: \['model', 'big'\]"),
         (["--agents.models.spare", "{name_or_path: org/x}"], r"agents.models: \['spare'\] run no agent"),

@@ -15,7 +15,8 @@ An entry of ``agents.models`` takes the ``model`` section's settings and overrid
 names. :func:`plan_base_models` resolves this against the env's agents and refuses what cannot
 work: an adapter shared by agents on different base models (LoRA weights fit one model's layer
 shapes only), an agent acting with the bare base model (``null`` adapter) when there are several,
-an engine that serves one base model (vLLM), and names that do not resolve.
+an engine that serves one base model (vLLM), asynchronous rollouts (their generation process
+holds one model), and names that do not resolve.
 
 This module loads no model and imports no torch; :mod:`llm_zoo_train.model_pools` builds the
 models, engines and updaters from the plan.
@@ -157,5 +158,11 @@ def plan_base_models(
                 f"rollout.engine {engine!r} serves one base model, but agents.base_models puts the "
                 f"agents on {len(models)} ({', '.join(f'{a} on {m}' for a, m in agent_models.items())}); "
                 f"use rollout.engine {' or '.join(MULTI_MODEL_ENGINES)}, or one base model"
+            )
+        if config.rollout.async_steps:
+            raise ConfigError(
+                f"rollout.async_steps {config.rollout.async_steps}: the generation process holds one "
+                f"base model, but agents.base_models uses {len(models)} ({', '.join(models)}); use "
+                "rollout.async_steps 0 with several base models"
             )
     return BaseModelPlan(agent_models, adapter_models, models)
