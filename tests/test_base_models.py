@@ -25,6 +25,7 @@ from llm_zoo_train.chat import encode_prompt  # noqa: E402
 from llm_zoo_train.checkpoint import find_checkpoint  # noqa: E402
 from llm_zoo_train.config import ConfigError, load_config, plan_agents, save_config  # noqa: E402
 from llm_zoo_train.engines.base import Completion, SamplingParams  # noqa: E402
+from llm_zoo_train.engines.replay import ReplayEngine  # noqa: E402
 from llm_zoo_train.eval_cli import main as eval_main  # noqa: E402
 from llm_zoo_train.model_pools import ModelRouter, PolicyGroup, UpdaterByModel  # noqa: E402
 from llm_zoo_train.trainer import Trainer  # noqa: E402
@@ -230,6 +231,22 @@ def test_eval_command_reproduces_the_trainers_evaluation_and_refuses_the_swap(tr
     assert eval_main([str(run), "--policies", "swap", "--splits", "eval"]) == 2
     error = capsys.readouterr().err
     assert "different base models" in error and "alice on model" in error and "bob on gpt" in error
+
+
+def test_replayed_steps_give_the_same_adapters_on_both_base_models(tiny_model_dir, gpt2_dir, tmp_path):
+    common = [*two_model_overrides(gpt2_dir), "--training.max_steps", "2", "--eval.num_episodes", "2"]
+    recorded = Trainer(
+        toy_config(tiny_model_dir, tmp_path / "recorded", [*common, "--rollout.save_rollouts", "true"])
+    )
+    recorded.train()
+    replay = ["--rollout.engine", "replay", "--rollout.replay_path", str(tmp_path / "recorded" / "rollouts")]
+    replayed = Trainer(toy_config(tiny_model_dir, tmp_path / "replayed", [*common, *replay]))
+    assert isinstance(replayed.engine, ReplayEngine) and isinstance(replayed.eval_engine, ModelRouter)
+    replayed.train()
+    for name in ("alice", "bob"):
+        assert _same(recorded.policy.adapter_state_dict(name), replayed.policy.adapter_state_dict(name)), name
+    # Same rewards, advantages and update metrics; the evaluation ran on the live models.
+    assert history_without_timing(replayed.history) == history_without_timing(recorded.history)
 
 
 @pytest.mark.slow
