@@ -28,6 +28,7 @@ from llm_zoo_train.engines.base import Completion, SamplingParams  # noqa: E402
 from llm_zoo_train.engines.replay import ReplayEngine  # noqa: E402
 from llm_zoo_train.eval_cli import main as eval_main  # noqa: E402
 from llm_zoo_train.model_pools import ModelRouter, PolicyGroup, UpdaterByModel  # noqa: E402
+from llm_zoo_train.progress import run_summary  # noqa: E402
 from llm_zoo_train.trainer import Trainer  # noqa: E402
 from tiny_model import train_byte_level_bpe  # noqa: E402
 from train_helpers import history_without_timing, toy_config  # noqa: E402
@@ -305,6 +306,8 @@ def test_one_base_model_unless_asked():
     assert list(big.models) == ["model", "big"] and big.model_of("bob").name_or_path == "org/big"
     assert (big.model_of("bob").dtype, big.model_of("bob").system_prompt) == ("bfloat16", "hi")  # inherited
     assert big.adapters_on("big") == ["bob"]
+    config = load_config(None, ["--agents.models.big", "{name_or_path: org/big}"])
+    assert "with smollm2-135m-instruct and big=org/big (hf engine)" in run_summary(config)
 
 
 @pytest.mark.parametrize(

@@ -43,8 +43,13 @@ def run_summary(config: Config) -> str:
     )
     if e.eval_steps:
         evaluation += f" and every {e.eval_steps} steps"
+    models = config.model.name_or_path
+    extra = config.agents.models  # agents.models: more base models, each overriding `model`
+    if extra:
+        names = (f"{name}={spec.get('name_or_path', models)}" for name, spec in extra.items())
+        models += f" and {', '.join(names)}"
     return (
-        f"llm-zoo-train: {config.env.id} with {config.model.name_or_path} ({r.engine} engine), "
+        f"llm-zoo-train: {config.env.id} with {models} ({r.engine} engine), "
         f"{t.max_steps} steps of {r.envs_per_step} envs x K={r.num_generations} {r.mode} rollouts, "
         f"{evaluation}; output {t.output_dir}"
     )
