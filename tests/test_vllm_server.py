@@ -39,7 +39,7 @@ SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
 def server_settings(model_dir, tmp_path, name):
     return dict(
         dtype="float32",
-        max_model_len=512,
+        max_model_len=2048,  # Plan-Path prompts are ~1200 tokens with the tiny byte-level tokenizer
         max_lora_rank=8,
         max_loras=4,
         max_cpu_loras=16,  # several engines (run tags) load adapters on one server in this module
@@ -216,7 +216,7 @@ def test_the_server_checks_pass_and_adapters_are_loaded_under_versioned_names(en
     assert engine.served_adapters == {"alpha": f"{tag}-alpha-v0", "beta": f"{tag}-beta-v0"}
     listed = engine.loaded_models(servers[0].url)
     assert {f"{tag}-alpha-v0", f"{tag}-beta-v0", f"{tag}-base-zero"} <= set(listed)
-    assert engine.max_model_len == 512
+    assert engine.max_model_len == 2048
 
 
 @pytest.mark.vllm
@@ -260,7 +260,7 @@ def test_bad_requests_give_clear_errors(engine):
     with pytest.raises(ValueError, match=r"unknown adapter\(s\) \['gamma'\].*alpha"):
         engine.generate(["hi"], ["gamma"], 1, sampling)
     with pytest.raises(ValueError, match="max_model_len"):
-        engine.generate(["apple " * 600], [None], 1, sampling)
+        engine.generate(["apple " * 2100], [None], 1, sampling)
     with pytest.raises(ValueError, match="higher version"):
         engine.load_adapters({"alpha": engine.adapter_dir / engine.served_adapters["alpha"]}, version=0)
     assert engine.generate([], [], 2, sampling) == []
