@@ -18,9 +18,10 @@ How one :meth:`HFEngine.generate` call runs:
    that are exactly ``SamplingParams`` (the model's own generation defaults such as a repetition
    penalty are neutralised, because the recorded logprobs must describe the real sampling).
    The ``n`` rows of one prompt share one prefill: the prompt's KV cache is computed once and
-   copied to its rows (``share_prefill``), as vLLM's prefix cache would.
-4. Per-token logprobs are recorded during generation by a logits processor that sees the raw
-   logits before any warper: ``log_softmax(logits / temperature)`` at the sampled token
+   copied to its rows (``share_prefill``), as vLLM's prefix cache would. A row leaves the batch
+   at the step it ends (:mod:`llm_zoo_train.engines.hf_decode`, same sampling as
+   ``model.generate``, which would carry it to the end of the batch's longest answer).
+4. Per-token logprobs are recorded during generation from the raw logits before any warper: ``log_softmax(logits / temperature)`` at the sampled token
    (temperature 1 for greedy). That is the quantity :func:`llm_zoo_train.loss.completion_logprobs`
    recomputes, so importance ratios start at 1 (up to float error). ``top_k``/``top_p``
    truncation is applied to sampling but not to the recorded logprobs (as in TRL).
@@ -44,6 +45,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from llm_zoo_train.chat import encode_prompt
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
+from llm_zoo_train.engines.hf_decode import decode_compacting
 
 __all__ = ["HFEngine"]
 
@@ -102,6 +104,10 @@ class HFEngine:
         system_prompt: A system message put before every prompt (``None``: none).
         share_prefill: Compute each prompt's KV cache once for its ``n`` samples (and copy it to
             them) instead of once per sample. Same results; faster for long prompts and large n.
+        compact_finished_rows: Stop computing a row once it has ended
+            (:func:`~llm_zoo_train.engines.hf_decode.decode_compacting`) instead of running
+            ``model.generate``, which carries finished rows until the whole batch ends. Same
+            sampling; faster when answers end at different lengths.
     """
 
     def __init__(
@@ -112,6 +118,7 @@ class HFEngine:
         max_batch_size: int = 32,
         system_prompt: str | None = None,
         share_prefill: bool = True,
+        compact_finished_rows: bool = True,
     ):
         if int(max_batch_size) < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
@@ -120,6 +127,7 @@ class HFEngine:
         self.max_batch_size = int(max_batch_size)
         self.system_prompt = system_prompt
         self.share_prefill = bool(share_prefill)
+        self.compact_finished_rows = bool(compact_finished_rows)
         self.eos_token_ids = self._eos_token_ids()
         if not self.eos_token_ids:
             raise ValueError("neither the tokenizer nor the model's generation config names an eos token")
@@ -296,18 +304,33 @@ class HFEngine:
         cache = None
         if self.share_prefill and len(unique) < len(prompt_ids) and min(len(ids) for ids in unique) >= 2:
             cache = self._prefill(input_ids[:, :-1], attention_mask[:, :-1], index)
-        recorder = _LogprobRecorder(1.0 if sampling.greedy else float(sampling.temperature))
-        with torch.no_grad():
-            sequences = self.model.generate(
-                input_ids=input_ids[index],
-                attention_mask=attention_mask[index],
-                past_key_values=cache,
-                generation_config=generation_config,
-                logits_processor=LogitsProcessorList([recorder]),
+        if self.compact_finished_rows:
+            new_tokens, logprobs = decode_compacting(
+                self.model,
+                input_ids[index],
+                attention_mask[index],
+                cache=cache,
+                max_new_tokens=int(sampling.max_tokens),
+                eos_token_ids=self.eos_token_ids,
+                pad_token_id=self.pad_token_id,
+                greedy=sampling.greedy,
+                temperature=float(sampling.temperature),
+                top_k=int(sampling.top_k) if sampling.top_k and sampling.top_k > 0 else 0,
+                top_p=float(sampling.top_p),
             )
-        new_tokens = sequences[:, width:]
-        logprobs = recorder.finish(new_tokens).cpu().tolist()
-        new_tokens = new_tokens.cpu().tolist()
+        else:
+            recorder = _LogprobRecorder(1.0 if sampling.greedy else float(sampling.temperature))
+            with torch.no_grad():
+                sequences = self.model.generate(
+                    input_ids=input_ids[index],
+                    attention_mask=attention_mask[index],
+                    past_key_values=cache,
+                    generation_config=generation_config,
+                    logits_processor=LogitsProcessorList([recorder]),
+                )
+            generated = sequences[:, width:]
+            logprobs = recorder.finish(generated).cpu().tolist()
+            new_tokens = generated.cpu().tolist()
 
         completions = []
         for row, ids in enumerate(prompt_ids):
