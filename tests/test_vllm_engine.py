@@ -357,18 +357,15 @@ def test_an_update_is_served_under_a_new_name_and_leaves_the_other_adapter_alone
 # --------------------------------------------------------------------------- the trainer on vLLM
 
 
-def test_two_step_at_grpo_run_on_plan_path_with_the_vllm_engine(model_dir, tmp_path, monkeypatch):
-    """The trainer builds its own vLLM engine (``rollout.engine: vllm``), rolls out AT-GRPO trees on
-    Plan-Path, updates both agents' adapters and loads them as versions 1 and 2."""
+def two_step_plan_path_config(model_dir, output_dir, engine, extra=None):
+    """The 2-step AT-GRPO Plan-Path run the trainer tests of both vLLM engines make."""
     from llm_zoo_train.config import load_config
-    from llm_zoo_train.trainer import Trainer
 
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's CPU default is a share of memory
     overrides = {
         "model.name_or_path": str(model_dir),
         "env.id": "PlanPath-v0",
         "env.kwargs": "{rows: 5, cols: 5, max_turns: 1}",
-        "rollout.engine": "vllm",
+        "rollout.engine": engine,
         "rollout.mode": "tree",
         "rollout.num_generations": 2,
         "rollout.envs_per_step": 2,
@@ -379,35 +376,32 @@ def test_two_step_at_grpo_run_on_plan_path_with_the_vllm_engine(model_dir, tmp_p
         "algorithm.zero_variance_groups": "keep",
         "training.max_steps": 2,
         "training.learning_rate": 0.01,
-        "training.output_dir": str(tmp_path / "run"),
+        "training.output_dir": str(output_dir),
         "eval.num_episodes": 2,
         "logging.progress_bar": "false",
         "logging.plot": "false",
+        **(extra or {}),
     }
-    config = load_config(None, [arg for key, value in overrides.items() for arg in (f"--{key}", str(value))])
-    trainer = Trainer(config)
-    try:
-        assert isinstance(trainer.engine, VLLMEngine)
-        result = trainer.train()
-        engine = trainer.engine
-        assert engine.served_adapters == {"tool_agent": "tool_agent-v2", "plan_agent": "plan_agent-v2"}
-        # What vLLM serves after the run is what the trainer holds: greedy answers equal the
-        # transformers engine's on the trainer's live policy.
-        import llm_zoo
+    return load_config(None, [arg for key, value in overrides.items() for arg in (f"--{key}", str(value))])
 
-        env = llm_zoo.make("PlanPath-v0", rows=5, cols=5, max_turns=1)
-        env.reset(seed=3)
-        prompt = env.observe(env.agent_selection)["prompt"]
-        adapters = ["tool_agent", "plan_agent", None]
-        greedy = SamplingParams(max_tokens=8, temperature=0.0)
-        got = engine.generate([prompt] * 3, adapters, 1, greedy)
-        want = HFEngine(trainer.policy.model, trainer.policy.tokenizer).generate(
-            [prompt] * 3, adapters, 1, greedy
-        )
-        assert [r[0].token_ids for r in got] == [r[0].token_ids for r in want]
-    finally:
-        trainer.engine.close()
 
+def assert_serves_the_live_policy(engine, policy):
+    """What the engine serves after the run is what the trainer holds: greedy answers equal the
+    transformers engine's on the trainer's live policy."""
+    import llm_zoo
+
+    env = llm_zoo.make("PlanPath-v0", rows=5, cols=5, max_turns=1)
+    env.reset(seed=3)
+    prompt = env.observe(env.agent_selection)["prompt"]
+    adapters = ["tool_agent", "plan_agent", None]
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    got = engine.generate([prompt] * 3, adapters, 1, greedy)
+    want = HFEngine(policy.model, policy.tokenizer).generate([prompt] * 3, adapters, 1, greedy)
+    assert [r[0].token_ids for r in got] == [r[0].token_ids for r in want]
+
+
+def assert_two_trained_steps(result):
+    """Both agents trained in steps 1 and 2, with recomputed logprobs close to the engine's."""
     steps = [record for record in result["history"] if "tool_agent/groups" in record]
     assert [r["step"] for r in steps] == [1, 2]
     for record in steps:
@@ -418,3 +412,23 @@ def test_two_step_at_grpo_run_on_plan_path_with_the_vllm_engine(model_dir, tmp_p
             print(f"step {record['step']} {agent}: logp_mismatch {mismatch:.2e}")
             assert mismatch < LOGPROB_TOLERANCE
     assert result["after"] is not None and "eval/success_rate" in result["after"]
+
+
+def test_two_step_at_grpo_run_on_plan_path_with_the_vllm_engine(model_dir, tmp_path, monkeypatch):
+    """The trainer builds its own vLLM engine (``rollout.engine: vllm``), rolls out AT-GRPO trees on
+    Plan-Path, updates both agents' adapters and loads them as versions 1 and 2."""
+    from llm_zoo_train.trainer import Trainer
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's CPU default is a share of memory
+    trainer = Trainer(two_step_plan_path_config(model_dir, tmp_path / "run", "vllm"))
+    try:
+        assert isinstance(trainer.engine, VLLMEngine)
+        result = trainer.train()
+        assert trainer.engine.served_adapters == {
+            "tool_agent": "tool_agent-v2",
+            "plan_agent": "plan_agent-v2",
+        }
+        assert_serves_the_live_policy(trainer.engine, trainer.policy)
+    finally:
+        trainer.engine.close()
+    assert_two_trained_steps(result)

@@ -267,6 +267,20 @@ def test_bad_requests_give_clear_errors(engine):
 
 
 @pytest.mark.vllm
+def test_a_server_with_another_base_model_is_refused(servers, policy, tmp_path):
+    from llm_zoo_train.engines.openai_compat import EndpointError
+    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
+
+    url = servers[0].url
+    with pytest.raises(
+        EndpointError, match=rf"{url} serves base model .* trainer's model is 'org/other-model'"
+    ):
+        VLLMServerEngine([url], policy.tokenizer, tmp_path, expected_models=["org/other-model"])
+    with pytest.raises(EndpointError, match=r"none is named 'other' \(vllm\.served_model_name\)"):
+        VLLMServerEngine([url], policy.tokenizer, tmp_path, served_model_name="other")
+
+
+@pytest.mark.vllm
 def test_after_a_sync_the_updated_adapter_is_served(engine, servers, vllm_modules, model_dir, tmp_path):
     """New weights for alpha, loaded as version 1: the server answers like the transformers engine
     on the new weights, the old version is unloaded and its copy deleted, beta is unchanged."""
@@ -324,34 +338,16 @@ def test_two_servers_share_the_load_and_agree(servers, policy, adapter_dirs, eng
 
 
 @pytest.mark.vllm
-def test_two_step_at_grpo_run_with_the_server_engine(servers, model_dir, tmp_path):
+def test_two_step_at_grpo_run_with_the_server_engine(servers, model_dir, vllm_modules, tmp_path):
     """The trainer builds the server engine from the config, rolls out AT-GRPO trees on Plan-Path
     over both servers, updates both agents and syncs them as versions 1 and 2."""
-    from llm_zoo_train.config import load_config
-    from llm_zoo_train.engines.hf import HFEngine
     from llm_zoo_train.engines.vllm_server import VLLMServerEngine
     from llm_zoo_train.trainer import Trainer
 
-    overrides = {
-        "model.name_or_path": str(model_dir),
-        "env.id": "PlanPath-v0",
-        "env.kwargs": "{rows: 5, cols: 5, max_turns: 1}",
-        "rollout.engine": "vllm_server",
-        "vllm.server_urls": f"[{servers[0].url}, {servers[1].url}]",
-        "rollout.mode": "tree",
-        "rollout.num_generations": 2,
-        "rollout.envs_per_step": 2,
-        "rollout.max_completion_length": 8,
-        "algorithm.importance_sampling": "true",
-        "algorithm.zero_variance_groups": "keep",
-        "training.max_steps": 2,
-        "training.learning_rate": 0.01,
-        "training.output_dir": str(tmp_path / "run"),
-        "eval.num_episodes": 2,
-        "logging.progress_bar": "false",
-        "logging.plot": "false",
-    }
-    config = load_config(None, [arg for key, value in overrides.items() for arg in (f"--{key}", str(value))])
+    urls = f"[{servers[0].url}, {servers[1].url}]"
+    config = vllm_modules.two_step_plan_path_config(
+        model_dir, tmp_path / "run", "vllm_server", {"vllm.server_urls": urls}
+    )
     trainer = Trainer(config)
     try:
         engine = trainer.engine
@@ -362,29 +358,11 @@ def test_two_step_at_grpo_run_with_the_server_engine(servers, model_dir, tmp_pat
             "tool_agent": f"{tag}-tool_agent-v2",
             "plan_agent": f"{tag}-plan_agent-v2",
         }
-        import llm_zoo
-
-        env = llm_zoo.make("PlanPath-v0", rows=5, cols=5, max_turns=1)
-        env.reset(seed=3)
-        prompt = env.observe(env.agent_selection)["prompt"]
-        adapters = ["tool_agent", "plan_agent", None]
-        greedy = SamplingParams(max_tokens=8, temperature=0.0)
-        got = engine.generate([prompt] * 3, adapters, 1, greedy)
-        want = HFEngine(trainer.policy.model, trainer.policy.tokenizer).generate(
-            [prompt] * 3, adapters, 1, greedy
-        )
-        assert [r[0].token_ids for r in got] == [r[0].token_ids for r in want]
+        vllm_modules.assert_serves_the_live_policy(engine, trainer.policy)
     finally:
         trainer.close()
     assert not engine.adapter_dir.exists()  # close() unloaded the adapters and removed the copies
-    steps = [record for record in result["history"] if "tool_agent/groups" in record]
-    assert [r["step"] for r in steps] == [1, 2]
-    for record in steps:
-        for agent in ("tool_agent", "plan_agent"):
-            mismatch = record[f"update/{agent}/logp_mismatch"]
-            print(f"step {record['step']} {agent}: logp_mismatch {mismatch:.2e}")
-            assert mismatch < LOGPROB_TOLERANCE
-    assert result["after"] is not None and "eval/success_rate" in result["after"]
+    vllm_modules.assert_two_trained_steps(result)
 
 
 @pytest.mark.vllm

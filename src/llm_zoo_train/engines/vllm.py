@@ -60,7 +60,7 @@ import shutil
 import tempfile
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,7 @@ __all__ = [
     "VLLM_LORA_RANKS",
     "VLLMEngine",
     "adapter_rank",
+    "check_served_adapters",
     "engine_from_config",
     "request_sampling_fields",
     "request_seed",
@@ -115,6 +116,16 @@ def adapter_rank(path: str | Path) -> int:
         raise ValueError(f"{path}: vLLM does not serve DoRA adapters (use_dora: true)")
     ranks = [int(config.get("r", 8)), *(int(r) for r in (config.get("rank_pattern") or {}).values())]
     return max(ranks)
+
+
+def check_served_adapters(adapters: Sequence[str | None], served: Iterable[str]) -> None:
+    """Raise ``ValueError`` naming the ``adapters`` (``None``: the base model) not among ``served``."""
+    served = set(served)
+    unknown = sorted({a for a in adapters if a is not None and a not in served})
+    if unknown:
+        raise ValueError(
+            f"unknown adapter(s) {unknown}; this engine serves {sorted(served)} (or None for the base model)"
+        )
 
 
 def request_seed(seed: int, index: int) -> int:
@@ -327,11 +338,7 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         check_generate_args(prompts, adapters, n, sampling)
-        unknown = sorted({a for a in adapters if a is not None and a not in self._served})
-        if unknown:
-            raise ValueError(
-                f"unknown adapter(s) {unknown}; this engine serves {sorted(self._served)} (or None for the base model)"
-            )
+        check_served_adapters(adapters, self._served)
         if self._asleep:
             self.wake_up()
         if not prompts:

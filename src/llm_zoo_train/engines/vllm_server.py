@@ -65,7 +65,12 @@ from llm_zoo_train.chat import encode_prompt
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
 from llm_zoo_train.engines.openai_compat import EndpointError
 from llm_zoo_train.engines.server_client import ServerClient
-from llm_zoo_train.engines.vllm import adapter_rank, request_sampling_fields, write_zero_adapter
+from llm_zoo_train.engines.vllm import (
+    adapter_rank,
+    check_served_adapters,
+    request_sampling_fields,
+    write_zero_adapter,
+)
 
 __all__ = ["VLLMServerEngine", "engine_from_config", "server_root"]
 
@@ -188,11 +193,7 @@ class VLLMServerEngine:
     ) -> list[list[Completion]]:
         """Sample ``n`` completions per prompt, ``adapters[i]`` answering ``prompts[i]``, on the servers."""
         check_generate_args(prompts, adapters, n, sampling)
-        unknown = sorted({a for a in adapters if a is not None and a not in self._served})
-        if unknown:
-            raise ValueError(
-                f"unknown adapter(s) {unknown}; this engine serves {sorted(self._served)} (or None for the base model)"
-            )
+        check_served_adapters(adapters, self._served)
         if not prompts:
             return []
         encoded = [self.encode(prompt) for prompt in prompts]
