@@ -60,7 +60,7 @@ def tests_vllm(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     session.install("-e", ".[train,dev]")
     session.run("python", "-c", "import torch; assert torch.__version__ == '2.13.0+cpu', torch.__version__")
-    tests = ["tests/test_vllm_engine.py", "tests/test_vllm_server.py"]
+    tests = ["tests/test_vllm_engine.py", "tests/test_vllm_server.py", "tests/test_vllm_placement.py"]
     session.run("python", "-m", "pytest", "-m", "vllm", *tests, *(session.posargs or ["-q"]))
 
 
