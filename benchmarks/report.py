@@ -150,6 +150,30 @@ def _rollout_speed(result: dict[str, Any]) -> str:
     return text
 
 
+def async_rollouts(result: dict[str, Any]) -> str:
+    settings, steps = result["settings"], result["mean_step_seconds"]
+    rows = [
+        [f"{run['mode']} #{run['repeat'] + 1}", ", ".join(f"{t:.1f}" for t in run["step_seconds"]),
+         f"{statistics.mean(run['generation_seconds']):.1f}", f"{statistics.mean(run['update_seconds']):.1f}",
+         _success(run["eval"])]
+        for run in result["runs"]
+    ]  # fmt: skip
+    verdict = result["verdict"]
+    return (
+        f"`{settings['config_file']}` for {settings['steps']} steps, each mode {settings['repeats']} times,"
+        f" interleaved; trainer on core {settings['trainer_core']}, the async generation process on core"
+        f" {settings['worker_core']}, one torch thread each. Success: greedy on the held-out test problems"
+        " after the last step of each mode's first run (95% Wilson intervals).\n\n"
+        + _table(["run", "step seconds", "generation s (mean)", "update s (mean)", "success after"], rows)
+        + f"\n\nMean step: sync {steps['sync']['all']:.1f} s, async {steps['async']['all']:.1f} s; after the"
+        f" first step: sync {steps['sync']['after_first']:.1f} s, async {steps['async']['after_first']:.1f} s."
+        f" **async / sync = {result['ratio_after_first_step']:.2f}** after the first step"
+        f" ({result['ratio_all_steps']:.2f} over all steps). Target (<= {settings['target_ratio']} with"
+        f" learning no worse): {'**met**' if verdict['met'] else '**not met**'} (ratio:"
+        f" {'yes' if verdict['ratio_met'] else 'no'}; learning no worse: {'yes' if verdict['learning_no_worse'] else 'no'})."
+    )
+
+
 def trainer_vs_trl(result: dict[str, Any]) -> str:
     summary, settings = result["summary"], result["settings"]
     rows = []
@@ -338,6 +362,11 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
         learning_plan_path,
     ),
     ("trainer_vs_trl", "Trainer speed against TRL's GRPOTrainer", trainer_vs_trl),
+    (
+        "async_rollouts",
+        "Async rollouts: step time and learning, sync against async on 2 cores",
+        async_rollouts,
+    ),
     ("reproduce_paper", "The paper's Plan-Path and Sokoban rows, Qwen3-1.7B (GPU)", reproduce_paper),
     ("rollout_speed", "Rollout speed, transformers engine", _rollout_speed),
     ("rollout_speed_vllm", "Rollout speed, vLLM engine", _rollout_speed),
