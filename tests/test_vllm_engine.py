@@ -414,6 +414,41 @@ def assert_two_trained_steps(result):
     assert result["after"] is not None and "eval/success_rate" in result["after"]
 
 
+def train_with_two_processes(model_dir, output_dir, engine, vllm_section, env=None):
+    """Train 2 steps of Plan-Path with two data-parallel processes (``torchrun``; on CPU unless ``env``
+    says otherwise) and check that both agents trained every step on samples whose recorded
+    logprobs match the trainer's recomputation (each process sampled from the adapters it holds)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    config = output_dir / "config.yaml"
+    config.write_text(
+        f"model: {{name_or_path: {model_dir}}}\n"
+        "env: {id: PlanPath-v0, kwargs: {rows: 5, cols: 5, max_turns: 1}}\n"
+        f"rollout: {{engine: {engine}, num_generations: 2, envs_per_step: 2, max_completion_length: 8}}\n"
+        f"vllm: {{{vllm_section}}}\n"
+        "algorithm: {zero_variance_groups: keep, importance_sampling: true}\n"
+        f"training: {{max_steps: 2, learning_rate: 0.01, output_dir: {output_dir / 'run'}}}\n"
+        "eval: {num_episodes: 2}\nlogging: {progress_bar: false, plot: false}\n"
+    )
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    done = subprocess.run(
+        [*command, "-m", "llm_zoo_train", str(config)], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    metrics = (output_dir / "run" / "metrics.jsonl").read_text().splitlines()
+    steps = [r for r in map(json.loads, metrics) if "update/tool_agent/samples" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for record in steps:
+        for agent in ("tool_agent", "plan_agent"):
+            assert record[f"update/{agent}/samples"] > 0
+            assert record[f"update/{agent}/logp_mismatch"] < LOGPROB_TOLERANCE
+
+
 def test_two_step_at_grpo_run_on_plan_path_with_the_vllm_engine(model_dir, tmp_path, monkeypatch):
     """The trainer builds its own vLLM engine (``rollout.engine: vllm``), rolls out AT-GRPO trees on
     Plan-Path, updates both agents' adapters and loads them as versions 1 and 2."""

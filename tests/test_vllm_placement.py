@@ -8,8 +8,6 @@ the CPU (marked vllm and slow).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -73,35 +71,11 @@ def test_two_processes_each_train_with_their_own_vllm_engine(tmp_path):
     there are two, else on the CPU), train both agents for 2 steps; every step's samples come from
     each process's own engine with the adapters the trainer holds (logp_mismatch ~ 0)."""
     pytest.importorskip("vllm")
-    import json
-
     import test_vllm_engine
 
     model_dir = test_vllm_engine.build_vllm_tiny_model_dir(tmp_path / "model")
-    on_gpus = torch.cuda.device_count() >= 2
-    env = dict(os.environ)
-    if not on_gpus:
-        env.update(ACCELERATE_USE_CPU="1", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
-    memory = (
-        "gpu_memory_utilization: 0.2" if on_gpus else "kv_cache_memory_bytes: 67108864, enforce_eager: true"
-    )
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        f"model: {{name_or_path: {model_dir}}}\n"
-        "env: {id: PlanPath-v0, kwargs: {rows: 5, cols: 5, max_turns: 1}}\n"
-        "rollout: {engine: vllm, num_generations: 2, envs_per_step: 2, max_completion_length: 8}\n"
-        f"vllm: {{{memory}}}\n"
-        "algorithm: {zero_variance_groups: keep, importance_sampling: true}\n"
-        f"training: {{max_steps: 2, learning_rate: 0.01, output_dir: {tmp_path / 'run'}}}\n"
-        "eval: {num_episodes: 2}\nlogging: {progress_bar: false, plot: false}\n"
-    )
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "llm_zoo_train"]
-    done = subprocess.run([*command, str(config)], env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "update/tool_agent/samples" in r]
-    assert [r["step"] for r in steps] == [1, 2]
-    for record in steps:
-        for agent in ("tool_agent", "plan_agent"):
-            assert record[f"update/{agent}/samples"] > 0
-            assert record[f"update/{agent}/logp_mismatch"] < 1e-4
+    if torch.cuda.device_count() >= 2:
+        env, memory = {"ACCELERATE_USE_CPU": "0"}, "gpu_memory_utilization: 0.2"
+    else:
+        env, memory = {"VLLM_CPU_KVCACHE_SPACE": "1"}, "kv_cache_memory_bytes: 67108864, enforce_eager: true"
+    test_vllm_engine.train_with_two_processes(model_dir, tmp_path, "vllm", memory, env)

@@ -21,14 +21,6 @@ import pytest
 
 from llm_zoo_train.engines.base import SamplingParams
 
-PROMPTS = [
-    "say the word apple",
-    "You are the plan agent. Grid: # . @",
-    "reply with one word",
-    "move up down left right",
-    "The answer is",
-    "def main(): print(sum(map(int, input().split())))",
-]
 # Same adapters, same seeds, same kernels: the server and the colocated engine should agree to
 # float32 rounding. Sampled tokens get the tolerances the colocated engine needs against the
 # trainer (test_vllm_engine.py): its kernels' rounding differs most on unlikely tokens.
@@ -127,6 +119,11 @@ def vllm_modules():
 
 
 @pytest.fixture(scope="module")
+def prompts(vllm_modules):
+    return vllm_modules.PROMPTS
+
+
+@pytest.fixture(scope="module")
 def model_dir(vllm_modules, tmp_path_factory):
     return vllm_modules.build_vllm_tiny_model_dir(tmp_path_factory.mktemp("vllm_tiny_model"))
 
@@ -221,12 +218,12 @@ def test_the_server_checks_pass_and_adapters_are_loaded_under_versioned_names(en
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
-def test_tokens_and_logprobs_match_the_colocated_engine(engine, colocated, temperature):
+def test_tokens_and_logprobs_match_the_colocated_engine(engine, colocated, temperature, prompts):
     adapters = [None, "alpha", "beta", "alpha", None, "beta"]
     sampling = SamplingParams(max_tokens=12, temperature=temperature, seed=123)
     n = 1 if temperature == 0 else 3
-    got = engine.generate(PROMPTS, adapters, n, sampling)
-    want = colocated.generate(PROMPTS, adapters, n, sampling)
+    got = engine.generate(prompts, adapters, n, sampling)
+    want = colocated.generate(prompts, adapters, n, sampling)
     assert [[c.token_ids for c in row] for row in got] == [[c.token_ids for c in row] for row in want]
     assert [[c.prompt_token_ids for c in row] for row in got] == [
         [c.prompt_token_ids for c in row] for row in want
@@ -247,7 +244,7 @@ def test_tokens_and_logprobs_match_the_colocated_engine(engine, colocated, tempe
         len(
             {
                 tuple(row[0].token_ids)
-                for row in engine.generate([PROMPTS[0]] * 3, [None, "alpha", "beta"], 1, sampling)
+                for row in engine.generate([prompts[0]] * 3, [None, "alpha", "beta"], 1, sampling)
             }
         )
         == 3
@@ -294,7 +291,8 @@ def test_after_a_sync_the_updated_adapter_is_served(engine, servers, vllm_module
         for param in updated.adapter_parameters("alpha"):
             param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
     greedy = SamplingParams(max_tokens=12, temperature=0.0)
-    prompts, adapters = [PROMPTS[0], PROMPTS[0], PROMPTS[3]], ["alpha", "beta", None]
+    prompts = [vllm_modules.PROMPTS[i] for i in (0, 0, 3)]
+    adapters = ["alpha", "beta", None]
     before = engine.generate(prompts, adapters, 1, greedy)
     old_name = engine.served_adapters["alpha"]
 
@@ -315,7 +313,7 @@ def test_after_a_sync_the_updated_adapter_is_served(engine, servers, vllm_module
 
 
 @pytest.mark.vllm
-def test_two_servers_share_the_load_and_agree(servers, policy, adapter_dirs, engine, tmp_path):
+def test_two_servers_share_the_load_and_agree(servers, policy, adapter_dirs, engine, tmp_path, prompts):
     from llm_zoo_train.engines.vllm_server import VLLMServerEngine
 
     pair = VLLMServerEngine([s.url for s in servers], policy.tokenizer, tmp_path, expected_models=[])
@@ -326,10 +324,10 @@ def test_two_servers_share_the_load_and_agree(servers, policy, adapter_dirs, eng
         counts = [request_count(s) for s in servers]
         sampling = SamplingParams(max_tokens=10, temperature=1.0, seed=5)
         adapters = ["alpha", "beta"] * 3
-        got = pair.generate(PROMPTS, adapters, 2, sampling)
+        got = pair.generate(prompts, adapters, 2, sampling)
         served = [request_count(s) - c for s, c in zip(servers, counts, strict=True)]
         assert served[0] == served[1] > 0, served  # 6 prompts, round robin: 3 on each server
-        want = single.generate(PROMPTS, adapters, 2, sampling)
+        want = single.generate(prompts, adapters, 2, sampling)
         assert [[c.token_ids for c in row] for row in got] == [[c.token_ids for c in row] for row in want]
         assert max(differences(got, want)) < LOGPROB_TOLERANCE
         single.close()
@@ -366,7 +364,23 @@ def test_two_step_at_grpo_run_with_the_server_engine(servers, model_dir, vllm_mo
 
 
 @pytest.mark.vllm
-def test_a_killed_server_is_retried_elsewhere_or_named_in_the_error(servers, policy, adapter_dirs, tmp_path):
+@pytest.mark.slow
+def test_two_trainer_processes_share_the_servers(servers, model_dir, vllm_modules, tmp_path):
+    """Two data-parallel trainer processes (torchrun on CPU) use both servers: rank 0 loads each
+    version, the other rank waits for it, and both sample from what the trainer holds."""
+    urls = f"server_urls: [{servers[0].url}, {servers[1].url}]"
+    vllm_modules.train_with_two_processes(model_dir, tmp_path, "vllm_server", urls)
+    import requests
+
+    for server in servers:  # the run unloaded its adapters at the end
+        models = requests.get(f"{server.url}/v1/models", timeout=10).json()["data"]
+        assert not [m["id"] for m in models if "tool_agent" in m["id"] or "plan_agent" in m["id"]]
+
+
+@pytest.mark.vllm
+def test_a_killed_server_is_retried_elsewhere_or_named_in_the_error(
+    servers, policy, adapter_dirs, tmp_path, prompts
+):
     """Runs last: it kills server b. Requests to it go to server a; with only b, a clear error."""
     from llm_zoo_train.engines.openai_compat import EndpointError
     from llm_zoo_train.engines.vllm_server import VLLMServerEngine
@@ -390,12 +404,12 @@ def test_a_killed_server_is_retried_elsewhere_or_named_in_the_error(servers, pol
     killer.start()
     start = time.monotonic()
     try:
-        rows = pair.generate(PROMPTS, ["alpha"] * len(PROMPTS), 8, sampling)
+        rows = pair.generate(prompts, ["alpha"] * len(prompts), 8, sampling)
     finally:
         killer.join()
-    assert len(rows) == len(PROMPTS) and all(len(row) == 8 for row in rows)
+    assert len(rows) == len(prompts) and all(len(row) == 8 for row in rows)
     with pytest.raises(EndpointError, match=rf"cannot reach vLLM server {servers[1].url}"):
-        alone.generate(PROMPTS[:2], ["alpha", None], 1, SamplingParams(max_tokens=4))
+        alone.generate(prompts[:2], ["alpha", None], 1, SamplingParams(max_tokens=4))
     with pytest.raises(EndpointError, match=rf"{servers[1].url}"):
         alone.load_adapters(adapter_dirs, version=1)
     assert time.monotonic() - start < 120
