@@ -150,6 +150,22 @@ def _rollout_speed(result: dict[str, Any]) -> str:
     return text
 
 
+def vllm_server_speed(result: dict[str, Any]) -> str:
+    best, ratios = result["tokens_per_s_best"], result["server_over_colocated"]
+    rows = [
+        [job, _fmt(rates["server"]), _fmt(rates["colocated"]), f"**{ratios[job]:.2f}**"]
+        for job, rates in best.items()
+    ]
+    return (
+        f"{result['model']} ({result['dtype']}), env {result['env']}, {result['envs']} envs x K={result['k']},"
+        f" {result['max_tokens']} new tokens, ~{result['prompt_tokens_mean']:.0f} prompt tokens, tree rollouts of"
+        f" {result['max_turns']} turn(s), best of {result['repeats']} repeats; one server on the same machine.\n\n"
+        + _table(["job", "server tokens/s", "colocated tokens/s", "server / colocated"], rows)
+        + f"\n\nTarget: >= {result['target']}. Both engines generated the same tokens:"
+        f" {'yes' if result['same_tokens'] else 'no'}."
+    )
+
+
 def async_rollouts(result: dict[str, Any]) -> str:
     settings, steps = result["settings"], result["mean_step_seconds"]
     rows = [
@@ -370,6 +386,7 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
     ("reproduce_paper", "The paper's Plan-Path and Sokoban rows, Qwen3-1.7B (GPU)", reproduce_paper),
     ("rollout_speed", "Rollout speed, transformers engine", _rollout_speed),
     ("rollout_speed_vllm", "Rollout speed, vLLM engine", _rollout_speed),
+    ("vllm_server_speed", "Rollout speed, vLLM server against colocated vLLM", vllm_server_speed),
     ("sandbox_speed", "Sandbox throughput against a fresh process per test", sandbox_speed),
     ("env_speed", "Environment speed", env_speed),
 ]
