@@ -116,9 +116,9 @@ def hf_engine(policy):
     return HFEngine(policy.model, policy.tokenizer)
 
 
-@pytest.fixture(scope="module")
-def engine(model_dir, adapter_dirs, policy):
-    engine = VLLMEngine(
+def build_engine(model_dir, adapter_dirs, policy):
+    """The colocated engine the vLLM tests compare against: float32, small KV cache, eager."""
+    return VLLMEngine(
         model_dir,
         adapter_dirs,
         tokenizer=policy.tokenizer,
@@ -127,6 +127,11 @@ def engine(model_dir, adapter_dirs, policy):
         kv_cache_memory_bytes=64 << 20,  # the tiny model needs little; keep shared CI machines free
         enforce_eager=True,
     )
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir, adapter_dirs, policy):
+    engine = build_engine(model_dir, adapter_dirs, policy)
     yield engine
     engine.close()
 

@@ -167,18 +167,8 @@ def engine(servers, policy, adapter_dirs, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def colocated(model_dir, adapter_dirs, policy):
-    from llm_zoo_train.engines.vllm import VLLMEngine
-
-    engine = VLLMEngine(
-        model_dir,
-        adapter_dirs,
-        tokenizer=policy.tokenizer,
-        dtype="float32",
-        max_model_len=512,
-        kv_cache_memory_bytes=64 << 20,
-        enforce_eager=True,
-    )
+def colocated(vllm_modules, model_dir, adapter_dirs, policy):
+    engine = vllm_modules.build_engine(model_dir, adapter_dirs, policy)
     yield engine
     engine.close()
 
