@@ -71,7 +71,9 @@ def decode_compacting(
         eos_token_ids: Tokens that end a row (kept as its last token).
         pad_token_id: Not emitted; rows never produce it after they end because they are dropped.
         greedy: Argmax instead of sampling (the logprobs then use temperature 1).
-        temperature, top_k, top_p: Sampling settings, as ``SamplingParams``.
+        temperature: Sampling temperature, as in ``SamplingParams``.
+        top_k: Keep the ``top_k`` most likely tokens (0: off).
+        top_p: Nucleus sampling mass (1.0: off).
 
     Returns:
         ``(tokens, logprobs)``: per row, the generated ids (ending with the end-of-sequence token
