@@ -45,7 +45,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from llm_zoo_train.chat import encode_prompt
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
-from llm_zoo_train.engines.hf_decode import decode_compacting
+from llm_zoo_train.engines.hf_decode import decode_compacting, last_logits_only
 
 __all__ = ["HFEngine"]
 
@@ -367,6 +367,7 @@ class HFEngine:
                     position_ids=position_ids,
                     past_key_values=cache,
                     use_cache=True,
+                    **last_logits_only(self.model),  # only the cache is used
                 )
             cache.batch_select_indices(index)
         except (AttributeError, NotImplementedError, TypeError, ValueError) as err:
