@@ -123,7 +123,14 @@ def test_piped_input_and_sigint_in_a_real_process(piped):
     assert finished.returncode == 0, finished.stderr
     assert "Traceback" not in finished.stderr and "stopped." in finished.stdout
     process = subprocess.Popen(
-        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # A test run started in the background (nohup, `cmd &` in a script) inherits an ignored
+        # SIGINT, and Python then keeps ignoring it: give the command the default disposition.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 120
