@@ -1,21 +1,25 @@
 """Asynchronous rollouts against synchronous ones: step time and learning, side by side on 2 cores.
 
-The same job twice, interleaved (sync, async, sync, async, ... to cancel the drift of a shared
-machine's load): ``examples/math_smollm2_cpu.yaml`` (SmolLM2-135M-Instruct, Math-v0, both agents
-trained) for ``--steps`` steps.
+The same job in each mode, interleaved (sync, async, sync_2cores, sync, ... to cancel the drift of a
+shared machine's load): ``examples/math_smollm2_cpu.yaml`` (SmolLM2-135M-Instruct, Math-v0, both
+agents trained) for ``--steps`` steps.
 
 * ``sync`` (``rollout.async_steps 0``): the trainer, pinned to ``--trainer-core`` with one torch
   thread, rolls out and updates in turn.
 * ``async`` (``rollout.async_steps 1``): the trainer, pinned to the same core with one thread,
   updates while its generation process, pinned to ``--worker-core`` with one thread, generates
-  the next step's rollout (one step off-policy, importance sampling on).
+  the next step's rollout (one step off-policy, importance sampling on). The trainer plays
+  ``--trainer-envs`` of each step's 8 tasks itself before its update
+  (``rollout.async_trainer_envs``), so that neither process waits long for the other.
+* ``sync_2cores`` (reference, not part of the target): the synchronous trainer on both cores with
+  two torch threads: what the same two cores give without a generation process.
 
 Printed and written to ``OUTPUT_DIR/async_rollouts.json``: each run's step times, the ratio of the
 mean step time async / sync over all steps and over the steps after the first (the first async
-step has nothing to overlap with), and the greedy success on the 64 held-out test problems after
-the last step of each mode's first run (95% Wilson intervals; a run is determined by its seed, so
-the repeats only re-measure time). Target: steady-state async / sync <= 0.65 with learning no worse
-(the async interval reaches the sync one, or better).
+step has nothing to overlap with), async / sync_2cores, and the greedy success on the 64 held-out
+test problems after the last step of the first sync and async runs (95% Wilson intervals; a run is
+determined by its seed, so the repeats only re-measure time). Target: steady-state async / sync
+<= 0.65 with learning no worse (the async interval reaches the sync one, or better).
 
     python benchmarks/async_rollouts.py                                  # the published run
     python benchmarks/async_rollouts.py --quick --output-dir /tmp/bench  # smoke run, tiny model
@@ -42,7 +46,9 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "examples" / "math_smollm2_cpu.yaml"
 NAME = "async_rollouts"
 TARGET_RATIO = 0.65
-MODES = {"sync": ["--rollout.async_steps", "0"], "async": ["--rollout.async_steps", "1"]}
+MODES = {"sync": ["--rollout.async_steps", "0"], "async": ["--rollout.async_steps", "1"], "sync_2cores": []}
+#: The modes whose step times the target compares.
+TARGET_MODES = ("sync", "async")
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -55,6 +61,17 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     parser.add_argument("--repeats", type=int, default=2, help="runs of each mode, interleaved")
     parser.add_argument("--trainer-core", type=int, default=1, help="the core of the trainer process")
     parser.add_argument("--worker-core", type=int, default=0, help="the core of the generation process")
+    parser.add_argument(
+        "--trainer-envs",
+        type=int,
+        default=None,
+        help="async: tasks per step the trainer plays itself (default 3 of 8; 1 of 2 with --quick)",
+    )
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated modes to run, of {', '.join(MODES)} (sync and async are required)",
+    )
     parser.add_argument(
         "--workdir", type=Path, default=None, help="where the runs go (default: a temporary dir)"
     )
@@ -72,6 +89,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
             )
     if args.trainer_core == args.worker_core:
         parser.error("--trainer-core and --worker-core must differ: the point is that they do not compete")
+    if args.trainer_envs is None:
+        args.trainer_envs = 1 if args.quick else 3
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in args.modes if m not in MODES]
+    if unknown or not set(TARGET_MODES) <= set(args.modes):
+        parser.error(f"--modes {','.join(args.modes)}: choose from {', '.join(MODES)}, with sync and async")
     if args.steps < 2 or args.repeats < 1:
         parser.error("--steps must be >= 2 (the first async step overlaps nothing) and --repeats >= 1")
     return args, list(overrides)
@@ -81,7 +104,10 @@ def run(
     mode: str, repeat: int, args: argparse.Namespace, overrides: list[str], workdir: Path
 ) -> dict[str, Any]:
     """Train one run of ``mode``; evaluate it when it is the mode's first."""
-    evaluate = repeat == 0
+    evaluate = repeat == 0 and mode in TARGET_MODES
+    both = mode == "sync_2cores"
+    os.sched_setaffinity(0, {args.trainer_core, args.worker_core} if both else {args.trainer_core})
+    torch.set_num_threads(2 if both else 1)
     config = load_config(
         CONFIG,
         [
@@ -89,6 +115,7 @@ def run(
             *MODES[mode],
             "--rollout.async_worker_threads", "1",
             "--rollout.async_worker_cores", f"[{args.worker_core}]",
+            "--rollout.async_trainer_envs", str(args.trainer_envs if mode == "async" else 0),
             "--training.output_dir", str(workdir / f"{mode}-{repeat}"),
             "--training.overwrite_output_dir", "true",
             "--training.max_steps", str(args.steps),
@@ -113,6 +140,7 @@ def run(
         "generation_seconds": [r["time/generation"] for r in steps],
         "update_seconds": [r["time/update"] for r in steps],
         "rollout_wait_seconds": [r.get("time/rollout_wait") for r in steps],
+        "trainer_rollout_seconds": [r.get("time/trainer_rollout") for r in steps],
         "staleness": [r.get("rollout/staleness", 0.0) for r in steps],
         "train_success": [r.get("train/success_rate") for r in steps],
         "eval": None
@@ -133,8 +161,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     def mean_step(mode: str, first: int) -> float:
         return statistics.mean(t for r in runs if r["mode"] == mode for t in r["step_seconds"][first:])
 
+    modes = [m for m in MODES if any(r["mode"] == m for r in runs)]
     ratio_all = mean_step("async", 0) / mean_step("sync", 0)
     ratio_steady = mean_step("async", 1) / mean_step("sync", 1)
+    two_cores = mean_step("async", 1) / mean_step("sync_2cores", 1) if "sync_2cores" in modes else None
     evals = {r["mode"]: r["eval"] for r in runs if r["eval"] is not None}
     sync_eval, async_eval = evals.get("sync"), evals.get("async")
     learning_ok = bool(
@@ -146,9 +176,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         )
     )
     return {
-        "mean_step_seconds": {m: {"all": mean_step(m, 0), "after_first": mean_step(m, 1)} for m in MODES},
+        "mean_step_seconds": {m: {"all": mean_step(m, 0), "after_first": mean_step(m, 1)} for m in modes},
         "ratio_all_steps": ratio_all,
         "ratio_after_first_step": ratio_steady,
+        "ratio_async_to_sync_2cores": two_cores,
         "eval": evals,
         "verdict": {
             "ratio_met": ratio_steady <= TARGET_RATIO,
@@ -170,15 +201,13 @@ def describe(eval_result: dict[str, Any] | None) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     args, overrides = parse_args(argv)
     facts = run_facts(__file__, argv)
-    os.sched_setaffinity(0, {args.trainer_core})  # the trainer; the generation process pins itself
-    torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="async-bench-") as tmp:
         workdir = args.workdir or Path(tmp)
         if args.quick:
             overrides = [*quick_overrides(workdir), *overrides]
         runs = []
         for repeat in range(args.repeats):
-            for mode in MODES:
+            for mode in args.modes:
                 runs.append(run(mode, repeat, args, overrides, workdir))
                 last = runs[-1]
                 print(
@@ -196,6 +225,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"async / sync step time: {summary['ratio_after_first_step']:.2f} after the first step, "
         f"{summary['ratio_all_steps']:.2f} over all steps (target <= {TARGET_RATIO})"
     )
+    if summary["ratio_async_to_sync_2cores"] is not None:
+        print(
+            f"reference: sync on both cores (2 threads) {steps['sync_2cores']['after_first']:.1f} s after the"
+            f" first step; async / sync_2cores = {summary['ratio_async_to_sync_2cores']:.2f}"
+        )
     print(
         f"greedy success after {args.steps} steps: sync {describe(summary['eval'].get('sync'))}, "
         f"async {describe(summary['eval'].get('async'))}; target {'met' if summary['verdict']['met'] else 'not met'}"
@@ -211,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "trainer_core": args.trainer_core,
             "worker_core": args.worker_core,
             "threads": 1,
+            "trainer_envs": args.trainer_envs,
+            "modes": args.modes,
             "target_ratio": TARGET_RATIO,
         },
         "runs": runs,

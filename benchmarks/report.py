@@ -168,25 +168,56 @@ def vllm_server_speed(result: dict[str, Any]) -> str:
 
 def async_rollouts(result: dict[str, Any]) -> str:
     settings, steps = result["settings"], result["mean_step_seconds"]
+
+    def mean(values: list[float | None]) -> str:
+        present = [v for v in values if v is not None]
+        return f"{statistics.mean(present):.1f}" if present else "-"
+
     rows = [
         [f"{run['mode']} #{run['repeat'] + 1}", ", ".join(f"{t:.1f}" for t in run["step_seconds"]),
-         f"{statistics.mean(run['generation_seconds']):.1f}", f"{statistics.mean(run['update_seconds']):.1f}",
-         _success(run["eval"])]
+         mean(run["generation_seconds"]), mean(run.get("trainer_rollout_seconds", [])),
+         mean(run["update_seconds"]), mean(run["rollout_wait_seconds"]), _success(run["eval"])]
         for run in result["runs"]
     ]  # fmt: skip
     verdict = result["verdict"]
+    headers = [
+        "run",
+        "step seconds",
+        "generation s",
+        "trainer's part s",
+        "update s",
+        "waited s",
+        "success after",
+    ]
+    trainer_envs = settings.get("trainer_envs", 0)
+    reference = result.get("ratio_async_to_sync_2cores")
     return (
         f"`{settings['config_file']}` for {settings['steps']} steps, each mode {settings['repeats']} times,"
-        f" interleaved; trainer on core {settings['trainer_core']}, the async generation process on core"
-        f" {settings['worker_core']}, one torch thread each. Success: greedy on the held-out test problems"
-        " after the last step of each mode's first run (95% Wilson intervals).\n\n"
-        + _table(["run", "step seconds", "generation s (mean)", "update s (mean)", "success after"], rows)
-        + f"\n\nMean step: sync {steps['sync']['all']:.1f} s, async {steps['async']['all']:.1f} s; after the"
-        f" first step: sync {steps['sync']['after_first']:.1f} s, async {steps['async']['after_first']:.1f} s."
-        f" **async / sync = {result['ratio_after_first_step']:.2f}** after the first step"
-        f" ({result['ratio_all_steps']:.2f} over all steps). Target (<= {settings['target_ratio']} with"
-        f" learning no worse): {'**met**' if verdict['met'] else '**not met**'} (ratio:"
+        f" interleaved. sync: the trainer on core {settings['trainer_core']}, one torch thread. async: the"
+        f" trainer on that core and its generation process on core {settings['worker_core']}, one thread"
+        f" each; the trainer plays {trainer_envs} of each step's tasks itself before its update"
+        " (`rollout.async_trainer_envs`)."
+        + (
+            " sync_2cores (a reference): the synchronous trainer on both cores, two threads."
+            if reference
+            else ""
+        )
+        + " Generation seconds add up both processes' generation; the trainer's part is also shown"
+        " alone. Success: greedy on the held-out test problems after the last step of the first sync"
+        " and async runs (95% Wilson intervals).\n\n"
+        + _table(headers, rows)
+        + f"\n\nMean step after the first: sync {steps['sync']['after_first']:.1f} s, async"
+        f" {steps['async']['after_first']:.1f} s (over all steps: sync {steps['sync']['all']:.1f} s, async"
+        f" {steps['async']['all']:.1f} s). **async / sync = {result['ratio_after_first_step']:.2f}** after the"
+        f" first step ({result['ratio_all_steps']:.2f} over all steps). Target (<= {settings['target_ratio']}"
+        f" with learning no worse): {'**met**' if verdict['met'] else '**not met**'} (ratio:"
         f" {'yes' if verdict['ratio_met'] else 'no'}; learning no worse: {'yes' if verdict['learning_no_worse'] else 'no'})."
+        + (
+            f" Reference: sync on both cores {steps['sync_2cores']['after_first']:.1f} s a step after the"
+            f" first; async / sync_2cores = {reference:.2f}."
+            if reference
+            else ""
+        )
     )
 
 

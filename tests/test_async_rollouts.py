@@ -22,7 +22,7 @@ import toy_envs_trainer  # noqa: E402, F401  (registers test/Scripted-v0)
 from llm_zoo_train.async_rollout import RolloutWorkerError, algorithm_settings  # noqa: E402
 from llm_zoo_train.config import ConfigError, validate  # noqa: E402
 from llm_zoo_train.samples import read_jsonl  # noqa: E402
-from llm_zoo_train.step_rollout import play_step  # noqa: E402
+from llm_zoo_train.step_rollout import merge_parts, play_step  # noqa: E402
 from llm_zoo_train.trainer import Trainer  # noqa: E402
 from train_helpers import history_without_timing, toy_config  # noqa: E402
 
@@ -123,6 +123,21 @@ def test_config_checks_and_importance_sampling_default(tiny_model_dir, tmp_path)
             validate(toy_config(tiny_model_dir, tmp_path / "d", overrides))
 
 
+def test_trainer_envs_config_checks(tiny_model_dir, tmp_path):
+    validate(toy_config(tiny_model_dir, tmp_path / "ok", [*ASYNC, "--rollout.async_trainer_envs", "7"]))
+    for overrides, message in [
+        (["--rollout.async_trainer_envs", "2"], "set rollout.async_steps >= 1, or async_trainer_envs 0"),
+        ([*ASYNC, "--rollout.async_trainer_envs", "8"], r"must be in \[0, 7\] .* got 8"),
+        ([*ASYNC, "--rollout.async_trainer_envs", "-1"], r"must be in \[0, 7\]"),
+        (
+            [*ASYNC, "--rollout.async_trainer_envs", "2", "--rollout.save_rollouts", "true"],
+            "split between two: set one to 0",
+        ),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            validate(toy_config(tiny_model_dir, tmp_path / "bad", overrides))
+
+
 # ---------------------------------------------------------------------------------------- behaviour
 
 
@@ -196,6 +211,105 @@ def test_resume_with_a_rollout_in_flight_is_exact(async_run, tiny_model_dir, tmp
     assert pids and not _alive(pids[-1])
     resumed = Trainer(config, resume_from=tmp_path / "resumed")
     assert resumed.step == 2
+    resumed.train()
+    assert history_without_timing(resumed.history) == history_without_timing(straight.history)
+    assert _same_adapters(_adapters(tmp_path / "resumed"), _adapters(root / "run"))
+
+
+# ---------------------------------------------------------------------------------------- shared work
+
+SPLIT = [*ASYNC, "--rollout.async_trainer_envs", "3"]
+
+
+def _record_rollouts(trainer: Trainer) -> dict[int, list[str]]:
+    """The samples each step took, as JSON records (filled as the run goes)."""
+    taken: dict[int, list[str]] = {}
+    take = trainer.async_rollouts.take
+
+    def recording_take(step, *args):
+        produced, waited = take(step, *args)
+        taken[step] = _records(produced.samples)  # now: the update sets each sample's advantage
+        return produced, waited
+
+    trainer.async_rollouts.take = recording_take
+    return taken
+
+
+@pytest.fixture(scope="module")
+def split_run(tiny_model_dir, tmp_path_factory):
+    """A 4-step run with async_steps 1 where the trainer plays 3 of each step's 8 tasks."""
+    root = tmp_path_factory.mktemp("split")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trainer = Trainer(toy_config(tiny_model_dir, root / "run", [*COMMON, *SPLIT]))
+        taken = _record_rollouts(trainer)
+        trainer.train()
+    finally:
+        torch.set_num_threads(threads)
+    return trainer, root, taken
+
+
+def test_play_step_parts_play_the_steps_tasks_with_seeds_of_their_own(tiny_model_dir, tmp_path):
+    trainer = Trainer(toy_config(tiny_model_dir, tmp_path / "run", COMMON))
+    config, adapters, engine = trainer.config, trainer.plan.agent_adapters, trainer.engine
+    whole = play_step(config, adapters, engine, 3, 0, 0)
+    assert _records(play_step(config, adapters, engine, 3, 0, 0, range(8)).samples) == _records(whole.samples)
+    first, rest = (play_step(config, adapters, engine, 3, 0, 0, envs) for envs in (range(3), range(3, 8)))
+    assert {s.env_index for s in first.samples} == {0, 1, 2}
+    assert {s.env_index for s in rest.samples} == set(range(3, 8))
+    merged = merge_parts([rest, first])
+    assert _records(merged.samples) == _records(first.samples) + _records(rest.samples)  # task order
+    tasks = lambda samples: sorted({(s.env_index, s.task_id) for s in samples})  # noqa: E731
+    assert tasks(merged.samples) == tasks(whole.samples)  # the same tasks, in the same places
+    groups = [s.group_key for s in merged.samples]
+    assert sorted(set(groups)) == sorted({s.group_key for s in whole.samples})
+    # Each part samples with its own seed: the first part is not the first 3 tasks of the whole step.
+    whole_first = [s.completion_token_ids for s in whole.samples if s.env_index < 3]
+    assert [s.completion_token_ids for s in first.samples] != whole_first
+    assert merged.generation_seconds == first.generation_seconds + rest.generation_seconds
+    for bad in (range(0), range(5, 9), range(0, 8, 2)):
+        with pytest.raises(ValueError, match="non-empty slice of range"):
+            play_step(config, adapters, engine, 3, 0, 0, bad)
+    with pytest.raises(ValueError, match="all of one step and adapter version"):
+        merge_parts([first, play_step(config, adapters, engine, 4, 0, 0, range(3, 8))])
+
+
+def test_the_trainer_plays_its_share_with_the_same_version(split_run, tiny_model_dir, tmp_path):
+    """Every step's 8 tasks are played once (3 by the trainer, 5 by the generation process), all by
+    version max(t-2, 0); replaying both parts here with that version's adapters gives the same
+    samples."""
+    trainer, root, taken = split_run
+    assert sorted(taken) == list(range(1, STEPS + 1))
+    history = [r for r in trainer.history if r["step"] > 0]
+    assert [r["rollout/staleness"] for r in history] == [0, 1, 1, 1]
+    # Step t plays the trainer's part of step t+1 (step 1: of steps 1 and 2); the last step none.
+    assert [r["time/trainer_rollout"] > 0 for r in history] == [True, True, True, False]
+    fresh = Trainer(toy_config(tiny_model_dir, tmp_path / "fresh", [*COMMON, *SPLIT]))
+    for step, records in taken.items():
+        version = max(step - 2, 0)
+        samples = [json.loads(r) for r in records]
+        assert {s["policy_version"] for s in samples} == {version}, step
+        assert sorted({s["env_index"] for s in samples}) == list(range(8)), step
+        if version > 0:
+            for name in fresh.plan.trainable:
+                fresh.policy.load_adapter_weights(
+                    name, root / "run" / f"checkpoint-{version}" / "adapters" / name
+                )
+        parts = [
+            play_step(fresh.config, fresh.plan.agent_adapters, fresh.engine, step, 0, version, envs)
+            for envs in (range(3), range(3, 8))
+        ]
+        assert _records(merge_parts(parts).samples) == records, step
+
+
+def test_resume_with_a_shared_rollout_in_flight_is_exact(split_run, tiny_model_dir, tmp_path):
+    straight, root, _ = split_run
+    kept = list(read_jsonl(root / "run" / "checkpoint-2" / "async_rollouts" / "step_000003.jsonl"))
+    assert sorted({s.env_index for s in kept}) == list(range(8))  # both parts of the step in flight
+    config = toy_config(tiny_model_dir, tmp_path / "resumed", [*COMMON, *SPLIT])
+    Trainer(config).train(stop_after_step=2)
+    resumed = Trainer(config, resume_from=tmp_path / "resumed")
     resumed.train()
     assert history_without_timing(resumed.history) == history_without_timing(straight.history)
     assert _same_adapters(_adapters(tmp_path / "resumed"), _adapters(root / "run"))

@@ -12,6 +12,13 @@ then waits for step ``t``'s rollout. With ``k = 1``:
   samples come from version ``t - 2`` and the update that consumes them starts from version
   ``t - 1``: one version stale (``rollout/staleness`` 1 from step 2 on).
 
+With ``rollout.async_trainer_envs = n > 0`` the work is shared: each rollout the trainer asks
+for, it also plays the first ``n`` of that step's tasks itself, with the same adapter version,
+right after sending the request and before it updates; the generation process plays the others
+(:func:`~llm_zoo_train.step_rollout.play_step` parts, joined by
+:func:`~llm_zoo_train.step_rollout.merge_parts`). When generation takes longer than the update,
+the trainer would otherwise wait for it.
+
 Every sample records its ``policy_version``; the per-token behaviour logprobs recorded at generation
 feed the truncated importance-sampling correction (``algorithm.importance_sampling``, on by default
 when async). Adapters reach the process the way the vLLM engine gets them: saved as versions under
@@ -35,6 +42,7 @@ import multiprocessing
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +50,7 @@ from llm_zoo_train.config import AlgorithmConfig, Config
 from llm_zoo_train.policy import Policy
 from llm_zoo_train.rollout_worker import WorkerSpec, run_worker
 from llm_zoo_train.samples import read_jsonl, write_jsonl
-from llm_zoo_train.step_rollout import StepRollout
+from llm_zoo_train.step_rollout import StepRollout, merge_parts
 
 __all__ = ["AsyncRollouts", "RolloutWorkerError", "algorithm_settings"]
 
@@ -74,6 +82,8 @@ class AsyncRollouts:
         rank: The trainer's process index.
         num_processes: The trainer's process count.
         device: Where the generation process puts its model copy.
+        play_own: Plays a part of a step in the trainer: ``play_own(step, envs)`` with the
+            adapters the trainer holds (required when ``rollout.async_trainer_envs`` > 0).
 
     Call :meth:`close` when done (the trainer does when :meth:`~llm_zoo_train.trainer.Trainer.train`
     returns or raises): it stops the generation process.
@@ -88,13 +98,23 @@ class AsyncRollouts:
         rank: int = 0,
         num_processes: int = 1,
         device: str = "cpu",
+        play_own: Callable[[int, range], StepRollout] | None = None,
     ):
-        if config.rollout.async_steps < 1:
-            raise ValueError(f"rollout.async_steps must be >= 1 here, got {config.rollout.async_steps}")
+        rollout = config.rollout
+        if rollout.async_steps < 1:
+            raise ValueError(f"rollout.async_steps must be >= 1 here, got {rollout.async_steps}")
+        if rollout.async_trainer_envs and play_own is None:
+            raise ValueError("rollout.async_trainer_envs > 0 needs play_own: the trainer plays its part")
         self.config = config
         self.policy = policy
         self.rank, self.num_processes, self.device = rank, num_processes, device
-        self.ahead = config.rollout.async_steps
+        self.ahead = rollout.async_steps
+        self._play_own = play_own
+        self._own_envs = range(rollout.async_trainer_envs)
+        self._worker_envs = range(rollout.async_trainer_envs, rollout.envs_per_step)
+        self._own_parts: dict[int, StepRollout] = {}  # step -> the part the trainer played
+        #: Seconds the trainer spent in its last :meth:`take` playing its own parts.
+        self.own_seconds = 0.0
         self._root = Path(output_dir) / "engine_adapters" / f"async-rank{rank}"
         self._latest: dict[str, str] = {}  # adapter -> path of its newest saved version
         self._saved_version: int | None = None
@@ -106,12 +126,14 @@ class AsyncRollouts:
     # ------------------------------------------------------------------ the trainer's calls
 
     def take(self, step: int, version: int, last_step: int) -> tuple[StepRollout, float]:
-        """Step ``step``'s rollout and the seconds spent waiting for it.
+        """Step ``step``'s rollout and the seconds spent waiting for the generation process.
 
         First asks for every step up to ``min(step + async_steps, last_step)`` not yet asked for,
         generated with the current adapters (``version``), so the process never idles while the
-        trainer updates."""
+        trainer updates; with ``rollout.async_trainer_envs`` the trainer then plays its part of
+        those steps (:attr:`own_seconds`, not counted as waiting)."""
         start = time.perf_counter()
+        self.own_seconds = 0.0
         wanted = range(step, min(step + self.ahead, last_step) + 1)
         missing = [s for s in wanted if s not in self._in_flight and s not in self._ready]
         if missing:
@@ -119,15 +141,20 @@ class AsyncRollouts:
             self._start()
             for s in missing:
                 try:
-                    self._connection.send(("rollout", s, version, paths))
+                    self._connection.send(("rollout", s, version, paths, self._worker_envs))
                 except OSError as err:  # a broken pipe: the process is gone
                     raise self._lost(f"could not send it a request ({err})") from None
                 self._in_flight[s] = paths
+            if self._play_own is not None and self._own_envs:
+                own_start = time.perf_counter()
+                for s in missing:
+                    self._own_parts[s] = self._play_own(s, self._own_envs)
+                self.own_seconds = time.perf_counter() - own_start
         while step not in self._ready:
             self._receive()
         produced = self._ready.pop(step)
         self._remove_unused_versions()
-        return produced, time.perf_counter() - start
+        return produced, time.perf_counter() - start - self.own_seconds
 
     def wait_for_in_flight(self) -> None:
         """Receive every rollout asked for (a checkpoint saves them)."""
@@ -172,6 +199,7 @@ class AsyncRollouts:
         process, connection, busy = self._process, self._connection, bool(self._in_flight)
         self._process = self._connection = None
         self._in_flight.clear()
+        self._own_parts.clear()
         if process is None:
             return
         try:
@@ -237,7 +265,8 @@ class AsyncRollouts:
             raise RolloutWorkerError(f"the rollout generation process failed:\n{payload}")
         if kind == "rollout":
             self._in_flight.pop(payload.step, None)
-            self._ready[payload.step] = payload
+            own = self._own_parts.pop(payload.step, None)
+            self._ready[payload.step] = payload if own is None else merge_parts([own, payload])
 
     def _lost(self, what: str) -> RolloutWorkerError:
         """The error for a generation process that went away (closed here, exit code named)."""

@@ -189,6 +189,11 @@ class RolloutConfig:
     async_worker_cores: list[int] | None = None
     """async_steps > 0: CPU cores the generation process is pinned to (os.sched_setaffinity; None:
     the trainer's own cores). Pin the trainer to the other cores so the two do not compete."""
+    async_trainer_envs: int = 0
+    """async_steps > 0: how many of each step's envs_per_step tasks the trainer plays itself, with
+    the same adapter version, before its update; the generation process plays the rest. Balances
+    the two when generation takes longer than the update (docs/training/async.md says how to pick
+    it). 0: the generation process plays them all."""
 
 
 @dataclass
@@ -408,6 +413,21 @@ def _check_async_rollout(r: RolloutConfig) -> None:
         )
     if r.async_worker_threads is not None:
         _positive("rollout.async_worker_threads", r.async_worker_threads)
+    if r.async_trainer_envs and not r.async_steps:
+        raise ConfigError(
+            f"rollout.async_trainer_envs {r.async_trainer_envs} splits asynchronous rollouts: set "
+            "rollout.async_steps >= 1, or async_trainer_envs 0"
+        )
+    if not 0 <= r.async_trainer_envs < r.envs_per_step:
+        raise ConfigError(
+            f"rollout.async_trainer_envs must be in [0, {r.envs_per_step - 1}] (the generation process "
+            f"plays at least one of the envs_per_step {r.envs_per_step} tasks), got {r.async_trainer_envs}"
+        )
+    if r.async_trainer_envs and r.save_rollouts:
+        raise ConfigError(
+            "rollout.save_rollouts records a step's generations in one process; with "
+            f"rollout.async_trainer_envs {r.async_trainer_envs} they are split between two: set one to 0"
+        )
     cores = list(range(os.cpu_count() or 1))  # the machine's, not the trainer's own (it may be pinned)
     unknown = [core for core in r.async_worker_cores or [] if core not in cores]
     if r.async_worker_cores is not None and (unknown or not r.async_worker_cores):

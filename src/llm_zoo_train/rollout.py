@@ -163,13 +163,15 @@ def tree_rollout(
     rng: np.random.Generator,
     *,
     team_credit_lookahead: int = LOOKAHEAD_ROUND,
+    first_env_index: int = 0,
 ) -> list[Sample]:
     """AT-GRPO tree rollouts: one episode per seed, K candidates per (turn, agent), greedy continue.
 
     Args:
         env_id: Registered env id, built with ``llm_zoo.make(env_id, **env_kwargs)``.
         env_kwargs: Constructor arguments of the env.
-        seeds: One env per seed; the env's position in ``seeds`` is its ``env_index``.
+        seeds: One env per seed; the env's position in ``seeds`` plus ``first_env_index`` is its
+            ``env_index``.
         engine: Generates the candidates and the look-ahead actions.
         agent_adapters: The adapter (or ``None``: base model) answering for each agent.
         num_generations: K, candidates per group.
@@ -178,6 +180,8 @@ def tree_rollout(
         team_credit_lookahead: Teammate actions played after each candidate to credit the team
             outcome: ``-1`` a full round (default), ``0`` the immediate global, ``n > 0`` at most
             ``n`` (:mod:`llm_zoo_train.team_credit`).
+        first_env_index: The ``env_index`` of the first seed's env (a step's tasks played in
+            parts, by different processes, keep distinct groups).
 
     Returns:
         All K candidates of every group, in order of sampling; ``chosen`` marks the branch each
@@ -207,7 +211,7 @@ def tree_rollout(
                 _step_and_record(
                     branch_env,
                     env_id=env_id,
-                    env_index=i,
+                    env_index=first_env_index + i,
                     agent=agent,
                     adapter=adapter,
                     prompt=prompt,
@@ -216,7 +220,7 @@ def tree_rollout(
                 )
                 for b, (branch_env, completion) in enumerate(zip(branches, completions, strict=True))
             ]
-            _check_finite(env_id, agent, i, group)
+            _check_finite(env_id, agent, first_env_index + i, group)
             stepped.append((i, branches, group))
         branch_states = [
             (env, s.agent, s.global_reward)
@@ -234,7 +238,7 @@ def tree_rollout(
             for sample in group:
                 apply_credit(sample, credits[position], float(envs[i].alpha))
                 position += 1
-            rewards = _check_finite(env_id, group[0].agent, i, group)
+            rewards = _check_finite(env_id, group[0].agent, first_env_index + i, group)
             best = np.flatnonzero(rewards >= rewards.max() - _TIE)
             choice = int(best[0]) if best.size == 1 else int(rng.choice(best))
             group[choice].chosen = True
@@ -258,6 +262,7 @@ def independent_rollout(
     rng: np.random.Generator,
     *,
     team_credit_lookahead: int = LOOKAHEAD_ROUND,
+    first_env_index: int = 0,
 ) -> list[Sample]:
     """K independent full episodes per seed (the paper's GRPO baseline), ``n=1`` per step.
 
@@ -293,16 +298,16 @@ def independent_rollout(
             sample = _step_and_record(
                 env,
                 env_id=env_id,
-                env_index=i,
+                env_index=first_env_index + i,
                 agent=agent,
                 adapter=adapter,
                 prompt=prompt,
                 completion=completion,
                 branch=b,
             )
-            _check_finite(env_id, agent, i, [sample])
+            _check_finite(env_id, agent, first_env_index + i, [sample])
             sample.chosen = True
-            sample.group_key = episode_group_key(i, agent)
+            sample.group_key = episode_group_key(first_env_index + i, agent)
             played[(i, b)].append(sample)
         live = [e for e, alive in zip(live, _still_live([e[2] for e in live]), strict=True) if alive]
     samples: list[Sample] = []

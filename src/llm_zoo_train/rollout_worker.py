@@ -5,9 +5,10 @@ starts (``multiprocessing`` spawn context). It pins itself to ``rollout.async_wo
 its torch threads, loads the base model with the adapters the trainer saved, and then answers the
 trainer's messages over a pipe, in order:
 
-* ``("rollout", step, version, paths)``: load the adapters saved at ``paths`` (adapter name ->
-  PEFT directory) when ``version`` is newer than the one it serves, play step ``step``
-  (:func:`llm_zoo_train.step_rollout.play_step`) and send back ``("rollout", StepRollout)``;
+* ``("rollout", step, version, paths, envs)``: load the adapters saved at ``paths`` (adapter name
+  -> PEFT directory) when ``version`` is newer than the one it serves, play tasks ``envs`` (a
+  range) of step ``step`` (:func:`llm_zoo_train.step_rollout.play_step`) and send back
+  ``("rollout", StepRollout)``;
 * ``("stop",)``: exit.
 
 It first sends ``("ready", pid)``; any error is sent as ``("error", traceback text)`` before it
@@ -114,12 +115,12 @@ def _serve(connection: Any, spec: WorkerSpec) -> None:
         message = connection.recv()
         if message[0] == "stop":
             return
-        _, step, wanted, paths = message
+        _, step, wanted, paths, envs = message
         if wanted != version:
             engine.load_adapters(paths, wanted)
             version = wanted
         recorder = GenerationRecorder(engine) if config.rollout.save_rollouts else None
-        produced = play_step(config, plan.agent_adapters, recorder or engine, step, spec.rank, version)
+        produced = play_step(config, plan.agent_adapters, recorder or engine, step, spec.rank, version, envs)
         if recorder is not None:
             save_step_rollout(config.training.output_dir, produced, spec.rank, spec.num_processes, recorder)
         connection.send(("rollout", produced))

@@ -5,7 +5,9 @@ seed, step, process)`` (:mod:`llm_zoo_train.seeding`) and plays the tasks with t
 step's samples depend only on the seed, the step, the process and the adapter weights the engine
 serves. The trainer calls it for synchronous rollouts, the generation process of
 :mod:`llm_zoo_train.async_rollout` for rollouts generated ahead; both record rollouts with
-:func:`save_step_rollout`.
+:func:`save_step_rollout`. A step's tasks can also be played in parts (``envs``: the trainer plays
+some of an asynchronous step's tasks itself); each part has sampling and tie-break seeds of its own
+and keeps its tasks' ``env_index``, and :func:`merge_parts` joins the parts into the step's rollout.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from llm_zoo_train.rollout import independent_rollout, tree_rollout
 from llm_zoo_train.samples import Sample, write_jsonl
 from llm_zoo_train.seeding import Stream, derive_seed
 
-__all__ = ["ROLLOUTS", "StepRollout", "TimedEngine", "play_step", "save_step_rollout"]
+__all__ = ["ROLLOUTS", "StepRollout", "TimedEngine", "merge_parts", "play_step", "save_step_rollout"]
 
 #: The rollout function of each ``rollout.mode``.
 ROLLOUTS = {"tree": tree_rollout, "independent": independent_rollout}
@@ -83,6 +85,7 @@ def play_step(
     step: int,
     rank: int,
     policy_version: int,
+    envs: range | None = None,
 ) -> StepRollout:
     """Play training step ``step``'s tasks of process ``rank`` with ``engine``.
 
@@ -93,33 +96,57 @@ def play_step(
         step: The training step (1-based).
         rank: The process index (data-parallel runs roll out different tasks per process).
         policy_version: Recorded in every sample and in the result.
+        envs: Which of the step's ``rollout.envs_per_step`` tasks to play (``None``: all). A part
+            draws its sampling and tie-break seeds from its first task's index, so two parts of
+            a step never share random numbers; its samples keep the tasks' indices in the step.
     """
     rollout, seed = config.rollout, config.training.seed
     start = time.perf_counter()
     task_rng = np.random.default_rng(derive_seed(seed, step, rank, Stream.TASKS))
     seeds = task_rng.integers(0, 2**30, size=rollout.envs_per_step).tolist()
+    everything = range(rollout.envs_per_step)
+    envs = everything if envs is None else envs
+    if envs.step != 1 or not envs or envs.start < 0 or envs.stop > len(everything):
+        raise ValueError(f"envs must be a non-empty slice of range({len(everything)}), got {envs}")
+    part = () if envs == everything else (envs.start,)  # the whole step keeps its seeds
     sampling = SamplingParams(
         max_tokens=rollout.max_completion_length,
         temperature=rollout.temperature,
         top_p=rollout.top_p,
         top_k=rollout.top_k,
-        seed=derive_seed(seed, step, rank, Stream.SAMPLING),
+        seed=derive_seed(seed, step, rank, Stream.SAMPLING, *part),
     )
     timed = TimedEngine(engine)
     samples = ROLLOUTS[rollout.mode](
         config.env.id,
         train_env_kwargs(config),
-        seeds,
+        seeds[envs.start : envs.stop],
         timed,
         agent_adapters,
         rollout.num_generations,
         sampling,
-        np.random.default_rng(derive_seed(seed, step, rank, Stream.TIES)),
+        np.random.default_rng(derive_seed(seed, step, rank, Stream.TIES, *part)),
         team_credit_lookahead=rollout.team_credit_lookahead,
+        first_env_index=envs.start,
     )
     for sample in samples:
         sample.policy_version = policy_version
     return StepRollout(step, samples, policy_version, timed.seconds, time.perf_counter() - start)
+
+
+def merge_parts(parts: Sequence[StepRollout]) -> StepRollout:
+    """One step's rollout from the parts of its tasks that :func:`play_step` played separately
+    (same step and version): samples in task order, seconds added up (generation work, not wall)."""
+    if not parts or len({(p.step, p.policy_version) for p in parts}) != 1:
+        raise ValueError("merge_parts needs at least one part, all of one step and adapter version")
+    ordered = sorted(parts, key=lambda p: min((s.env_index for s in p.samples), default=0))
+    return StepRollout(
+        step=parts[0].step,
+        samples=[sample for part in ordered for sample in part.samples],
+        policy_version=parts[0].policy_version,
+        generation_seconds=sum(p.generation_seconds for p in parts),
+        seconds=sum(p.seconds for p in parts),
+    )
 
 
 def save_step_rollout(

@@ -243,6 +243,8 @@ class Trainer:
             metrics["rollout/policy_version"] = float(produced.policy_version)
             metrics["rollout/staleness"] = float(self.version - produced.policy_version)
             metrics["time/rollout_wait"] = waited
+            if rollout.async_trainer_envs:
+                metrics["time/trainer_rollout"] = self.async_rollouts.own_seconds
 
         update_start = time.perf_counter()
         sleep, wake_up = getattr(self.engine, "sleep", None), getattr(self.engine, "wake_up", None)
@@ -271,8 +273,9 @@ class Trainer:
         metrics["time/step"] = time.perf_counter() - start
         return metrics
 
-    def _rollout(self, step: int) -> StepRollout:
-        """Step ``step``'s rollout, played here with the adapters being trained."""
+    def _rollout(self, step: int, envs: range | None = None) -> StepRollout:
+        """Step ``step``'s rollout (its tasks ``envs``; ``None``: all), played here with the
+        adapters being trained."""
         rollout, accelerator = self.config.rollout, self.accelerator
         rank = accelerator.process_index
         if isinstance(self.engine, ReplayEngine):
@@ -281,11 +284,11 @@ class Trainer:
         watched = self.progress.rollout(
             recorder or self.engine,
             step,
-            rollout.envs_per_step,
+            len(envs) if envs is not None else rollout.envs_per_step,
             mode=rollout.mode,
             num_generations=rollout.num_generations,
         )
-        produced = play_step(self.config, self.plan.agent_adapters, watched, step, rank, self.version)
+        produced = play_step(self.config, self.plan.agent_adapters, watched, step, rank, self.version, envs)
         watched.close()
         if isinstance(self.engine, ReplayEngine):
             self.engine.check_all_served()
@@ -387,6 +390,7 @@ class Trainer:
             rank=self.accelerator.process_index,
             num_processes=self.accelerator.num_processes,
             device=str(self.accelerator.device),
+            play_own=self._rollout,
         )
 
     def _finish(self, logger: RunLogger) -> dict[str, Any]:
