@@ -65,7 +65,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
         "--trainer-envs",
         type=int,
         default=None,
-        help="async: tasks per step the trainer plays itself (default 3 of 8; 1 of 2 with --quick)",
+        help="async: tasks per step the trainer plays itself (default 2 of 8; 1 of 2 with --quick)",
     )
     parser.add_argument(
         "--modes",
@@ -90,7 +90,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     if args.trainer_core == args.worker_core:
         parser.error("--trainer-core and --worker-core must differ: the point is that they do not compete")
     if args.trainer_envs is None:
-        args.trainer_envs = 1 if args.quick else 3
+        args.trainer_envs = 1 if args.quick else 2
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in args.modes if m not in MODES]
     if unknown or not set(TARGET_MODES) <= set(args.modes):
