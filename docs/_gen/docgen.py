@@ -58,6 +58,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.data.math", "llm_zoo.data.math"),
     ("llm_zoo.data.math_generator", "llm_zoo.data.math_generator"),
     ("llm_zoo_train.config", "llm_zoo_train.config"),
+    ("llm_zoo_train.config_checks", "llm_zoo_train.config_checks"),
     ("llm_zoo_train.typed_config", "llm_zoo_train.typed_config"),
     ("llm_zoo_train.config_aliases", "llm_zoo_train.config_aliases"),
     ("llm_zoo_train.agent_plan", "llm_zoo_train.agent_plan"),
