@@ -40,6 +40,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.call_harness", "llm_zoo.call_harness"),
     ("llm_zoo.call_checker", "llm_zoo.call_checker"),
     ("llm_zoo.math_check", "llm_zoo.math_check"),
+    ("llm_zoo.math_workers", "llm_zoo.math_workers"),
     ("llm_zoo.math_normalize", "llm_zoo.math_normalize"),
     ("llm_zoo.cli", "llm_zoo.cli"),
     ("llm_zoo.envs.plan_path", "llm_zoo.envs.plan_path"),
