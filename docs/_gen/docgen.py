@@ -84,6 +84,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.engines.hf", "llm_zoo_train.engines.hf"),
     ("llm_zoo_train.engines.hf_decode", "llm_zoo_train.engines.hf_decode"),
     ("llm_zoo_train.engines.vllm", "llm_zoo_train.engines.vllm"),
+    ("llm_zoo_train.engines.vllm_requests", "llm_zoo_train.engines.vllm_requests"),
     ("llm_zoo_train.engines.vllm_server", "llm_zoo_train.engines.vllm_server"),
     ("llm_zoo_train.engines.vllm_server_launch", "llm_zoo_train.engines.vllm_server_launch"),
     ("llm_zoo_train.engines.server_client", "llm_zoo_train.engines.server_client"),

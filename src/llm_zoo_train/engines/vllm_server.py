@@ -16,7 +16,7 @@ How one :meth:`VLLMServerEngine.generate` call runs:
    ``prompt_token_ids`` the trainer scores are exactly what was sampled from.
 2. Prompt ``i`` is one request with ``n`` samples (the K candidates share one prefill), naming the
    served version of its adapter as ``model``, with the sampling fields and seed of the colocated
-   engine (:func:`llm_zoo_train.engines.vllm.request_sampling_fields`): the same seed gives the
+   engine (:func:`llm_zoo_train.engines.vllm_requests.request_sampling_fields`): the same seed gives the
    same samples on a server as in-process. ``logprobs=0`` and ``return_tokens_as_token_ids``
    return each sampled token's id and logprob; ``return_token_ids`` returns the ids as integers.
 3. Prompts are spread round robin over the servers (the start rotates from call to call) and sent
@@ -65,7 +65,7 @@ from llm_zoo_train.chat import encode_prompt
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
 from llm_zoo_train.engines.openai_compat import EndpointError
 from llm_zoo_train.engines.server_client import ServerClient
-from llm_zoo_train.engines.vllm import (
+from llm_zoo_train.engines.vllm_requests import (
     adapter_rank,
     check_served_adapters,
     request_sampling_fields,
