@@ -189,6 +189,63 @@ def test_several_optimizer_steps_iterations_kl_and_importance_sampling(tiny_mode
     assert metrics["update/alice/logp_mismatch"] < 1e-3  # the hf engine records the trainer's logprobs
 
 
+def test_importance_sampling_on_one_optimizer_step_needs_no_extra_forward_pass(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """One optimizer step on one pass: the old logprobs are each micro-batch's own (detached), so
+    the update runs one forward pass per micro-batch, and the correction still weights it: behaviour
+    logprobs raised by ln 2 halve every token's weight, hence the gradient."""
+    import math
+
+    grads, forwards = {}, {}
+
+    def capture(importance_sampling, shift):
+        name = f"{importance_sampling}-{shift}"
+        overrides = ["--eval.num_episodes", "0", "--training.per_device_train_batch_size", "8"]
+        overrides += ["--agents.frozen", "[bob]", "--algorithm.importance_sampling", importance_sampling]
+        trainer = Trainer(toy_config(tiny_model_dir, tmp_path / name, overrides))
+        rollout = trainer._rollout
+
+        def shifted(step, envs=None):
+            produced = rollout(step, envs)
+            for sample in produced.samples:
+                sample.behaviour_logprobs = [lp + shift for lp in sample.behaviour_logprobs]
+            return produced
+
+        def record(adapter):
+            grads[name] = [p.grad.detach().clone() for p in trainer.policy.adapter_parameters(adapter)]
+            return 0.0
+
+        calls = []
+        update = trainer.updater.update
+
+        def counted_update(*args, **kwargs):
+            calls.clear()  # count the update's forward passes only, not the rollout's
+            return update(*args, **kwargs)
+
+        handle = trainer.policy.model.register_forward_pre_hook(lambda module, args: calls.append(1))
+        monkeypatch.setattr(trainer, "_rollout", shifted)
+        monkeypatch.setattr(trainer.updater, "_optimizer_step", record)
+        monkeypatch.setattr(trainer.updater, "update", counted_update)
+        metrics = trainer.train_step(1)
+        handle.remove()
+        forwards[name] = len(calls)
+        return metrics
+
+    metrics = capture("true", 0.0)
+    capture("false", 0.0)
+    capture("true", math.log(2.0))
+    assert metrics["update/alice/optimizer_steps"] == 1
+    assert forwards["true-0.0"] == forwards["false-0.0"] == 4  # alice's 32 samples / 8: no extra pass
+    for plain, weighted, halved in zip(
+        grads["false-0.0"], grads["true-0.0"], grads[f"true-{math.log(2.0)}"], strict=True
+    ):
+        # The hf engine records the trainer's own logprobs (to ~1e-5): weights exp(~0) = 1.
+        torch.testing.assert_close(weighted, plain, rtol=1e-3, atol=1e-7)
+        torch.testing.assert_close(halved, plain / 2, rtol=1e-3, atol=1e-7)
+    assert any(g.abs().sum() > 0 for g in grads["false-0.0"])
+
+
 def test_metrics_go_to_tensorboard_and_jsonl(tiny_model_dir, tmp_path):
     pytest.importorskip("tensorboard")
     import json

@@ -24,7 +24,8 @@ torch = pytest.importorskip("torch")
 from llm_zoo_train.config import LoraSettings  # noqa: E402
 from llm_zoo_train.engines.base import Engine, SamplingParams  # noqa: E402
 from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
-from llm_zoo_train.engines.vllm import VLLMEngine, adapter_rank, supported_lora_rank  # noqa: E402
+from llm_zoo_train.engines.vllm import VLLMEngine  # noqa: E402
+from llm_zoo_train.engines.vllm_requests import adapter_rank, supported_lora_rank  # noqa: E402
 from llm_zoo_train.loss import completion_logprobs  # noqa: E402
 from llm_zoo_train.policy import Policy  # noqa: E402
 

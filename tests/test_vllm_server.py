@@ -354,6 +354,60 @@ def test_two_step_at_grpo_run_with_the_server_engine(servers, model_dir, vllm_mo
 
 
 @pytest.mark.vllm
+def test_async_rollouts_on_the_servers(servers, model_dir, vllm_modules, tmp_path):
+    """rollout.async_steps 1 with the server engine: the generation process sends the next step's
+    requests (its own adapter names) while the trainer updates; step t's samples are what version
+    max(t-2, 0) samples on the servers, and its adapters are unloaded when the run ends."""
+    import requests
+
+    from llm_zoo_train.samples import read_jsonl
+    from llm_zoo_train.step_rollout import play_step
+    from llm_zoo_train.trainer import Trainer
+
+    extra = {
+        "vllm.server_urls": f"[{servers[0].url}, {servers[1].url}]",
+        "rollout.async_steps": 1,
+        "rollout.save_rollouts": "true",
+        "training.max_steps": 3,
+        "training.save_steps": 1,
+        "eval.num_episodes": 0,
+    }
+    config = vllm_modules.two_step_plan_path_config(model_dir, tmp_path / "run", "vllm_server", extra)
+    trainer = Trainer(config)
+    try:
+        result = trainer.train()
+        trainer_tag = trainer.engine.run_tag
+    finally:
+        trainer.close()
+    steps = [r for r in result["history"] if r["step"] > 0]
+    assert [r["rollout/policy_version"] for r in steps] == [0, 0, 1]
+    assert [r["rollout/staleness"] for r in steps] == [0, 1, 1]
+    for server in servers:  # neither engine left an adapter behind
+        names = [m["id"] for m in requests.get(f"{server.url}/v1/models", timeout=10).json()["data"]]
+        assert not [n for n in names if "tool_agent" in n or "plan_agent" in n], names
+
+    # A fresh trainer of the same seed serves the initial adapters (version 0) under its own tag.
+    fresh_config = vllm_modules.two_step_plan_path_config(
+        model_dir, tmp_path / "fresh", "vllm_server", {**extra, "rollout.async_steps": 0}
+    )
+    fresh = Trainer(fresh_config)
+    try:
+        assert fresh.engine.run_tag != trainer_tag
+        for step in (1, 2, 3):
+            version = max(step - 2, 0)
+            if version == 1:
+                checkpoint = tmp_path / "run" / "checkpoint-1" / "adapters"
+                fresh.engine.load_adapters({n: str(checkpoint / n) for n in ("tool_agent", "plan_agent")}, 1)
+            recorded = list(read_jsonl(tmp_path / "run" / "rollouts" / f"step_{step:06d}.jsonl"))
+            assert {s.policy_version for s in recorded} == {version}, step
+            again = play_step(config, trainer.plan.agent_adapters, fresh.engine, step, 0, version).samples
+            assert [s.task_id for s in again] == [s.task_id for s in recorded], step
+            assert [s.completion_token_ids for s in again] == [s.completion_token_ids for s in recorded], step
+    finally:
+        fresh.close()
+
+
+@pytest.mark.vllm
 @pytest.mark.slow
 def test_two_trainer_processes_share_the_servers(servers, model_dir, vllm_modules, tmp_path):
     """Two data-parallel trainer processes (torchrun on CPU) use both servers: rank 0 loads each

