@@ -236,7 +236,7 @@ def test_importance_sampling_on_one_optimizer_step_needs_no_extra_forward_pass(
     capture("false", 0.0)
     capture("true", math.log(2.0))
     assert metrics["update/alice/optimizer_steps"] == 1
-    assert forwards["true-0.0"] == forwards["false-0.0"] == 4  # alice's 32 samples / 8: no extra pass
+    assert forwards["true-0.0"] == forwards["false-0.0"] > 0  # no pass beyond the micro-batches' own
     for plain, weighted, halved in zip(
         grads["false-0.0"], grads["true-0.0"], grads[f"true-{math.log(2.0)}"], strict=True
     ):
