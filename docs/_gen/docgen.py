@@ -88,6 +88,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.engines.vllm_server", "llm_zoo_train.engines.vllm_server"),
     ("llm_zoo_train.engines.vllm_server_launch", "llm_zoo_train.engines.vllm_server_launch"),
     ("llm_zoo_train.engines.server_client", "llm_zoo_train.engines.server_client"),
+    ("llm_zoo_train.engines.server_checks", "llm_zoo_train.engines.server_checks"),
     ("llm_zoo_train.engines.vllm_placement", "llm_zoo_train.engines.vllm_placement"),
     ("llm_zoo_train.evaluate", "llm_zoo_train.evaluate"),
     ("llm_zoo_train.eval_cli", "llm_zoo_train.eval_cli"),
