@@ -303,6 +303,29 @@ def test_after_a_sync_the_updated_adapter_is_served(engine, servers, vllm_module
 
 
 @pytest.mark.vllm
+def test_adapters_a_server_lost_are_loaded_again(engine, servers, prompts, caplog):
+    """A restarted server has lost the runtime-loaded adapters (simulated: unloaded behind the
+    engine's back): the next request for one gets HTTP 404, the engine loads its adapters there
+    again from its copies, and the request succeeds with the same answer."""
+    import requests
+
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    before = engine.generate([prompts[0], prompts[1]], ["alpha", None], 1, greedy)
+    lost = [engine.served_adapters["alpha"], engine.served_adapters["beta"], engine.served_name(None)]
+    for name in lost:
+        answer = requests.post(
+            f"{servers[0].url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=30
+        )
+        assert answer.status_code == 200, answer.text
+    assert not set(lost) & set(engine.loaded_models(servers[0].url))
+    with caplog.at_level("WARNING", logger="llm_zoo_train.engines.vllm_server"):
+        after = engine.generate([prompts[0], prompts[1]], ["alpha", None], 1, greedy)
+    assert [r[0].token_ids for r in after] == [r[0].token_ids for r in before]
+    assert set(lost) <= set(engine.loaded_models(servers[0].url))
+    assert "no longer served" in caplog.text and "loaded them again" in caplog.text
+
+
+@pytest.mark.vllm
 def test_two_servers_share_the_load_and_agree(servers, policy, adapter_dirs, engine, tmp_path, prompts):
     from llm_zoo_train.engines.vllm_server import VLLMServerEngine
 

@@ -46,11 +46,13 @@ class EndpointError(RuntimeError):
 
     Attributes:
         status: The HTTP status of an error answer (``None``: no answer, or a malformed one).
+        server: The server that answered with ``status`` (``None``: not known).
     """
 
-    def __init__(self, message: str, status: int | None = None):
+    def __init__(self, message: str, status: int | None = None, server: str | None = None):
         super().__init__(message)
         self.status = status
+        self.server = server
 
 
 class OpenAICompatEngine:

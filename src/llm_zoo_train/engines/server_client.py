@@ -112,6 +112,7 @@ class ServerClient:
                     f"vLLM server {server} answered {method} {route} with HTTP {response.status_code}: "
                     f"{response.text.strip()[:_BODY_CHARS] or '(empty body)'}",
                     status=response.status_code,
+                    server=server,
                 )
             if not is_transient(error) or attempt >= retries:
                 raise error

@@ -36,14 +36,16 @@ Base-model prompts (adapter ``None``) go to an all-zero LoRA by default, because
 kernels give base-model requests in a mixed batch an adapter's weights (see
 :mod:`llm_zoo_train.engines.vllm`); on GPU servers ``zero_adapter_for_base=False`` saves a slot.
 
-Checks at start, on every server: ``GET /health``, ``/version`` and ``/v1/models`` (the served base
+Checks at start (:mod:`llm_zoo_train.engines.server_checks`), on every server: ``GET /health``, ``/version`` and ``/v1/models`` (the served base
 model must be the trainer's), ``POST /tokenize`` (the server's tokenizer must encode a probe text
 like the trainer's), and one one-token request with ``top_k=1``: with processed logprobs its logprob
 is exactly 0, with vLLM's default raw logprobs it is not, and the error says which flag is missing.
 
 Errors (:mod:`llm_zoo_train.engines.server_client`): every request has a timeout; connection
 errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff (generation requests on
-the next server); what still fails raises
+the next server). A server that answers 404 for one of this engine's adapter names has lost them
+(it restarted): the engine loads its current adapters there again from their copies and retries
+the request once. What still fails raises
 :class:`~llm_zoo_train.engines.openai_compat.EndpointError` naming the server's URL.
 """
 
@@ -53,9 +55,9 @@ import contextlib
 import functools
 import itertools
 import logging
-import os
 import secrets
 import shutil
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -64,6 +66,7 @@ from typing import Any
 from llm_zoo_train.chat import encode_prompt
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
 from llm_zoo_train.engines.openai_compat import EndpointError
+from llm_zoo_train.engines.server_checks import check_servers
 from llm_zoo_train.engines.server_client import ServerClient
 from llm_zoo_train.engines.vllm_requests import (
     adapter_rank,
@@ -77,7 +80,6 @@ __all__ = ["VLLMServerEngine", "engine_from_config", "server_engine", "server_ro
 logger = logging.getLogger(__name__)
 
 _BODY_CHARS = 500  # of an error body quoted in a message
-_PROBE_TEXT = "Hello, world! 0 1 2"
 _TOKEN_ID_PREFIX = "token_id:"
 
 
@@ -178,9 +180,13 @@ class VLLMServerEngine:
         )
         self._served: dict[str, tuple[int, str]] = {}  # adapter -> (version, served name)
         self._base_name: str | None = None  # the zero adapter's name once loaded
-        self.versions: dict[str, str] = {}  # server -> vLLM version
-        self.served_model = self._check_servers(served_model_name, list(expected_models))
-        self.max_model_len = self._max_model_len
+        self._restore_lock = threading.Lock()
+        facts = check_servers(
+            self.client, self.servers, tokenizer, self.encode("hi"), served_model_name, list(expected_models)
+        )
+        self.versions: dict[str, str] = facts.versions  # server -> vLLM version
+        self.served_model = facts.served_model
+        self.max_model_len = facts.max_model_len
 
     # ------------------------------------------------------------------ Engine interface
 
@@ -299,71 +305,6 @@ class VLLMServerEngine:
 
     # ------------------------------------------------------------------ start-up checks
 
-    def _check_servers(self, served_model_name: str | None, expected: list[str]) -> str:
-        """Health, version, base model, tokenizer and logprobs mode of every server; the base model's name."""
-        names: dict[str, str] = {}
-        lengths: list[int] = []
-        for server in self.servers:
-            self.client.send(server, "GET", "/health", None, parse=False)
-            self.versions[server] = str(self.client.send(server, "GET", "/version", None).get("version"))
-            models = [
-                m
-                for m in self.client.send(server, "GET", "/v1/models", None).get("data", [])
-                if isinstance(m, dict)
-            ]
-            bases = [m for m in models if not m.get("parent")]
-            if served_model_name is not None:
-                bases = [m for m in bases if m.get("id") == served_model_name]
-            if len(bases) != 1:
-                raise EndpointError(
-                    f"{server} serves base model(s) {[m.get('id') for m in models if not m.get('parent')]}; "
-                    + (
-                        f"none is named {served_model_name!r} (vllm.served_model_name)"
-                        if served_model_name is not None
-                        else "set vllm.served_model_name to the one to use"
-                    )
-                )
-            base = bases[0]
-            if expected and not _same_model(base, expected):
-                raise EndpointError(
-                    f"{server} serves base model {base.get('id')!r} (from {base.get('root')!r}), but the trainer's "
-                    f"model is {expected[0]!r}: start the server with --model {expected[-1]} (or name it with "
-                    "--served-model-name and set vllm.served_model_name)"
-                )
-            names[server] = str(base["id"])
-            if base.get("max_model_len"):
-                lengths.append(int(base["max_model_len"]))
-        if len(set(names.values())) != 1:
-            raise EndpointError(f"the servers serve different base models: {names}")
-        name = next(iter(names.values()))
-        self._max_model_len = min(lengths) if lengths else None
-        want = list(self.tokenizer(_PROBE_TEXT, add_special_tokens=False)["input_ids"])
-        for server in self.servers:
-            got = self.client.send(
-                server,
-                "POST",
-                "/tokenize",
-                {"model": name, "prompt": _PROBE_TEXT, "add_special_tokens": False},
-            ).get("tokens")
-            if got != want:
-                raise EndpointError(
-                    f"{server}'s tokenizer encodes {_PROBE_TEXT!r} as {got}, the trainer's as {want}: the server "
-                    "runs another model or tokenizer than the trainer"
-                )
-            self._check_logprobs_mode(server, name)
-        return name
-
-    def _check_logprobs_mode(self, server: str, model: str) -> None:
-        """With top_k=1 the processed logprob of the sampled token is log(1) = 0; a raw one is not."""
-        body = {"model": model, "prompt": self.encode("hi"), "max_tokens": 1, "top_k": 1, "logprobs": 0}
-        choice = self.client.send(server, "POST", "/v1/completions", body)["choices"][0]
-        logprob = float(choice["logprobs"]["token_logprobs"][0])
-        if abs(logprob) > 1e-6:
-            raise EndpointError(
-                f"{server} records raw logprobs (a top_k=1 sample got logprob {logprob:.3g}, not 0): the "
-                "trainer needs the sampling policy's; start the server with --logprobs-mode processed_logprobs"
-            )
-
     # ------------------------------------------------------------------ adapter sync
 
     def _versioned_name(self, adapter: str, version: int) -> str:
@@ -390,6 +331,29 @@ class VLLMServerEngine:
             self._served[adapter] = (version, name)  # at once: a later adapter's failure leaves this true
             logger.debug("vLLM servers serve adapter %s from %s", name, target)
 
+    def _restore_adapters(self, server: str, missing: str) -> bool:
+        """Load this engine's adapters again on ``server`` when it lost them (a restart loses every
+        runtime-loaded adapter), from the copies in ``adapter_dir``. ``False``: ``missing`` is not
+        one of this engine's names (the 404 is someone else's problem)."""
+        ours = [name for _, name in self._served.values()] + ([self._base_name] if self._base_name else [])
+        if missing not in ours:
+            return False
+        with self._restore_lock:  # concurrent requests that failed alike restore once
+            listed = set(self.loaded_models(server))
+            lost = [name for name in ours if name not in listed]
+            for name in lost:
+                body = {"lora_name": name, "lora_path": str(self._server_adapter_dir / name)}
+                try:
+                    self.client.send(server, "POST", "/v1/load_lora_adapter", body, parse=False)
+                except EndpointError:
+                    if name not in self.loaded_models(server):  # another trainer process loaded it
+                        raise
+            if lost:
+                logger.warning(
+                    "vLLM server %s no longer served %s (restarted?): loaded them again", server, lost
+                )
+        return True
+
     def _unload(self, server: str, name: str, retries: int | None = None) -> None:
         self.client.send(
             server, "POST", "/v1/unload_lora_adapter", {"lora_name": name}, retries=retries, parse=False
@@ -415,7 +379,17 @@ class VLLMServerEngine:
     # ------------------------------------------------------------------ requests
 
     def _complete(self, first_server: int, body: dict[str, Any], n: int) -> list[Completion]:
-        payload, server = self.client.send_to_any(self.servers, first_server, "/v1/completions", body)
+        try:
+            payload, server = self.client.send_to_any(self.servers, first_server, "/v1/completions", body)
+        except EndpointError as err:
+            if (
+                err.status != 404
+                or err.server is None
+                or not self._restore_adapters(err.server, body["model"])
+            ):
+                raise
+            retry_first = self.servers.index(err.server)  # the server that has them again
+            payload, server = self.client.send_to_any(self.servers, retry_first, "/v1/completions", body)
         try:
             choices = sorted(payload["choices"], key=lambda c: int(c.get("index", 0)))
             completions = [self._completion(choice, body["prompt"]) for choice in choices]
@@ -451,16 +425,6 @@ class VLLMServerEngine:
 
     def _encode_uncached(self, prompt: str) -> tuple[int, ...]:
         return tuple(encode_prompt(self.tokenizer, prompt, self.system_prompt))
-
-
-def _same_model(base: Mapping[str, Any], expected: Sequence[str]) -> bool:
-    """Whether a served base model (its ``id`` and ``root``) is one of the ``expected`` names or paths."""
-    served = {str(base.get("id")), str(base.get("root"))}
-    wanted = set(map(str, expected))
-    if served & wanted:
-        return True
-    real = {os.path.realpath(s) for s in served if os.path.exists(s)}
-    return bool(real & {os.path.realpath(w) for w in wanted if os.path.exists(w)})
 
 
 def engine_from_config(config: Any, policy: Any) -> VLLMServerEngine:
