@@ -71,6 +71,16 @@ def _record_pids(trainer: Trainer) -> list[int]:
     return pids
 
 
+def _train_on_one_thread(trainer: Trainer) -> None:
+    """Train with one torch thread (the module-scoped runs outlive the per-test thread fixture)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trainer.train()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _same_adapters(a, b) -> bool:
     return all(a[n].keys() == b[n].keys() and all(torch.equal(a[n][k], b[n][k]) for k in a[n]) for n in a)
 
@@ -81,15 +91,10 @@ def async_run(tiny_model_dir, tmp_path_factory):
     from llm_zoo_train.engines.hf import HFEngine  # noqa: F401  (import cost outside the timing)
 
     root = tmp_path_factory.mktemp("async")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        trainer = Trainer(
-            toy_config(tiny_model_dir, root / "run", [*COMMON, *ASYNC, "--rollout.save_rollouts", "true"])
-        )
-        trainer.train()
-    finally:
-        torch.set_num_threads(threads)
+    trainer = Trainer(
+        toy_config(tiny_model_dir, root / "run", [*COMMON, *ASYNC, "--rollout.save_rollouts", "true"])
+    )
+    _train_on_one_thread(trainer)
     return trainer, root
 
 
@@ -239,14 +244,9 @@ def _record_rollouts(trainer: Trainer) -> dict[int, list[str]]:
 def split_run(tiny_model_dir, tmp_path_factory):
     """A 4-step run with async_steps 1 where the trainer plays 3 of each step's 8 tasks."""
     root = tmp_path_factory.mktemp("split")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        trainer = Trainer(toy_config(tiny_model_dir, root / "run", [*COMMON, *SPLIT]))
-        taken = _record_rollouts(trainer)
-        trainer.train()
-    finally:
-        torch.set_num_threads(threads)
+    trainer = Trainer(toy_config(tiny_model_dir, root / "run", [*COMMON, *SPLIT]))
+    taken = _record_rollouts(trainer)
+    _train_on_one_thread(trainer)
     return trainer, root, taken
 
 
