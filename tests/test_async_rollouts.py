@@ -165,6 +165,7 @@ def test_synchronous_runs_start_no_process_and_record_the_current_version(tiny_m
 def test_every_sample_of_step_t_was_generated_by_version_t_minus_2(async_run):
     trainer, root = async_run
     assert trainer.async_rollouts.pid is None  # train() stopped the process
+    assert not (root / "run" / "engine_adapters").exists()  # and deleted the versions saved for it
     for step in range(1, STEPS + 1):
         samples = list(read_jsonl(root / "run" / "rollouts" / f"step_{step:06d}.jsonl"))
         assert samples and {s.policy_version for s in samples} == {max(step - 2, 0)}, step

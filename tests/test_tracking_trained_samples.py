@@ -3,7 +3,13 @@ when a step trained nothing."""
 
 from __future__ import annotations
 
-from llm_zoo_train.tracking import RunLogger, plot_learning_curve, trained_samples, trained_samples_text
+from llm_zoo_train.tracking import (
+    RunLogger,
+    plot_learning_curve,
+    timing_text,
+    trained_samples,
+    trained_samples_text,
+)
 
 
 def step_metrics(tool: float, reasoner: float) -> dict[str, float]:
@@ -30,6 +36,19 @@ def test_console_words_for_trained_and_untrained_steps():
         assert "zero variance" in trained_samples_text(idle)
     summary = RunLogger.summary(3, step_metrics(0, 0))
     assert "NOTHING TRAINED" in summary and summary.startswith("step 3")
+
+
+def test_console_timing_of_synchronous_and_asynchronous_steps():
+    sync = {"time/step": 9.0, "time/generation": 6.0, "time/env": 0.5, "time/update": 2.5}
+    assert timing_text(sync) == "9.0s (gen 6.0 env 0.5 update 2.5)"
+    both = {**sync, "time/generation": 12.0, "time/rollout_wait": 0.25, "time/trainer_rollout": 3.0}
+    assert (
+        timing_text(both)
+        == "9.0s (update 2.5, own rollout share 3.0, waited 0.2; gen 12.0 over both processes)"
+    )
+    alone = {k: v for k, v in both.items() if k != "time/trainer_rollout"}
+    assert timing_text(alone) == "9.0s (update 2.5, waited 0.2; gen 12.0 over both processes)"
+    assert RunLogger.summary(2, {**step_metrics(4, 4), **both}).endswith(timing_text(both))
 
 
 def test_learning_curve_draws_trained_samples(tmp_path, monkeypatch):

@@ -37,6 +37,7 @@ without a checkpoint are dropped (the checkpoint it resumes from has its own).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -196,26 +197,21 @@ class AsyncRollouts:
         return self._process.pid if self._process is not None else None
 
     def close(self) -> None:
-        """Stop the generation process (rollouts in flight are dropped); safe to call twice."""
+        """Stop the generation process (rollouts in flight are dropped) and delete the adapter
+        versions saved for it; safe to call twice."""
         process, connection, busy = self._process, self._connection, bool(self._in_flight)
         self._process = self._connection = None
         self._in_flight.clear()
         self._own_parts.clear()
-        if process is None:
-            return
         try:
-            if process.is_alive() and not busy:
-                connection.send(("stop",))
-                process.join(STOP_GRACE_S)
-        except (OSError, EOFError):
-            pass
-        if process.is_alive():
-            process.terminate()  # mid-rollout: its result would be dropped anyway
-            process.join(STOP_GRACE_S)
-        if process.is_alive():
-            process.kill()
-            process.join()
-        connection.close()
+            if process is not None:
+                _stop(process, connection, busy)
+        finally:
+            # The versions were only for the process: a later start saves the adapters again.
+            shutil.rmtree(self._root, ignore_errors=True)
+            with contextlib.suppress(OSError):  # engine_adapters/, when nothing else is in it
+                self._root.parent.rmdir()
+            self._latest, self._saved_version = {}, None
 
     # ------------------------------------------------------------------ internals
 
@@ -286,3 +282,20 @@ class AsyncRollouts:
         for old in self._root.glob("v*"):
             if old not in in_use:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def _stop(process: Any, connection: Any, busy: bool) -> None:
+    """Stop the generation process: a stop message when idle, else SIGTERM, then SIGKILL."""
+    try:
+        if process.is_alive() and not busy:
+            connection.send(("stop",))
+            process.join(STOP_GRACE_S)
+    except (OSError, EOFError):
+        pass
+    if process.is_alive():
+        process.terminate()  # mid-rollout: its result would be dropped anyway
+        process.join(STOP_GRACE_S)
+    if process.is_alive():
+        process.kill()
+        process.join()
+    connection.close()

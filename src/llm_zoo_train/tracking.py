@@ -214,14 +214,30 @@ class RunLogger:
             parts.append(f"clip {max(clips):.3f}")
         if kls:
             parts.append(f"kl {max(kls):.4f}")
-        parts.append(
-            f"{metrics.get('time/step', 0.0):.1f}s (gen {metrics.get('time/generation', 0.0):.1f} "
-            f"env {metrics.get('time/env', 0.0):.1f} update {metrics.get('time/update', 0.0):.1f})"
-        )
+        parts.append(timing_text(metrics))
         return " | ".join(parts)
 
     def close(self) -> None:
         self.progress.close()
+
+
+def timing_text(metrics: Mapping[str, float]) -> str:
+    """Where a step's seconds went, for the console line. An asynchronous step (it has
+    ``time/rollout_wait``) names what the trainer itself did: its update, its share of the next
+    rollouts (``time/trainer_rollout``) and its wait; its generation seconds add up both processes,
+    so they can exceed the step's."""
+    seconds = {key: metrics.get(f"time/{key}", 0.0) for key in ("step", "generation", "env", "update")}
+    if "time/rollout_wait" not in metrics:
+        return (
+            f"{seconds['step']:.1f}s (gen {seconds['generation']:.1f} env {seconds['env']:.1f} "
+            f"update {seconds['update']:.1f})"
+        )
+    share = metrics.get("time/trainer_rollout")
+    return (
+        f"{seconds['step']:.1f}s (update {seconds['update']:.1f}"
+        + (f", own rollout share {share:.1f}" if share is not None else "")
+        + f", waited {metrics['time/rollout_wait']:.1f}; gen {seconds['generation']:.1f} over both processes)"
+    )
 
 
 def plot_learning_curve(history: Sequence[Mapping[str, float]], path: str | Path, title: str = "") -> Path:
