@@ -20,6 +20,7 @@ import warnings
 
 from llm_zoo import _sandbox_cgroup as cgroup
 from llm_zoo import _sandbox_seccomp as seccomp
+from llm_zoo._sandbox_cleanup import BUDGET_S as CLEANUP_BUDGET_S
 from llm_zoo._sandbox_worker import LayerPlan, SandboxError, Worker
 
 LAYERS = ("bubblewrap", "rlimits")
@@ -182,7 +183,7 @@ print(json.dumps(report))
 
 def _probe(plan: LayerPlan) -> dict:
     """Run the probe program through a real server of ``plan``; its report (or the failure)."""
-    code = f"CHECK_NETWORK = {plan.namespaces}\n{_PROBE_PROGRAM}"  # cut only by namespaces
+    code = f"CHECK_NETWORK = True\n{_PROBE_PROGRAM}"  # cut by namespaces, or by seccomp's socket families
     try:
         worker = Worker(plan)
     except SandboxError as exc:
@@ -210,20 +211,25 @@ def _probe_problems(plan: LayerPlan, report: dict) -> list[str]:
         problems.append(f"programs cannot import the standard library ({report.get('stdlib_import')})")
     if plan.uid_drop and report.get("uid") == 0:
         problems.append("programs still run as root")
-    if plan.namespaces:
-        if report.get("prefix_writable"):
-            problems.append("the Python installation is writable inside the sandbox")
-        if report.get("network") == "connected":
-            problems.append("the network is reachable inside the sandbox")
+    if plan.namespaces and report.get("prefix_writable"):
+        problems.append("the Python installation is writable inside the sandbox")
+    if report.get("network") == "connected" and _network_cut(plan):
+        problems.append("the network is reachable inside the sandbox")
     return problems
+
+
+def _network_cut(plan: LayerPlan) -> bool:
+    """A network namespace of its own, or a seccomp filter that allows only ``AF_UNIX`` sockets."""
+    return plan.namespaces or seccomp.AVAILABLE
 
 
 def not_isolated(plan: LayerPlan) -> list[str]:
     """What ``plan`` leaves open that the sandbox contract asks to close."""
     gaps = []
+    if not _network_cut(plan):
+        gaps.append("the network (programs can connect to anything the host can)")
     if not plan.namespaces:
         gaps += [
-            "the network (programs can connect to anything the host can)",
             "host files (programs read every file, CAP_DAC_READ_SEARCH: the Python installation is not "
             "world-readable)"
             if plan.keep_read_search
@@ -267,7 +273,7 @@ def describe(plan: LayerPlan, requested: str) -> dict:
         "layer": plan.name,
         "requested": requested,
         "namespaces": plan.namespaces,
-        "network_cut": plan.namespaces,
+        "network_cut": _network_cut(plan),
         "read_only_root": plan.namespaces,
         "host_files_hidden": plan.namespaces,
         "private_tmp": plan.namespaces,
@@ -278,6 +284,25 @@ def describe(plan: LayerPlan, requested: str) -> dict:
         "memory_limit": memory,
         "memory_total": bool(plan.memory),
         "fresh_process_image": True,
+        "fresh_workdir": "a new directory for every run, never one an earlier run had: no files, "
+        "extended attributes, ACLs or memory charge carry over",
+        "cleanup_bound_s": CLEANUP_BUDGET_S,
+        "cleanup": f"without recursion, at most {CLEANUP_BUDGET_S} s after a run; a run that left more "
+        + (
+            "retires its server, and its private /tmp goes with its namespaces"
+            if plan.namespaces
+            else "retires its server, and the host removes the rest in the background before the uid is reused"
+        ),
+        "server_death": "loses only the job it was running: the batch's other jobs rerun on a new server; "
+        "that job reruns once, alone, and gets an error if its server dies again",
+        "socket_families": list(seccomp.socket_families(plan.namespaces)) if seccomp.AVAILABLE else "all",
+        "syscalls_refused": sorted(seccomp.REFUSED) + ["unshare/clone with CLONE_NEWUSER"]
+        if seccomp.AVAILABLE
+        else [],
+        "capabilities": "none in any set (effective, permitted, inheritable, ambient)"
+        + (", but CAP_DAC_READ_SEARCH" if plan.keep_read_search else ""),
+        "server_command_line": "the interpreter and the memory file it runs (python -I -S -B /proc/self/fd/N): "
+        "the server's source and configuration are not on any command line",
         "keyrings": "no access (seccomp: add_key, request_key and keyctl fail)"
         if seccomp.AVAILABLE
         else "not filtered on this architecture",

@@ -3,8 +3,8 @@
 The child gets five descriptors from the server, and nothing else of any other job: memory files
 for stdin, stdout and stderr, its job (limits and code) and, where a memory cgroup is used, the
 run cgroup's ``cgroup.procs``. It enters that cgroup and a new session, sets its resource limits,
-drops to the sandbox uid, installs the seccomp filter (``_sandbox_seccomp``: no kernel keyrings,
-no user namespaces), and runs the program the way
+drops to the sandbox uid and every capability (inheritable and ambient ones included), installs
+the seccomp filter (``_sandbox_seccomp``), and runs the program the way
 ``python -I -B main.py`` would (same exit status, traceback, ``atexit`` handlers, thread joins).
 Standard library only.
 """
@@ -23,6 +23,7 @@ from llm_zoo import _sandbox_seccomp as seccomp
 SETUP_FAILED_EXIT = 125  # the child could not be set up; the program never ran
 PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 4, 8, 36, 38
 _PR_SET_PDEATHSIG = 1
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _CAP_DAC_READ_SEARCH = 2
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 libc = ctypes.CDLL(None, use_errno=True)
@@ -39,8 +40,14 @@ def die_with_parent() -> None:
     prctl(_PR_SET_PDEATHSIG, 9)
 
 
-def _limit_capabilities_to_read_search() -> None:
-    """Keep only CAP_DAC_READ_SEARCH (effective and permitted) after a ``setuid`` with KEEPCAPS."""
+def set_capabilities(keep_read_search: bool) -> None:
+    """No capability left in any set (effective, permitted, inheritable, ambient), but
+    CAP_DAC_READ_SEARCH (effective and permitted) when ``keep_read_search``.
+
+    A ``setuid`` away from root clears the effective and permitted sets only: the inheritable set
+    (the server's, e.g. bubblewrap's ``--cap-add`` list) would stay, and a server in a user
+    namespace of its own hands its children every capability there.
+    """
 
     class Header(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
@@ -48,7 +55,9 @@ def _limit_capabilities_to_read_search() -> None:
     class Data(ctypes.Structure):
         _fields_ = [(name, ctypes.c_uint32) for name in ("effective", "permitted", "inheritable")]
 
-    bit = 1 << _CAP_DAC_READ_SEARCH
+    with contextlib.suppress(OSError):  # kernels without ambient capabilities have none to clear
+        prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
+    bit = 1 << _CAP_DAC_READ_SEARCH if keep_read_search else 0
     data = (Data * 2)(Data(bit, bit, 0), Data(0, 0, 0))
     if libc.capset(ctypes.byref(Header(_LINUX_CAPABILITY_VERSION_3, 0)), data) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
@@ -61,8 +70,8 @@ def drop_privileges(uid: int, keep_read_search: bool) -> None:
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
+    set_capabilities(keep_read_search)
     if keep_read_search:
-        _limit_capabilities_to_read_search()
         prctl(PR_SET_KEEPCAPS, 0)
     if os.getresuid() != (uid, uid, uid):
         raise OSError(f"uid drop to {uid} failed")
@@ -176,7 +185,9 @@ def run_child(fds: list[int], config) -> None:  # type: ignore[no-untyped-def]  
         _set_limits(limits, config.nproc_base)
         if config.uid is not None:
             drop_privileges(config.uid, config.keep_read_search)
-        seccomp.install()  # no keyrings, no user namespaces
+        else:
+            set_capabilities(keep_read_search=False)
+        seccomp.install()  # see _sandbox_seccomp for what it refuses
         os.chdir(config.workdir)
         os.environ.clear()
         os.environ.update(

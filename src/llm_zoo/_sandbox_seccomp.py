@@ -1,32 +1,66 @@
-"""A seccomp filter for programs: no kernel keyrings, no user namespaces (standard library only).
+"""The seccomp filter every program runs under (standard library only).
 
-Kernel keyrings are not namespaced and outlive processes: a key a program adds to its uid's
-keyring would be seen by the next program under that uid, and a dead key's description stays in
-``/proc/keys`` until the kernel's garbage collector runs (tens of milliseconds). Programs have no
-use for keyrings, so ``add_key``, ``request_key`` and ``keyctl`` fail with ``EPERM`` (as under
-Docker's default profile). Creating a user namespace (``unshare``/``clone`` with
-``CLONE_NEWUSER``) fails with ``EPERM`` too: it would give a program capabilities over new mount
-and network namespaces, and bubblewrap's ``--disable-userns`` is not available without a user
-namespace of its own (root). ``clone3``, whose flags a filter cannot read, fails with ``ENOSYS``,
-so the C library falls back to ``clone``. System calls of another ABI (x32, i386) fail with
-``ENOSYS``. The filter needs ``PR_SET_NO_NEW_PRIVS``, which the server sets.
+What it refuses, and why:
+
+* Kernel keyrings (``add_key``, ``request_key``, ``keyctl``: ``EPERM``, as under Docker's default
+  profile): they are not namespaced and outlive processes, so a key one program adds to its uid's
+  keyring would be seen by the next program under that uid.
+* User namespaces (``unshare``/``clone`` with ``CLONE_NEWUSER``: ``EPERM``): one would give a
+  program capabilities over new mount and network namespaces, and bubblewrap's
+  ``--disable-userns`` is not available without a user namespace of its own (root). ``clone3``,
+  whose flags a filter cannot read, fails with ``ENOSYS``, so the C library falls back to ``clone``.
+* Sockets of any family but ``AF_UNIX``, plus ``AF_INET``/``AF_INET6`` where a network namespace
+  of its own cuts the network (``socket``: ``EAFNOSUPPORT``; ``socketpair``: ``AF_UNIX`` only).
+  Families that no namespace cuts stay closed that way: ``AF_VSOCK`` (a virtual machine's ports
+  to its host), netlink, packet sockets; without namespaces, the network itself.
+* ``io_uring_setup``/``_enter``/``_register`` (``ENOSYS``, as on a kernel without io_uring: the
+  C library and Python fall back to ordinary calls), ``perf_event_open``, ``userfaultfd``, ``bpf``
+  and ``memfd_secret`` (``EPERM``): no program of the kind run here needs them, and each is a
+  large kernel interface with a record of exploitable bugs (``userfaultfd`` also stalls the
+  kernel at will, ``memfd_secret`` memory is hidden from the kernel's own accounting views).
+* System calls of another ABI (x32, i386): ``ENOSYS``.
+
+The filter needs ``PR_SET_NO_NEW_PRIVS``, which the server sets. :func:`prepare` builds it once in
+the server; each program's process only installs it (:func:`install`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import platform
 
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
-_EPERM, _ENOSYS = 1, 38
 _CLONE_NEWUSER = 0x10000000
+_AF_UNIX, _AF_INET, _AF_INET6 = 1, 2, 10
 _LD_ABS_W, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
-# machine: (audit arch, add_key, request_key, keyctl, unshare, clone, clone3)
+# machine: audit arch, then system call numbers by name
 _SYSCALLS = {
-    "x86_64": (0xC000003E, 248, 249, 250, 272, 56, 435),
-    "aarch64": (0xC00000B7, 217, 218, 219, 97, 220, 435),
-}
+    "x86_64": {
+        "arch": 0xC000003E, "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272,
+        "clone": 56, "clone3": 435, "socket": 41, "socketpair": 53, "io_uring_setup": 425,
+        "io_uring_enter": 426, "io_uring_register": 427, "perf_event_open": 298, "userfaultfd": 323,
+        "bpf": 321, "memfd_secret": 447,
+    },
+    "aarch64": {
+        "arch": 0xC00000B7, "add_key": 217, "request_key": 218, "keyctl": 219, "unshare": 97,
+        "clone": 220, "clone3": 435, "socket": 198, "socketpair": 199, "io_uring_setup": 425,
+        "io_uring_enter": 426, "io_uring_register": 427, "perf_event_open": 241, "userfaultfd": 282,
+        "bpf": 280, "memfd_secret": 447,
+    },
+}  # fmt: skip
+REFUSED = {  # system call -> errno (see the module docs)
+    "add_key": errno.EPERM, "request_key": errno.EPERM, "keyctl": errno.EPERM, "clone3": errno.ENOSYS,
+    "io_uring_setup": errno.ENOSYS, "io_uring_enter": errno.ENOSYS, "io_uring_register": errno.ENOSYS,
+    "perf_event_open": errno.EPERM, "userfaultfd": errno.EPERM, "bpf": errno.EPERM,
+    "memfd_secret": errno.EPERM,
+}  # fmt: skip
+
+
+def socket_families(allow_inet: bool) -> tuple[str, ...]:
+    """The socket families programs may create."""
+    return ("AF_UNIX", "AF_INET", "AF_INET6") if allow_inet else ("AF_UNIX",)
 
 
 class _Instruction(ctypes.Structure):
@@ -60,45 +94,59 @@ def _assemble(lines: list[tuple]) -> list[_Instruction]:
     return program
 
 
-def _build() -> tuple[_Program, ctypes.Array] | None:
+def _build(allow_inet: bool) -> tuple[_Program, ctypes.Array] | None:
     numbers = _SYSCALLS.get(platform.machine())
     if numbers is None:
         return None
-    arch, add_key, request_key, keyctl, unshare, clone, clone3 = numbers
-    lines = [
+    lines: list[tuple] = [
         (_LD_ABS_W, 4, None, None),  # seccomp_data.arch
-        (_JEQ, arch, None, "nosys"),
+        (_JEQ, numbers["arch"], None, "nosys"),
         (_LD_ABS_W, 0, None, None),  # seccomp_data.nr
         (_JGE, 0x40000000, "nosys", None),  # the x32 ABI
-        (_JEQ, add_key, "eperm", None),
-        (_JEQ, request_key, "eperm", None),
-        (_JEQ, keyctl, "eperm", None),
-        (_JEQ, clone3, "nosys", None),
-        (_JEQ, unshare, "flags", None),
-        (_JEQ, clone, "flags", None),
+    ]
+    lines += [(_JEQ, numbers[name], f"errno{code}", None) for name, code in REFUSED.items()]
+    lines += [
+        (_JEQ, numbers["unshare"], "flags", None),
+        (_JEQ, numbers["clone"], "flags", None),
+        (_JEQ, numbers["socket"], "family", None),
+        (_JEQ, numbers["socketpair"], "pair", None),
         (_RET, _RET_ALLOW, None, None),
         ("flags",),
         (_LD_ABS_W, 16, None, None),  # the low half of the first argument: the clone flags
-        (_JSET, _CLONE_NEWUSER, "eperm", None),
+        (_JSET, _CLONE_NEWUSER, f"errno{errno.EPERM}", "allow"),
+        ("family",),
+        (_LD_ABS_W, 16, None, None),  # the first argument: the address family
+        *([(_JEQ, _AF_INET, "allow", None), (_JEQ, _AF_INET6, "allow", None)] if allow_inet else []),
+        (_JEQ, _AF_UNIX, "allow", f"errno{errno.EAFNOSUPPORT}"),
+        ("pair",),
+        (_LD_ABS_W, 16, None, None),
+        (_JEQ, _AF_UNIX, "allow", f"errno{errno.EAFNOSUPPORT}"),
+        ("allow",),
         (_RET, _RET_ALLOW, None, None),
-        ("eperm",),
-        (_RET, _RET_ERRNO | _EPERM, None, None),
         ("nosys",),
-        (_RET, _RET_ERRNO | _ENOSYS, None, None),
+        (_RET, _RET_ERRNO | errno.ENOSYS, None, None),
     ]
+    for code in sorted({*REFUSED.values(), errno.EPERM, errno.EAFNOSUPPORT}):
+        lines += [(f"errno{code}",), (_RET, _RET_ERRNO | code, None, None)]
     instructions = _assemble(lines)
     array = (_Instruction * len(instructions))(*instructions)
     return _Program(len(instructions), array), array
 
 
-_FILTER = _build()  # built once, in the server: a child only installs it
 _libc = ctypes.CDLL(None, use_errno=True)
-AVAILABLE = _FILTER is not None
+AVAILABLE = platform.machine() in _SYSCALLS
+_filter: tuple[_Program, ctypes.Array] | None = None
+
+
+def prepare(allow_inet: bool) -> None:
+    """Build the filter (in the server, once): ``allow_inet`` where a namespace cuts the network."""
+    global _filter
+    _filter = _build(allow_inet)
 
 
 def install() -> None:
     """Install the filter on this process (and all it forks); a no-op where it is unavailable."""
-    if _FILTER is None:
+    if _filter is None:
         return
-    if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(_FILTER[0]), 0, 0) != 0:
+    if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(_filter[0]), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "could not install the seccomp filter")

@@ -1,27 +1,34 @@
 """The fork server behind :mod:`llm_zoo.sandbox`. Runs as its own process; standard library only.
 
-The host does not run this file from the package: it sends the source of the server's modules on
-the command line (``python -I -S -B -c ...``, see ``_sandbox_worker.server_command``), so the
-sandbox never needs to see the package directory, which holds the envs' hidden data.
+The host does not run this file from the package: it writes the source of the server's modules and
+the server's configuration into a memory file, and the interpreter runs that file
+(``python -I -S -B /proc/self/fd/N``, see ``_sandbox_worker.server_command``). So the sandbox never
+needs to see the package directory, which holds the envs' hidden data, and the command line that
+``ps`` and ``/proc/*/cmdline`` show holds neither the source nor the configuration.
 
 A server is started once (inside bubblewrap as its pid 1, or, in the fallback, after entering
 namespaces of its own with ``_sandbox_jail``), pre-imports the modules programs commonly use, forks
 its *zygote* (``_sandbox_zygote``) before it reads any job, says hello, then serves one request at
 a time on its stdin/stdout pipe. For each job of a request it:
 
-1. creates a fresh work dir (owned by the sandbox uid when the server runs as root) holding the
-   program as ``main.py``, and memory files for the job, stdin, stdout and stderr;
+1. notes on its progress pipe that a job started (the host reads it only if the server dies, to
+   know which job was running), creates a new work dir (owned by the sandbox uid when the server
+   runs as root; never one an earlier run had) holding the program as ``main.py``, and memory
+   files for the job, stdin, stdout and stderr;
 2. sets the memory limit of the run's cgroup (where one is used) and hands the memory files to
    the zygote, which forks the program's process from its clean image (``_sandbox_runner``);
 3. waits for the program with the wall-clock timeout (a pidfd from the zygote, and ``poll``) and
    kills it when the time is up, or when the host goes away (end of file on the request pipe);
 4. gets the zygote's answer once everything of the run is killed and reaped, removes the work dir
-   and answers with the exit status, times and capped output.
+   (without recursion, within ``CLEANUP_BUDGET_S``: a tree that takes longer makes the server
+   retire after answering, see ``_sandbox_cleanup``) and answers with the exit status, times and
+   capped output.
 
 A request holds a chunk of jobs (run one after the other, answered together, which saves two
 process wake-ups per job); the answer holds one result per job run. Messages are the frames of
-``_sandbox_protocol``. If the zygote dies, the server exits: the host replaces it and reruns the
-job once; as pid 1 of its namespace, its death takes every process of the sandbox with it.
+``_sandbox_protocol``. If the zygote dies, the server exits: the host replaces it (see
+``llm_zoo.sandbox`` for which jobs rerun); as pid 1 of its namespace, its death takes every process
+of the sandbox with it.
 """
 
 from __future__ import annotations
@@ -33,13 +40,13 @@ import os
 import select
 import signal
 import socket
-import stat
-import sys
 import time
 from collections.abc import Sequence
 
+from llm_zoo import _sandbox_cleanup as cleanup
 from llm_zoo import _sandbox_jail as jail
 from llm_zoo import _sandbox_runner as runner
+from llm_zoo import _sandbox_seccomp as seccomp
 from llm_zoo import _sandbox_zygote as zygote
 from llm_zoo._sandbox_protocol import read_frame, write_frame
 
@@ -53,10 +60,15 @@ PRELOADED_MODULES = (
     "types", "typing",
 )  # fmt: skip
 _ANSWER_GRACE_S = zygote.REAP_DEADLINE_S + 5.0
+# How long removing what a run left may take; beyond it the server retires instead (its private
+# /tmp, a tmpfs, goes with its namespaces; without namespaces the host removes the rest in the
+# background), so a hostile tree never costs the next job more than this.
+CLEANUP_BUDGET_S = cleanup.BUDGET_S
 
 
 class ServerConfig:
-    """What the host told the server at start-up (one JSON argument; see the worker)."""
+    """What the host told the server at start-up (JSON in the memory file it runs from; see the
+    worker)."""
 
     def __init__(self, options: dict) -> None:
         self.uid: int | None = options["uid"] if options["uid"] >= 0 else None
@@ -71,6 +83,9 @@ class ServerConfig:
         self.memory_fds: list[int] = options.get("memory_fds", [])  # limit files, in write order
         if options.get("memory_events_fd") is not None:
             self.memory_fds.append(options["memory_events_fd"])  # the last one: read, not written
+        self.progress_fd: int | None = options.get("progress_fd")  # one byte per job started
+        self.allow_inet: bool = bool(options.get("allow_inet"))  # the network is cut by a namespace
+        self.cleanup_budget_s = float(options.get("cleanup_budget_s", CLEANUP_BUDGET_S))
         self.nproc_base = 0
         self.stdio = runner.StdioConfig()
 
@@ -93,30 +108,18 @@ def _owned_by(pid: str, uid: int) -> bool:
         return False
 
 
-def _remove_tree(path: str) -> None:
-    """Remove ``path`` whatever it is; symbolic links are removed, never followed."""
-
-    def make_writable_and_retry(function, failed_path, _exc_info) -> None:  # type: ignore[no-untyped-def]
-        os.chmod(os.path.dirname(failed_path), 0o700)  # a directory the program locked itself out of
-        if os.path.isdir(failed_path) and not os.path.islink(failed_path):
-            os.chmod(failed_path, 0o700)
-        function(failed_path)
-
-    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
-        os.unlink(path)
-    elif os.path.lexists(path):
-        import shutil  # only when a program left files: the server stays small
-
-        shutil.rmtree(path, onerror=make_writable_and_retry)
-
-
 def _prepare_workdir(config: ServerConfig, source: bytes) -> None:
-    """An empty work dir owned by the program's uid, then ``main.py`` (read-only to it) inside.
+    """A new, empty work dir owned by the program's uid, then ``main.py`` (read-only to it) inside.
 
-    The directory is kept from run to run when the last program left it exactly as it found it
-    (creating a directory costs milliseconds on some file systems; a file, microseconds).
+    Never reused: a directory a run has had carries what no listing shows (extended attributes,
+    a default ACL, timestamps) and the memory those are charged to. The last run's is gone
+    (:func:`_discard_workdir`); anything found under its name is not ours and is removed first.
     """
-    _reset_workdir(config)
+    if os.path.lexists(config.workdir) and not cleanup.remove_tree(config.workdir, _cleanup_deadline(config)):
+        raise SystemExit("sandbox server: a stale work dir could not be removed")
+    os.mkdir(config.workdir, 0o700)
+    if config.uid is not None:
+        os.chown(config.workdir, config.uid, config.uid)
     program = os.open(
         os.path.join(config.workdir, "main.py"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644
     )
@@ -124,43 +127,21 @@ def _prepare_workdir(config: ServerConfig, source: bytes) -> None:
         handle.write(source)
 
 
-def _reset_workdir(config: ServerConfig) -> None:
-    """Leave the work dir empty, owned by the program's uid, mode 0700.
+def _cleanup_deadline(config: ServerConfig) -> float:
+    return time.monotonic() + config.cleanup_budget_s
 
-    Programs running under the server's own uid (no root) could also write next to their work
-    dir, and in their namespace's ``/dev/shm``: those are emptied too, so nothing passes from one
-    run to the next.
-    """
+
+def _discard_workdir(config: ServerConfig) -> bool:
+    """Remove the run's work dir (and, when programs share our uid, whatever they left next to it
+    and in ``/dev/shm``) within the cleanup budget; False if something is left (then retire)."""
+    deadline = _cleanup_deadline(config)
+    complete = cleanup.remove_tree(config.workdir, deadline)
     if config.uid is None:
         shared = [os.path.dirname(config.workdir)] + (["/dev/shm"] if config.private_files else [])
         for directory in shared:
             for entry in os.listdir(directory):
-                if os.path.join(directory, entry) != config.workdir:
-                    _remove_tree(os.path.join(directory, entry))
-    if not _workdir_is_pristine(config):
-        _remove_tree(config.workdir)
-        os.mkdir(config.workdir, 0o700)
-        if config.uid is not None:
-            os.chown(config.workdir, config.uid, config.uid)
-
-
-def _workdir_is_pristine(config: ServerConfig) -> bool:
-    """The work dir exists with our owner and mode, holding nothing or only our ``main.py``."""
-    try:
-        info = os.lstat(config.workdir)
-        entries = os.listdir(config.workdir)
-    except OSError:
-        return False
-    owner = config.uid if config.uid is not None else os.getuid()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != owner or stat.S_IMODE(info.st_mode) != 0o700:
-        return False
-    if entries == ["main.py"]:
-        program = os.lstat(os.path.join(config.workdir, "main.py"))
-        if not stat.S_ISREG(program.st_mode) or program.st_uid != os.getuid():
-            return False
-        os.unlink(os.path.join(config.workdir, "main.py"))
-        return True
-    return not entries
+                complete = cleanup.remove_tree(os.path.join(directory, entry), deadline) and complete
+    return complete
 
 
 def _memory_file(name: str, content: bytes = b"") -> int:
@@ -207,6 +188,8 @@ class MemoryLimit:
 def serve_one(request: dict, source: bytes, stdin: bytes, config: ServerConfig, channel: int,
               births: socket.socket, memory: MemoryLimit) -> dict:  # fmt: skip
     """Run one program; the reply header plus its stdout and stderr."""
+    if config.progress_fd is not None:  # read by the host only if this server dies: which job did it
+        os.write(config.progress_fd, b".")
     _prepare_workdir(config, source)
     memory.set(int(request["memory_mb"]) << 20)
     job = _memory_file("job", json.dumps(request).encode() + b"\n" + source)
@@ -257,7 +240,7 @@ def serve_one(request: dict, source: bytes, stdin: bytes, config: ServerConfig, 
     stderr, err_cut = _read_capped(fds[2], cap)
     for fd in fds[1:3]:
         os.close(fd)
-    _reset_workdir(config)  # files a program leaves go now, not at the next run
+    tidy = _discard_workdir(config) and answer.get("tidy", True)  # files go now, not at the next run
     header = {
         "exit_code": exit_code,
         "timed_out": timed_out,
@@ -267,7 +250,7 @@ def serve_one(request: dict, source: bytes, stdin: bytes, config: ServerConfig, 
         "memory_exceeded": memory.oom_kills() > oom_kills,
         "error": None if answer["clean"] else "processes of the run survived SIGKILL; server retiring",
         "host_gone": host_gone,
-        "retire": not answer["clean"],
+        "retire": not (answer["clean"] and tidy),
     }
     return {"header": header, "blobs": [stdout, stderr]}
 
@@ -300,16 +283,16 @@ def _start_zygote(config: ServerConfig, private_fds: Sequence[int]) -> socket.so
     return ours
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    if len(arguments) != 2 or arguments[0] != "--config":
-        raise SystemExit("sandbox server: usage: --config JSON")
-    config = ServerConfig(json.loads(arguments[1]))
+def main(options: dict) -> int:
+    """Serve requests on stdin/stdout; ``options`` is the configuration the host wrote into the
+    memory file this server runs from (never its command line: ``ps`` shows that to everyone)."""
+    config = ServerConfig(options)
     if config.jail is not None:
         kept = [
             0,
             1,
             *([config.cgroup_procs_fd] if config.cgroup_procs_fd is not None else []),
+            *([config.progress_fd] if config.progress_fd is not None else []),
             *config.memory_fds,
         ]
         jail.enter(config.jail["ops"], config.jail["mountpoint"], config.jail["info_fd"], kept)
@@ -322,39 +305,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.prctl(runner.PR_SET_NO_NEW_PRIVS, 1)  # no setuid binary or file capability can raise a program
     runner.prctl(runner.PR_SET_CHILD_SUBREAPER, 1)  # a run's orphans, should the zygote die first
     config.count_processes()
+    seccomp.prepare(allow_inet=config.allow_inet)  # built once here; each child only installs it
     for name in PRELOADED_MODULES:
         __import__(name)
     os.makedirs(os.path.dirname(config.workdir), exist_ok=True)
     gc.collect()
     gc.freeze()  # children's collections then skip (and do not copy-on-write) the server's objects
+    private = [channel_in, channel_out, *config.memory_fds]
     births = _start_zygote(
-        config, [channel_in, channel_out, *config.memory_fds]
+        config, private + ([config.progress_fd] if config.progress_fd is not None else [])
     )  # before any job is read: its image never holds one
     memory = MemoryLimit(config.memory_fds)
     write_frame(channel_out, {"ready": True, "pid": os.getpid(), "uid": config.uid})
-    try:
-        while True:  # a request is a chunk of jobs, run one after the other: one round trip each
-            frame = read_frame(channel_in)
-            if frame is None:
+    while True:  # a request is a chunk of jobs, run one after the other: one round trip each
+        frame = read_frame(channel_in)
+        if frame is None:
+            return 0
+        request, inputs = frame
+        results: list[dict] = []
+        outputs: list[bytes] = []
+        for index, job in enumerate(request["jobs"]):
+            reply = serve_one(
+                job, inputs[2 * index], inputs[2 * index + 1], config, channel_in, births, memory
+            )
+            if reply["header"]["host_gone"]:
                 return 0
-            request, inputs = frame
-            results: list[dict] = []
-            outputs: list[bytes] = []
-            for index, job in enumerate(request["jobs"]):
-                reply = serve_one(
-                    job, inputs[2 * index], inputs[2 * index + 1], config, channel_in, births, memory
-                )
-                if reply["header"]["host_gone"]:
-                    return 0
-                results.append(reply["header"])
-                outputs += reply["blobs"]
-                if reply["header"]["retire"]:
-                    break  # the host runs the rest of the chunk elsewhere
-            retire = bool(results) and results[-1]["retire"]
-            write_frame(channel_out, {"results": results, "retire": retire}, outputs)
-            if retire:
-                return 1
-    finally:  # the host removes them too, unless it died
-        with contextlib.suppress(OSError):
-            _remove_tree(config.workdir)
-            os.rmdir(os.path.dirname(config.workdir))  # fails, harmlessly, on a private /tmp
+            results.append(reply["header"])
+            outputs += reply["blobs"]
+            if reply["header"]["retire"]:
+                break  # the host runs the rest of the chunk elsewhere
+        retire = bool(results) and results[-1]["retire"]
+        write_frame(channel_out, {"results": results, "retire": retire}, outputs)
+        if retire:
+            return 1

@@ -7,8 +7,9 @@ whether runs get a memory cgroup. :class:`Worker` starts one server under a plan
 through it; :class:`UidLease` gives each server a uid no other server on the machine uses at the
 same time.
 
-The server's code is sent on its command line (:func:`server_command`), never read from the
-package directory, which the sandbox must not see: it holds the envs' hidden data.
+The server's code and configuration reach it in a memory file that the interpreter runs
+(:func:`server_command`): never read from the package directory, which the sandbox must not see
+(it holds the envs' hidden data), and never on a command line, which ``ps`` shows to everyone.
 """
 
 from __future__ import annotations
@@ -20,18 +21,20 @@ import functools
 import json
 import os
 import select
-import shutil
 import signal
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from llm_zoo._sandbox_cgroup import RunCgroup
+from llm_zoo._sandbox_cleanup import remove_entries_of, remove_tree
 from llm_zoo._sandbox_protocol import read_frame, write_frame
 from llm_zoo._sandbox_view import SERVER_ENV, bwrap_args, file_system_view, interpreter
+from llm_zoo._sandbox_zygote import SHARED_DIRECTORIES
 
 UID_BASE_ENV_VAR = "LLM_ZOO_SANDBOX_UID_BASE"
 DEFAULT_UID_BASE = 2_000_000_000  # above the ranges distributions, systemd and containers hand out
@@ -42,6 +45,7 @@ ANSWER_GRACE_S = 10.0  # beyond a program's timeout, how long the host waits for
 # The server's modules, in the order they are loaded (each imports only earlier ones).
 SERVER_MODULES = (
     "_sandbox_protocol",
+    "_sandbox_cleanup",
     "_sandbox_jail",
     "_sandbox_seccomp",
     "_sandbox_runner",
@@ -49,7 +53,8 @@ SERVER_MODULES = (
     "_sandbox_server",
 )
 _BOOTSTRAP = """
-import sys, types
+import os, sys, types
+os.close(SELF_FD)  # read: programs never find it open
 package = types.ModuleType("llm_zoo")
 package.__path__ = []
 sys.modules["llm_zoo"] = package
@@ -58,8 +63,18 @@ for name, source in SOURCES:
     sys.modules[module.__name__] = module
     setattr(package, name, module)
     exec(compile(source, "<llm_zoo sandbox " + name + ">", "exec"), module.__dict__)
-sys.exit(sys.modules["llm_zoo._sandbox_server"].main())
+sys.exit(sys.modules["llm_zoo._sandbox_server"].main(CONFIG))
 """
+
+
+_reapers: set[threading.Thread] = set()  # servers being killed in the background
+
+
+def join_reapers(timeout_s: float = 10.0) -> None:
+    """Wait (up to ``timeout_s`` in all) for servers being killed in the background."""
+    deadline = time.monotonic() + timeout_s
+    for thread in list(_reapers):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class SandboxError(RuntimeError):
@@ -67,11 +82,15 @@ class SandboxError(RuntimeError):
 
 
 class WorkerDied(SandboxError):
-    """A server stopped answering: it exited, or (``missed_deadline``) did not answer in time."""
+    """A server stopped answering: it exited, or (``missed_deadline``) did not answer in time.
 
-    def __init__(self, message: str, *, missed_deadline: bool = False) -> None:
+    ``started`` counts the jobs of the request it had begun: the last of them was running.
+    """
+
+    def __init__(self, message: str, *, missed_deadline: bool = False, started: int = 0) -> None:
         super().__init__(message)
         self.missed_deadline = missed_deadline
+        self.started = started
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,25 +127,38 @@ class LayerPlan:
 
 
 @functools.lru_cache(maxsize=1)
-def server_bootstrap() -> str:
-    """The ``-c`` program that loads the server's modules from their source and runs it."""
+def _server_sources() -> str:
     here = Path(__file__).parent
-    sources = [(name, (here / f"{name}.py").read_text(encoding="utf-8")) for name in SERVER_MODULES]
-    return f"SOURCES = {sources!r}\n{_BOOTSTRAP}"
+    return repr([(name, (here / f"{name}.py").read_text(encoding="utf-8")) for name in SERVER_MODULES])
 
 
-def server_command(plan: LayerPlan, options: dict, disk_mb: int, info_fd: int | None) -> list[str]:
-    """The command line that starts a server of ``plan`` with ``options`` (its JSON config)."""
+def server_program(options: dict, self_fd: int) -> bytes:
+    """The program a server runs: its modules' source, its configuration, the bootstrap."""
+    return f"SOURCES = {_server_sources()}\nCONFIG = {options!r}\nSELF_FD = {self_fd}\n{_BOOTSTRAP}".encode()
+
+
+def server_command(plan: LayerPlan, options: dict, disk_mb: int, info_fd: int | None, program_fd: int) -> list[str]:
+    """The command line that starts a server of ``plan``: bubblewrap's options (or nothing), then
+    the interpreter running the memory file ``program_fd`` (which :func:`server_program` fills).
+
+    The fallback's options change: its namespaces' view goes into ``options``.
+    """
     argv: list[str] = []
     if plan.bwrap_args:
         argv += [*plan.bwrap_args, "--info-fd", str(info_fd), *bwrap_args(file_system_view(disk_mb))]
         argv += ["--chdir", "/tmp"]
     elif plan.jail:
-        options = dict(options, jail={"ops": file_system_view(disk_mb), "mountpoint": options["scratch"],
-                                      "info_fd": info_fd})  # fmt: skip
+        options["jail"] = {"ops": file_system_view(disk_mb), "mountpoint": options["scratch"], "info_fd": info_fd}
         options["scratch"] = "/tmp"
-    argv += [interpreter(), "-I", "-S", "-B", "-c", server_bootstrap(), "--config", json.dumps(options)]
-    return argv
+    return [*argv, interpreter(), "-I", "-S", "-B", f"/proc/self/fd/{program_fd}"]
+
+
+def _memory_file(name: str, content: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    view = memoryview(content)
+    while view:
+        view = view[os.write(fd, view) :]
+    return fd
 
 
 class UidLease:
@@ -218,16 +250,19 @@ class Worker:
         self.cgroup: RunCgroup | None = None
         self._scratch: str | None = None
         self._log = tempfile.TemporaryFile()  # noqa: SIM115  # the server's stderr, shown if it fails
-        info_read = info_write = None
+        # One byte per job the server starts, read only when it dies: which job it was running.
+        self._progress, progress_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        info_read = info_write = program = None
         try:
             options: dict = {"uid": self.lease.uid if self.lease else -1, "keep_read_search": plan.keep_read_search,
-                             "cleanup": plan.cleanup, "scratch": "/tmp"}  # fmt: skip
+                             "cleanup": plan.cleanup, "scratch": "/tmp", "progress_fd": progress_write,
+                             "allow_inet": plan.namespaces}  # fmt: skip
             if not plan.bwrap_args:
                 self._scratch = options["scratch"] = tempfile.mkdtemp(prefix="llm_zoo_sandbox_")
                 os.chmod(self._scratch, 0o711)  # the program's uid must reach its work dir inside
             if plan.namespaces:
                 info_read, info_write = os.pipe()
-            passed = [] if info_write is None else [info_write]
+            passed = [progress_write] + ([] if info_write is None else [info_write])
             if plan.memory:
                 self.cgroup = RunCgroup(*plan.memory)
                 options["cgroup_procs_fd"] = self.cgroup.procs_fd
@@ -236,14 +271,17 @@ class Worker:
                     self.cgroup.events_fd,
                 )
                 passed += self.cgroup.fds
-            argv = server_command(plan, options, disk_mb, info_write)
+            program = _memory_file("llm_zoo_sandbox_server", b"")
+            argv = server_command(plan, options, disk_mb, info_write, program)
+            os.write(program, server_program(options, program))
             self.process = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=SERVER_ENV,
-                start_new_session=True, pass_fds=passed, bufsize=0,
+                start_new_session=True, pass_fds=[*passed, program], bufsize=0,
             )  # fmt: skip
-            if info_write is not None:
-                os.close(info_write)
-                info_write = None
+            for fd in (info_write, program, progress_write):
+                if fd is not None:
+                    os.close(fd)
+            info_write = program = progress_write = None
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
             if info_read is not None:
                 self.init_pid = _read_child_pid(info_read, deadline)
@@ -256,7 +294,7 @@ class Worker:
                 raise SandboxError(f"the sandbox server did not start: {exc}; {self._server_log()}") from exc
             raise
         finally:
-            for fd in (info_read, info_write):
+            for fd in (info_read, info_write, program, progress_write):
                 if fd is not None:
                     os.close(fd)
 
@@ -280,22 +318,35 @@ class Worker:
         """
         blobs = [blob for _, code, stdin in jobs for blob in (code, stdin)]
         deadline = time.monotonic() + ANSWER_GRACE_S + sum(float(job["timeout"]) + 0.5 for job, _, _ in jobs)
+        self._jobs_started()  # what earlier requests left in the pipe
         try:
             write_frame(self.process.stdin.fileno(), {"jobs": [job for job, _, _ in jobs]}, blobs)  # type: ignore[union-attr]
             frame = read_frame(self._out, deadline)
         except TimeoutError as exc:
             raise WorkerDied(
-                f"the sandbox server did not answer in time; {self._server_log()}", missed_deadline=True
-            ) from exc
+                f"the sandbox server did not answer in time; {self._server_log()}", missed_deadline=True,
+                started=self._jobs_started(),
+            ) from exc  # fmt: skip
         except (OSError, ValueError) as exc:
-            raise WorkerDied(f"the sandbox server failed: {exc!r}; {self._server_log()}") from exc
+            raise WorkerDied(
+                f"the sandbox server failed: {exc!r}; {self._server_log()}", started=self._jobs_started()
+            ) from exc
         if frame is None:
-            raise WorkerDied(f"the sandbox server exited: {self._server_log()}")
+            raise WorkerDied(f"the sandbox server exited: {self._server_log()}", started=self._jobs_started())
         header, outputs = frame
         results = header["results"]
         if not 0 < len(results) <= len(jobs) or len(outputs) != 2 * len(results):
-            raise WorkerDied(f"the sandbox server answered {len(results)} results for {len(jobs)} jobs")
+            raise WorkerDied(f"the sandbox server answered {len(results)} results for {len(jobs)} jobs",
+                             started=self._jobs_started())  # fmt: skip
         return [(result, outputs[2 * i], outputs[2 * i + 1]) for i, result in enumerate(results)]
+
+    def _jobs_started(self) -> int:
+        """How many jobs the server started since the last call (its progress pipe, drained)."""
+        count = 0
+        with contextlib.suppress(BlockingIOError, OSError):
+            while chunk := os.read(self._progress, 4096):
+                count += len(chunk)
+        return count
 
     @property
     def alive(self) -> bool:
@@ -309,8 +360,13 @@ class Worker:
             self.process.wait(wait_s)
         self.kill()
 
-    def kill(self) -> None:
-        """Kill the server and everything of its runs, release its uid and files."""
+    def kill(self, background: bool = False) -> None:
+        """Kill the server and everything of its runs, release its uid and files.
+
+        ``background``: only the kill is done now; waiting for the server's end (a large private
+        ``/tmp`` takes the kernel a while to free), removing its scratch dir and what its uid left,
+        then releasing the uid and the cgroup, happen in a thread, off the caller's time.
+        """
         process = getattr(self, "process", None)
         if process is not None and process.poll() is None:
             if self.init_pid is not None:  # killing bubblewrap's init tears the namespace down
@@ -318,21 +374,35 @@ class Worker:
                     os.kill(self.init_pid, signal.SIGKILL)
             with contextlib.suppress(OSError):
                 os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        if background:
+            thread = threading.Thread(target=self._finish_kill, name="llm_zoo-sandbox-reaper", daemon=True)
+            _reapers.add(thread)
+            thread.start()
+        else:
+            self._finish_kill()
+
+    def _finish_kill(self) -> None:
+        process = getattr(self, "process", None)
         if process is not None:
+            process.wait()
             for pipe in (process.stdin, process.stdout):
                 with contextlib.suppress(OSError):
                     pipe.close()  # type: ignore[union-attr]
         if self.lease is not None:
             kill_processes_of_uid(self.lease.uid)
-            self.lease.release()
+            if not self.plan.namespaces:  # what the uid left in the world-writable directories
+                remove_entries_of(self.lease.uid, SHARED_DIRECTORIES)
+            self.lease.release()  # only now may another server run programs under this uid
         if self.cgroup is not None:
             self.cgroup.remove()
             self.cgroup = None
         if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+            remove_tree(self._scratch)  # no recursion: a program's tree can be thousands deep
             self._scratch = None
+        with contextlib.suppress(OSError):
+            os.close(self._progress)
         self._log.close()
+        _reapers.discard(threading.current_thread())
 
     def abandon(self) -> None:
         """In a forked copy of the host: drop this worker without touching the parent's server."""
@@ -348,6 +418,8 @@ class Worker:
                     os.close(fd)
             self.cgroup = None
         self._scratch = None
+        with contextlib.suppress(OSError):
+            os.close(self._progress)
         self._log.close()
 
     def _server_log(self) -> str:

@@ -19,12 +19,14 @@ import signal
 import socket
 import time
 
+from llm_zoo import _sandbox_cleanup as cleanup
 from llm_zoo import _sandbox_runner as runner
 
 REAP_DEADLINE_S = 5.0
 _IPC_RMID = 0
 _SYSV_IPC_KINDS = (("shm", "shmid"), ("msg", "msqid"), ("sem", "semid"))
 _MAX_FDS = 8
+SHARED_DIRECTORIES = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable: cleaned without namespaces
 
 
 def serve(channel: socket.socket, config) -> None:  # type: ignore[no-untyped-def]  # ServerConfig
@@ -49,8 +51,8 @@ def serve(channel: socket.socket, config) -> None:  # type: ignore[no-untyped-de
         os.close(pidfd)
         _, status, usage = os.wait4(pid, 0)
         clean = reap_everything(config)
-        clean_kernel_state(config)
-        answer = {"status": status, "cpu_s": usage.ru_utime + usage.ru_stime, "clean": clean}
+        tidy = clean_kernel_state(config)
+        answer = {"status": status, "cpu_s": usage.ru_utime + usage.ru_stime, "clean": clean, "tidy": tidy}
         channel.send(json.dumps(answer).encode())
 
 
@@ -141,26 +143,7 @@ def _remove_ipc(found: list[tuple[str, int]]) -> None:
             getattr(runner.libc, f"{kind}ctl")(object_id, _IPC_RMID, None)
 
 
-def _remove_files_of(uid: int, directories: tuple[str, ...]) -> None:
-    """Remove what ``uid`` left in world-writable directories (no namespace hides them).
-
-    Done as root once every process of the run is gone, so nothing can swap a path meanwhile;
-    ``shutil.rmtree`` never follows symbolic links.
-    """
-    import shutil  # only here: every module the zygote imports is memory each fork copies
-
-    for directory in directories:
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(directory):
-                with contextlib.suppress(OSError):
-                    if entry.stat(follow_symlinks=False).st_uid == uid:
-                        if entry.is_dir(follow_symlinks=False):
-                            shutil.rmtree(entry.path, ignore_errors=True)
-                        else:
-                            os.unlink(entry.path)
-
-
-def clean_kernel_state(config) -> None:  # type: ignore[no-untyped-def]
+def clean_kernel_state(config) -> bool:  # type: ignore[no-untyped-def]
     """Remove what a run leaves outside its processes: System V IPC objects and shared files.
 
     System V objects outlive processes (a segment keeps its memory until removed); found in
@@ -178,4 +161,6 @@ def clean_kernel_state(config) -> None:  # type: ignore[no-untyped-def]
     elif found:
         _as_uid(config.uid, lambda: _remove_ipc(found))
     if config.uid is not None and not config.private_files:
-        _remove_files_of(config.uid, ("/tmp", "/var/tmp", "/dev/shm"))
+        deadline = time.monotonic() + config.cleanup_budget_s
+        return cleanup.remove_entries_of(config.uid, SHARED_DIRECTORIES, deadline)
+    return True

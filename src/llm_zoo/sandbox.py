@@ -96,7 +96,7 @@ from llm_zoo._sandbox_layers import (
     layer_plan,
     requested_layer,
 )
-from llm_zoo._sandbox_worker import SandboxError, Worker, WorkerDied
+from llm_zoo._sandbox_worker import SandboxError, Worker, WorkerDied, join_reapers
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
@@ -338,11 +338,14 @@ class Sandbox:
         return self._run_chunk([job])[0]
 
     def _run_chunk(self, jobs: list[Job]) -> list[RunResult]:
-        """Run ``jobs`` on one server, one after the other; on another if that server dies.
+        """Run ``jobs`` on one server, one after the other; on others if servers die.
 
-        A server that died under a chunk is replaced and the chunk's unfinished jobs retried once
-        (so a program cannot be run more than twice); a server that missed its deadline is not
-        retried, as the program may be why: the unfinished jobs then carry ``error``.
+        A server that dies loses only the job it was running (its progress pipe says which): the
+        chunk's other unfinished jobs go to a new server. The job that was running reruns once,
+        alone, at the end: if its server dies again the program is the cause, and it gets a result
+        with ``error`` set; if not, the first death was the sandbox's own, and its result stands.
+        A job whose server missed its deadline is not rerun (a rerun would cost the whole timeout
+        again): it is reported ``timed_out`` with ``error`` set.
         """
         payloads = [
             (
@@ -352,27 +355,55 @@ class Sandbox:
             )
             for job in jobs
         ]
-        results: list[RunResult] = []
-        failures = 0
-        while len(results) < len(jobs):
-            worker = self._acquire()
+        results: list[RunResult | None] = [None] * len(jobs)
+        todo = list(range(len(jobs)))
+        suspects: list[int] = []
+        barren = 0  # servers in a row that died before starting any job
+        while todo:
             try:
-                replies = worker.execute(payloads[len(results) :])
+                replies = self._execute([payloads[i] for i in todo])
             except WorkerDied as exc:
-                self._release(worker, broken=True)
-                failures += 1
-                if failures == 2 or exc.missed_deadline:
-                    failed = RunResult(
-                        "", "", None, exc.missed_deadline, 0.0, layer=self.layer, error=str(exc)
-                    )
-                    return results + [dataclasses.replace(failed) for _ in jobs[len(results) :]]
+                if exc.started == 0:
+                    barren += 1
+                    if barren == 2:  # the sandbox itself is failing, not a program
+                        for index in todo:
+                            results[index] = self._failed(str(exc), exc.missed_deadline)
+                        return results  # type: ignore[return-value]
+                    continue
+                barren = 0
+                culprit = todo.pop(min(exc.started, len(todo)) - 1)
+                if exc.missed_deadline:
+                    results[culprit] = self._failed(str(exc), timed_out=True)
+                else:
+                    suspects.append(culprit)
                 continue
-            except BaseException:
-                self._release(worker, broken=True)
-                raise
-            self._release(worker, broken=bool(replies[-1][0].get("retire")))
-            results += [self._result(*reply) for reply in replies]
-        return results
+            barren = 0
+            for index, reply in zip(todo, replies, strict=False):
+                results[index] = self._result(*reply)
+            todo = todo[len(replies) :]
+        for culprit in suspects:
+            try:
+                (reply,) = self._execute([payloads[culprit]])
+            except WorkerDied as exc:
+                message = f"the program's sandbox server died twice while running it: {exc}"
+                results[culprit] = self._failed(message, exc.missed_deadline)
+            else:
+                results[culprit] = self._result(*reply)
+        return results  # type: ignore[return-value]
+
+    def _execute(self, payloads: list[tuple[dict, bytes, bytes]]) -> list[tuple[dict, bytes, bytes]]:
+        """Run ``payloads`` on an idle (or new) server; a server that dies or retires is let go."""
+        worker = self._acquire()
+        try:
+            replies = worker.execute(payloads)
+        except BaseException:
+            self._release(worker, broken=True)
+            raise
+        self._release(worker, broken=bool(replies[-1][0].get("retire")))
+        return replies
+
+    def _failed(self, message: str, timed_out: bool = False) -> RunResult:
+        return RunResult("", "", None, timed_out, 0.0, layer=self.layer, error=message)
 
     def _result(self, header: dict, stdout: bytes, stderr: bytes) -> RunResult:
         return RunResult(
@@ -422,7 +453,7 @@ class Sandbox:
                 self._started -= 1
             self._cond.notify()
         if not keep:
-            worker.kill() if broken else worker.close()
+            worker.kill(background=True) if broken else worker.close()
 
     def _forget_after_fork(self) -> None:
         """In a forked child: let go of the parent's servers (never kill them) and start afresh."""
@@ -436,6 +467,7 @@ def _close_all_at_exit() -> None:
         with contextlib.suppress(Exception):
             if sandbox._owner_pid == os.getpid():
                 sandbox.close()
+    join_reapers()
 
 
 def _after_fork_in_child() -> None:
