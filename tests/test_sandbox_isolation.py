@@ -314,7 +314,8 @@ def test_the_plain_fallback_warns_once_naming_what_is_not_isolated():
                          env=env, timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("SandboxWarning") == 1, out.stderr
-    assert "does NOT isolate: the network" in out.stderr and "host files" in out.stderr
+    assert "does NOT isolate: host files" in out.stderr
+    assert "the network" not in out.stderr  # cut by seccomp: AF_UNIX sockets only
 
 
 def test_isolation_info_names_the_protections():
@@ -324,7 +325,8 @@ def test_isolation_info_names_the_protections():
         except sandbox.SandboxError:
             continue
         assert info["fresh_process_image"] is True
-        assert info["network_cut"] == info["host_files_hidden"] == info["private_tmp"] == info["namespaces"]
+        assert info["host_files_hidden"] == info["private_tmp"] == info["namespaces"]
+        assert info["network_cut"]  # by a network namespace, or by seccomp's socket families
         assert info["memory_limit"].startswith("cgroup" if info["memory_total"] else "RLIMIT_AS")
         assert isinstance(info["not_isolated"], list)
         if info["namespaces"] and info["memory_total"] and info["uid_drop"]:

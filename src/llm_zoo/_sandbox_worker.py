@@ -137,28 +137,35 @@ def server_program(options: dict, self_fd: int) -> bytes:
     return f"SOURCES = {_server_sources()}\nCONFIG = {options!r}\nSELF_FD = {self_fd}\n{_BOOTSTRAP}".encode()
 
 
-def server_command(plan: LayerPlan, options: dict, disk_mb: int, info_fd: int | None, program_fd: int) -> list[str]:
-    """The command line that starts a server of ``plan``: bubblewrap's options (or nothing), then
-    the interpreter running the memory file ``program_fd`` (which :func:`server_program` fills).
+def server_command(
+    plan: LayerPlan, options: dict, disk_mb: int, info_fd: int | None, program_fd: int, args_fd: int
+) -> tuple[list[str], bytes]:
+    """The command line that starts a server of ``plan``, and what the memory file ``args_fd``
+    must hold: bubblewrap reads its options from there (``--args``: its command line would show
+    some 2 KB of them), then runs the interpreter on the memory file ``program_fd`` (which
+    :func:`server_program` fills).
 
     The fallback's options change: its namespaces' view goes into ``options``.
     """
-    argv: list[str] = []
+    command = [interpreter(), "-I", "-S", "-B", f"/proc/self/fd/{program_fd}"]
     if plan.bwrap_args:
-        argv += [*plan.bwrap_args, "--info-fd", str(info_fd), *bwrap_args(file_system_view(disk_mb))]
-        argv += ["--chdir", "/tmp"]
-    elif plan.jail:
+        bwrap, *settings = plan.bwrap_args
+        settings += ["--info-fd", str(info_fd), *bwrap_args(file_system_view(disk_mb)), "--chdir", "/tmp"]
+        return [bwrap, "--args", str(args_fd), *command], b"".join(arg.encode() + b"\0" for arg in settings)
+    if plan.jail:
         options["jail"] = {"ops": file_system_view(disk_mb), "mountpoint": options["scratch"], "info_fd": info_fd}
         options["scratch"] = "/tmp"
-    return [*argv, interpreter(), "-I", "-S", "-B", f"/proc/self/fd/{program_fd}"]
+    return command, b""
 
 
-def _memory_file(name: str, content: bytes) -> int:
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+def _memory_file(name: str) -> int:
+    return os.memfd_create(name, os.MFD_CLOEXEC)
+
+
+def _write_all(fd: int, content: bytes) -> None:
     view = memoryview(content)
     while view:
         view = view[os.write(fd, view) :]
-    return fd
 
 
 class UidLease:
@@ -252,7 +259,7 @@ class Worker:
         self._log = tempfile.TemporaryFile()  # noqa: SIM115  # the server's stderr, shown if it fails
         # One byte per job the server starts, read only when it dies: which job it was running.
         self._progress, progress_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        info_read = info_write = program = None
+        info_read = info_write = program = arguments = None
         try:
             options: dict = {"uid": self.lease.uid if self.lease else -1, "keep_read_search": plan.keep_read_search,
                              "cleanup": plan.cleanup, "scratch": "/tmp", "progress_fd": progress_write,
@@ -271,17 +278,19 @@ class Worker:
                     self.cgroup.events_fd,
                 )
                 passed += self.cgroup.fds
-            program = _memory_file("llm_zoo_sandbox_server", b"")
-            argv = server_command(plan, options, disk_mb, info_write, program)
-            os.write(program, server_program(options, program))
+            program, arguments = _memory_file("llm_zoo_sandbox_server"), _memory_file("llm_zoo_sandbox_args")
+            argv, argument_bytes = server_command(plan, options, disk_mb, info_write, program, arguments)
+            _write_all(program, server_program(options, program))
+            _write_all(arguments, argument_bytes)
+            os.lseek(arguments, 0, os.SEEK_SET)  # bubblewrap reads this very descriptor
             self.process = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=SERVER_ENV,
-                start_new_session=True, pass_fds=[*passed, program], bufsize=0,
+                start_new_session=True, pass_fds=[*passed, program, arguments], bufsize=0,
             )  # fmt: skip
-            for fd in (info_write, program, progress_write):
+            for fd in (info_write, program, arguments, progress_write):
                 if fd is not None:
                     os.close(fd)
-            info_write = program = progress_write = None
+            info_write = program = arguments = progress_write = None
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
             if info_read is not None:
                 self.init_pid = _read_child_pid(info_read, deadline)
@@ -294,7 +303,7 @@ class Worker:
                 raise SandboxError(f"the sandbox server did not start: {exc}; {self._server_log()}") from exc
             raise
         finally:
-            for fd in (info_read, info_write, program, progress_write):
+            for fd in (info_read, info_write, program, arguments, progress_write):
                 if fd is not None:
                     os.close(fd)
 
