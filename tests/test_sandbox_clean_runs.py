@@ -281,7 +281,9 @@ def test_the_servers_command_line_holds_no_source_or_configuration(box):
             command = handle.read()
         assert len(command) < 1000 and b"SOURCES" not in command and b"uid" not in command, command
     if box.isolation_info()["private_proc"]:
-        inside = run(box, "print(len(open('/proc/1/cmdline', 'rb').read()), open('/proc/self/mountinfo').read())")
+        inside = run(
+            box, "print(len(open('/proc/1/cmdline', 'rb').read()), open('/proc/self/mountinfo').read())"
+        )
         length, mounts = inside.stdout.split(" ", 1)
         assert int(length) < 200, inside.stdout
         assert "llm_zoo_sandbox_" not in mounts and os.path.dirname(sandbox.__file__) not in mounts

@@ -296,7 +296,7 @@ def describe(plan: LayerPlan, requested: str) -> dict:
         "server_death": "loses only the job it was running: the batch's other jobs rerun on a new server; "
         "that job reruns once, alone, and gets an error if its server dies again",
         "socket_families": list(seccomp.socket_families(plan.namespaces)) if seccomp.AVAILABLE else "all",
-        "syscalls_refused": sorted(seccomp.REFUSED) + ["unshare/clone with CLONE_NEWUSER"]
+        "syscalls_refused": [*sorted(seccomp.REFUSED), "unshare/clone with CLONE_NEWUSER"]
         if seccomp.AVAILABLE
         else [],
         "capabilities": "none in any set (effective, permitted, inheritable, ambient)"

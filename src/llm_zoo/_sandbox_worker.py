@@ -153,7 +153,11 @@ def server_command(
         settings += ["--info-fd", str(info_fd), *bwrap_args(file_system_view(disk_mb)), "--chdir", "/tmp"]
         return [bwrap, "--args", str(args_fd), *command], b"".join(arg.encode() + b"\0" for arg in settings)
     if plan.jail:
-        options["jail"] = {"ops": file_system_view(disk_mb), "mountpoint": options["scratch"], "info_fd": info_fd}
+        options["jail"] = {
+            "ops": file_system_view(disk_mb),
+            "mountpoint": options["scratch"],
+            "info_fd": info_fd,
+        }
         options["scratch"] = "/tmp"
     return command, b""
 

@@ -7,11 +7,15 @@ Each run gives a :class:`RunResult`. Model text is never evaluated in the host p
 How a run works
 ---------------
 A :class:`Sandbox` keeps a pool of *fork servers*: Python processes started once with the base
-interpreter as ``python -I -S -B`` (standard library only; the server's code is passed on the
-command line, so nothing of the package directory is needed inside the sandbox). Each server
-pre-imports common modules, then forks a *zygote* before it reads any job. For each run the
-server writes the program as ``main.py`` in a fresh empty work dir (also ``$HOME`` and
-``$TMPDIR``) and hands the zygote memory files for the job, stdin, stdout and stderr; the zygote
+interpreter as ``python -I -S -B /proc/self/fd/N`` (standard library only; the server's code and
+configuration are in that memory file, so nothing of the package directory is needed inside the
+sandbox, and no command line, which ``ps`` shows to everyone, holds them; bubblewrap too reads its
+options from a memory file, ``--args``). Each server pre-imports common modules, then forks a
+*zygote* before it reads any job. For each run the server writes the program as ``main.py`` in a
+new, empty work dir (also ``$HOME`` and ``$TMPDIR``) that no earlier run had: nothing an earlier
+run left on its directory (files, extended attributes, a default ACL, timestamps, the memory they
+are charged to) carries over. It hands the zygote memory files for the job, stdin, stdout and
+stderr; the zygote
 forks a child that gets those and nothing else, so a program's memory never holds another job's
 code, input or output, not even freed. The child enters a new session and the run's memory
 cgroup, sets its limits, drops to the server's sandbox uid, installs a seccomp filter and runs the
@@ -19,8 +23,23 @@ program as ``__main__`` the way ``python -I -B main.py`` would (same stdout, std
 tracebacks, ``atexit`` handlers, thread joins; ``random`` is reseeded per run). No interpreter
 starts per run. Batches go to the servers in parallel (one per usable CPU by default) in chunks
 of up to ``MAX_CHUNK`` jobs; each job is still its own child, run after the previous one was
-cleaned up. A server (or zygote) that dies is replaced and the unfinished jobs of its chunk rerun
-once; pools are thread-safe, closed at interpreter exit, and start afresh in a forked host.
+cleaned up. Pools are thread-safe, closed at interpreter exit, and start afresh in a forked host.
+
+After each run the work dir is removed without recursion (a chain thousands of directories deep
+is fine) and within ``cleanup_bound_s`` (0.25 s) of the run's end. A run that left more (say a
+hundred thousand hard links) makes its server retire after answering: its private ``/tmp``, a
+tmpfs, goes with its namespaces (without namespaces the host removes the rest in the background,
+before the uid is leased again), so the host pays at most that bound and the next run a new
+server's start (about 0.1 s), never seconds of removal.
+
+A server (or zygote) that dies loses only the job it was running (a progress pipe tells the host
+which): the other unfinished jobs of its chunk go to a new server. The job that was running reruns
+once, *alone*, after them: a death can be the program's doing or the sandbox's own (killed from
+outside, a bug), and the rerun tells them apart. If its server dies again, the program gets a
+result with ``error`` ("... died twice ...") and is not run a third time; if not, the rerun's
+result stands. A job whose server missed its deadline is not rerun (it would cost the whole
+timeout again): its result is ``timed_out`` with ``error`` set. Two servers in a row that die
+before starting any job mean the sandbox itself fails: the chunk's jobs then carry ``error``.
 
 Isolation layers
 ----------------
@@ -40,12 +59,18 @@ Always, in both layers:
   this process may create memory cgroups (cgroup v2 ``memory.max`` with no swap, or a v1 memory
   hierarchy; as root on most machines): the OOM killer then stops the run (``exit_code`` -9).
   Without one, only the per-process address-space limit holds (warned about once).
-* A seccomp filter: no kernel keyrings (they are not namespaced and outlive processes) and no
-  user namespaces.
+* A seccomp filter (``llm_zoo._sandbox_seccomp``): no kernel keyrings (they are not namespaced
+  and outlive processes), no user namespaces; sockets of the families ``AF_UNIX`` only, plus
+  ``AF_INET``/``AF_INET6`` where a network namespace cuts the network (so ``AF_VSOCK``, a virtual
+  machine's ports to its host, netlink and packet sockets are refused everywhere, and without
+  namespaces the network is cut by this filter); ``io_uring``, ``perf_event_open``,
+  ``userfaultfd``, ``bpf`` and ``memfd_secret`` refused (no program of this kind needs them).
+* No capabilities in any set (effective, permitted, inheritable, ambient), except
+  ``CAP_DAC_READ_SEARCH`` where the Python installation is not world-readable (``keep_read_search``).
 * The wall-clock ``timeout``, after which the program is killed.
 * Nothing outlives a run: the zygote is a child subreaper; after the program exits or is killed,
   every process of the run is SIGKILLed and reaped, its System V IPC objects removed and its work
-  dir emptied.
+  dir removed (see above).
 * As root, programs run under a uid of their own, leased per server (``2000000000 + n``, an
   exclusive ``flock`` in ``/tmp/llm_zoo_sandbox_uids``): ``RLIMIT_NPROC`` then bounds fork bombs,
   and programs cannot signal or ptrace the host, read other processes' environments or write
@@ -55,7 +80,8 @@ With namespaces (layer ``"bubblewrap"``, and the ``"rlimits"`` fallback wherever
 may create namespaces: as root, or with unprivileged user namespaces), each server runs as pid 1
 of its own pid, mount, network, IPC and UTS namespaces (when it dies, everything in them dies):
 
-* no network: only a loopback, down or unreachable (connections fail);
+* no network: only a loopback, down or unreachable (connections fail); seccomp still refuses
+  every socket family but ``AF_UNIX``, ``AF_INET`` and ``AF_INET6``;
 * a minimal read-only file system: ``/usr``, ``/bin``, ``/lib*``, a few ``/etc`` files, the
   interpreter and its standard library, fresh ``/proc`` (only the sandbox's processes) and
   ``/dev``, and a private ``/tmp`` tmpfs of ``disk_mb`` MiB holding the work dir. Every
@@ -69,12 +95,19 @@ as a normal user with ``--disable-userns`` where bubblewrap supports it. The fal
 same view itself (``unshare`` and ``pivot_root``, see ``llm_zoo._sandbox_jail``).
 
 Without namespaces (the plain ``"rlimits"`` fallback; a :class:`SandboxWarning` names what is
-not isolated), programs can reach the network, read every file their uid may read (with
+not isolated), programs read every file their uid may read (with
 ``CAP_DAC_READ_SEARCH`` when the Python installation is not world-readable: then every file, the
 envs' hidden data included) and see the host's processes in ``/proc``; as root, what the
 program's uid leaves in ``/tmp``, ``/var/tmp`` and ``/dev/shm`` is removed after each run. As a
 normal user without namespaces, programs run under your uid: they can signal your processes and
 read or write your files, and their leftover files and IPC objects are not removed.
+
+What a program can still learn about the host, with namespaces: ``/proc/1/cmdline`` is the
+interpreter's path, ``-I -S -B`` and ``/proc/self/fd/N``; ``/proc/self/mountinfo`` lists the
+bound paths (the interpreter, its standard library, ``/usr``, a few ``/etc`` files, each at the
+host path it has inside), the host's disk device and its mount options, and, under bubblewrap,
+its staging directory ``/newroot``; nothing of the project, the envs' data or the host's scratch
+directories.
 """
 
 from __future__ import annotations
@@ -503,13 +536,18 @@ def isolation_info(layer: str | None = None) -> dict:
     """What the active (or given) layer protects here, checked by its probe.
 
     Keys: ``layer``, ``requested``; ``namespaces`` (own pid, mount, network, IPC and UTS
-    namespaces), ``network_cut``, ``read_only_root`` and ``host_files_hidden`` (a minimal
+    namespaces), ``network_cut`` (by a network namespace, or by seccomp's socket families),
+    ``read_only_root`` and ``host_files_hidden`` (a minimal
     read-only view: the envs' hidden data and package directories are not in it),
     ``private_tmp`` (``/tmp``, ``/dev/shm`` of its own, nothing left between runs) and
     ``private_proc``; ``uid_drop``, ``keep_read_search``, ``leftover_cleanup``; ``memory_limit``
     (the mechanism that enforces ``memory_mb``) and ``memory_total`` (whether it bounds all of a
     run's processes, memfd and shared memory included); ``fresh_process_image`` (each program is
-    forked from a zygote that never held a job); ``keyrings``; ``userns_disabled``;
+    forked from a zygote that never held a job); ``fresh_workdir`` (a work dir no earlier run
+    had); ``cleanup_bound_s`` and ``cleanup`` (how long removing a run's leftovers may take, and
+    what happens beyond); ``server_death`` (which jobs a dying server costs); ``socket_families``
+    and ``syscalls_refused`` (the seccomp filter); ``capabilities`` (what programs hold);
+    ``server_command_line`` (what ``ps`` shows of a server); ``keyrings``; ``userns_disabled``;
     ``not_isolated`` (what this layer leaves open; empty when nothing) and ``notes``.
     """
     return describe(layer_plan(layer), requested_layer(layer))
