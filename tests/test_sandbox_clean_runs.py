@@ -20,21 +20,14 @@ import pytest
 
 from llm_zoo import sandbox
 from test_sandbox_hostile import SETUPS, make_box
+from test_sandbox_isolation import run
 
 
 @pytest.fixture(scope="module", params=SETUPS)
 def box(request):
-    with (
-        pytest.MonkeyPatch.context() as monkeypatch,
-        make_box(request.param, monkeypatch, workers=1) as created,
-    ):
+    """One server (``workers=1``: every run of a test on the same server) per setup."""
+    with pytest.MonkeyPatch.context() as patch, make_box(request.param, patch, workers=1) as created:
         yield created
-
-
-def run(box: sandbox.Sandbox, code: str, **limits) -> sandbox.RunResult:
-    result = box.run(textwrap.dedent(code), **limits)
-    assert result.error is None, result
-    return result
 
 
 # ------------------------------------------------------------------ 1. a work dir no earlier run had

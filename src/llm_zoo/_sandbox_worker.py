@@ -262,7 +262,8 @@ class Worker:
         self._scratch: str | None = None
         self._log = tempfile.TemporaryFile()  # noqa: SIM115  # the server's stderr, shown if it fails
         # One byte per job the server starts, read only when it dies: which job it was running.
-        self._progress, progress_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._progress, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        progress_write: int | None = write_end
         info_read = info_write = program = arguments = None
         try:
             options: dict = {"uid": self.lease.uid if self.lease else -1, "keep_read_search": plan.keep_read_search,
@@ -273,7 +274,7 @@ class Worker:
                 os.chmod(self._scratch, 0o711)  # the program's uid must reach its work dir inside
             if plan.namespaces:
                 info_read, info_write = os.pipe()
-            passed = [progress_write] + ([] if info_write is None else [info_write])
+            passed = [write_end] + ([] if info_write is None else [info_write])
             if plan.memory:
                 self.cgroup = RunCgroup(*plan.memory)
                 options["cgroup_procs_fd"] = self.cgroup.procs_fd

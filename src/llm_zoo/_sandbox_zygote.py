@@ -151,10 +151,13 @@ def clean_kernel_state(config) -> bool:  # type: ignore[no-untyped-def]
     the fallback's namespaces), every object there. Under the host's own uid without namespaces
     they cannot be told apart from the user's own and are left alone. Removing needs the owner's
     uid (a server under bubblewrap keeps no CAP_IPC_OWNER), so a helper takes it. Without
-    namespaces, what the program's uid left in ``/tmp``, ``/var/tmp`` and ``/dev/shm`` goes too.
+    namespaces, what the program's uid left in ``/tmp``, ``/var/tmp`` and ``/dev/shm`` goes too,
+    as root once every process of the run is gone (nothing can swap a path meanwhile), without
+    recursion and within the cleanup budget. False if something is left: the server then retires,
+    and the host removes the rest before another server may use the uid.
     """
     if config.uid is None and config.cleanup != "pidns":
-        return
+        return True
     found = _ipc_objects(config)
     if found and config.uid is None:
         _remove_ipc(found)
