@@ -162,6 +162,23 @@ def server_command(
     return command, b""
 
 
+@functools.lru_cache(maxsize=1)
+def _memory_backed_directory() -> str | None:
+    """``/dev/shm`` where it is a writable tmpfs, for work dirs without namespaces (else ``None``:
+    the default temporary directory). Every run gets a new work dir, which on a disk file system
+    costs milliseconds (about 3.7 ms measured on ext4, against 0.1 ms on a tmpfs)."""
+    kind = None
+    try:
+        with open("/proc/self/mountinfo") as handle:
+            for line in handle:
+                fields, _, rest = line.partition(" - ")
+                if fields.split()[4] == "/dev/shm":
+                    kind = rest.split()[0]  # the last mount there is the one in use
+    except (OSError, IndexError):
+        return None
+    return "/dev/shm" if kind == "tmpfs" and os.access("/dev/shm", os.W_OK) else None
+
+
 def _memory_file(name: str) -> int:
     return os.memfd_create(name, os.MFD_CLOEXEC)
 
@@ -270,7 +287,9 @@ class Worker:
                              "cleanup": plan.cleanup, "scratch": "/tmp", "progress_fd": progress_write,
                              "allow_inet": plan.namespaces}  # fmt: skip
             if not plan.bwrap_args:
-                self._scratch = options["scratch"] = tempfile.mkdtemp(prefix="llm_zoo_sandbox_")
+                self._scratch = options["scratch"] = tempfile.mkdtemp(
+                    prefix="llm_zoo_sandbox_", dir=None if plan.namespaces else _memory_backed_directory()
+                )
                 os.chmod(self._scratch, 0o711)  # the program's uid must reach its work dir inside
             if plan.namespaces:
                 info_read, info_write = os.pipe()

@@ -97,7 +97,8 @@ same view itself (``unshare`` and ``pivot_root``, see ``llm_zoo._sandbox_jail``)
 Without namespaces (the plain ``"rlimits"`` fallback; a :class:`SandboxWarning` names what is
 not isolated), programs read every file their uid may read (with
 ``CAP_DAC_READ_SEARCH`` when the Python installation is not world-readable: then every file, the
-envs' hidden data included) and see the host's processes in ``/proc``; as root, what the
+envs' hidden data included) and see the host's processes in ``/proc``; work dirs are made under
+``/dev/shm`` where it is a tmpfs (a new directory per run costs milliseconds on a disk); as root, what the
 program's uid leaves in ``/tmp``, ``/var/tmp`` and ``/dev/shm`` is removed after each run. As a
 normal user without namespaces, programs run under your uid: they can signal your processes and
 read or write your files, and their leftover files and IPC objects are not removed.
