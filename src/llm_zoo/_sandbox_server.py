@@ -85,7 +85,7 @@ class ServerConfig:
             self.memory_fds.append(options["memory_events_fd"])  # the last one: read, not written
         self.progress_fd: int | None = options.get("progress_fd")  # one byte per job started
         self.allow_inet: bool = bool(options.get("allow_inet"))  # the network is cut by a namespace
-        self.cleanup_budget_s = float(options.get("cleanup_budget_s", CLEANUP_BUDGET_S))
+        self.cleanup_budget_s = CLEANUP_BUDGET_S
         self.nproc_base = 0
         self.stdio = runner.StdioConfig()
 
