@@ -12,9 +12,11 @@ import errno
 import os
 import signal
 import struct
+import tempfile
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -295,3 +297,43 @@ def test_isolation_info_states_the_clean_run_protections(box):
     )
     assert info["capabilities"].startswith("none in any set")
     assert "/proc/self/fd/" in info["server_command_line"]
+
+
+@pytest.fixture
+def memory_dir():
+    """A directory on a tmpfs where there is one (a deep tree on a disk takes seconds)."""
+    from llm_zoo._sandbox_cleanup import remove_tree
+
+    path = tempfile.mkdtemp(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+    yield Path(path)
+    remove_tree(path)
+
+
+def test_remove_tree_keeps_no_recursion_follows_no_link_and_stops_at_its_deadline(memory_dir):
+    from llm_zoo._sandbox_cleanup import remove_tree
+
+    tmp_path = memory_dir
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    level = os.open(tree, os.O_RDONLY)
+    for _ in range(3000):  # a path longer than the kernel accepts, deeper than Python's recursion
+        os.mkdir("d", dir_fd=level)
+        below = os.open("d", os.O_RDONLY, dir_fd=level)
+        os.close(level)
+        level = below
+    os.close(os.open("bottom", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=level))
+    os.close(level)
+    os.symlink(outside, tree / "link")
+    (tree / "locked").mkdir()
+    (tree / "locked" / "f").write_text("x")
+    os.chmod(tree / "locked", 0)
+    assert remove_tree(str(tree)) and not tree.exists() and outside.read_text() == "keep me"
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i in range(3000):
+        (flat / f"f{i}").touch()
+    assert remove_tree(str(flat), deadline=time.monotonic() - 1) is False and flat.exists()
+    assert remove_tree(str(flat)) and not flat.exists()
