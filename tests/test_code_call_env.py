@@ -65,8 +65,8 @@ def pair_env(**kwargs):
         ([1, 2], (1, 2), True),  # lists and tuples alike
         (0.1 + 0.2, 0.3, True),  # float tolerance 1e-6
         (1.0, 1.01, False),
-        (3, 3.0000001, False),  # an expected int accepts only an int
-        (3, 3.0, False),
+        (3, 3.0000001, False),  # an expected int accepts only its exact value
+        (3, 3.0, True),
         (2039605317, float(2039605317 + 150), False),
         (3.0, 3, True),  # tolerance where the expected value is not an int
         (3.0, 3.0000001, True),

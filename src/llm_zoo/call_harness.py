@@ -35,9 +35,10 @@ at the first call that fails. The run's time limit covers all its calls.
 
 Comparison (:func:`values_match`), "JSON-equal" with the stdout judge's number tolerance: lists and
 tuples are interchangeable; dicts need equal key sets and matching values; sets compare exactly;
-``bool`` matches only ``bool`` and ``None`` only ``None``; an expected int accepts only an int of
-the same value (however large; ``6.0`` is not accepted for ``6``); an expected float accepts an
-int or float within absolute or relative tolerance 1e-6; strings and bytes compare exactly.
+``bool`` matches only ``bool`` and ``None`` only ``None``; an expected int accepts only a number
+of exactly its value (however large; ``6.0`` is accepted for ``6``, ``6.0000001`` is not); an
+expected float accepts an int or float within absolute or relative tolerance 1e-6; strings and
+bytes compare exactly.
 """
 
 from __future__ import annotations
@@ -328,8 +329,8 @@ def read_call_result(stdout: str) -> Any:
 
 
 def _numbers_match(expected: float, actual: float, tolerance: float) -> bool:
-    if isinstance(expected, int):  # an integer is exact: float(sum(a) + 150) is close, not right
-        return isinstance(actual, int) and expected == actual
+    if isinstance(expected, int):  # exact: float(sum(a) + 150) is close, not right; 6.0 is 6
+        return expected == actual  # int == float compares exact values in Python, however large
     if math.isnan(expected) or math.isnan(actual):
         return math.isnan(expected) and math.isnan(actual)
     return math.isclose(expected, actual, rel_tol=tolerance, abs_tol=tolerance)

@@ -30,8 +30,8 @@ Judging (:func:`outputs_match`): outputs are compared line by line after strippi
 whitespace and ignoring trailing empty lines; lines that differ are split into tokens, and two
 tokens match when equal, when both are integers of equal value (exact, however long), or when the
 expected token is a number that is not an integer and the other a number within absolute or
-relative tolerance 1e-6. An expected integer accepts only an integer (``2039606336.0`` does not
-pass for ``2039605317``, nor ``5.0`` for ``5``). A run that
+relative tolerance 1e-6. An expected integer accepts only a number of exactly its value
+(``5.0`` passes for ``5``; ``2039606336.0``, within 1e-6, does not pass for ``2039605317``). A run that
 crashes, exceeds its time (``timeout`` seconds per test) or memory (``memory_mb``) fails the test.
 Test inputs lacking a final newline get one.
 
@@ -39,8 +39,8 @@ Call-based judging (:mod:`llm_zoo.call_harness`): the coder's code runs inside a
 in the sandbox that reads one test's arguments on standard input (only the arguments), calls
 the function and prints its return value's ``repr``; the host compares it with the expected value
 (:func:`~llm_zoo.call_harness.values_match`: lists and tuples alike, dict keys exact, ``bool``
-only equals ``bool``, an expected int only an equal int, an expected float any number within
-the same 1e-6 tolerance as above). Expected
+only equals ``bool``, an expected int only a number of exactly its value, an expected float any
+number within the same 1e-6 tolerance as above). Expected
 values never enter the sandbox. A crash, time-out, missing function or a return value that is
 not a plain value fails the test; the coder's prints are ignored. APPS's call-based problems also
 accept the only element of a one-element expected list, as APPS's own harness does.
