@@ -57,7 +57,11 @@ fixed calls, judged against the reference (on /32 another right root is invalid)
 
 A program's tests run in batches of 8 through the sandbox's batch API (:func:`llm_zoo.sandbox.run_tests`, one ``run_python`` per test if it is
 absent); once :data:`MAX_TIMEOUTS` of them have timed out, its remaining batches fail unrun.
-Results are cached per episode, keyed by program and input. No model code runs outside the sandbox.
+Results are cached per episode, keyed by program and input, within a bound: at most
+:data:`MAX_CACHED_OUTPUT_CHARS` (4 million) characters of output per episode, each run's stderr
+cut to its last :data:`CACHED_STDERR_CHARS` (2,000) characters (a run's stdout and stderr are
+capped at 1 MB each by the sandbox; runs beyond the bound are judged as usual, and run again if
+needed, not kept). No model code runs outside the sandbox.
 
 Test validity (for the tester's reward). A generated test is *valid* when its expected output is
 right, decided in this order:
@@ -115,6 +119,7 @@ Version history:
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 from collections.abc import Callable
@@ -140,6 +145,7 @@ from llm_zoo.sandbox import RunResult
 __all__ = [
     "FORMAT_PENALTY",
     "INVALID_TEST_SCORE",
+    "MAX_CACHED_OUTPUT_CHARS",
     "CodeEnv",
     "oracle_action",
     "oracle_policy",
@@ -151,6 +157,10 @@ FORMAT_PENALTY = -1.0
 INVALID_TEST_SCORE = -0.5
 #: Once a program has timed out this often in one evaluation, its remaining batches fail unrun.
 MAX_TIMEOUTS = 2
+#: Most characters of program output (stdout, and the kept stderr tails) cached per episode.
+MAX_CACHED_OUTPUT_CHARS = 4_000_000
+#: The tail of a cached run's stderr that is kept (prompts show its last 4 lines).
+CACHED_STDERR_CHARS = 2_000
 #: Programs longer than this are refused.
 MAX_PROGRAM_CHARS = MAX_ACTION_CHARS
 _SHOWN_CHARS = 400  # per input / output in prompts
@@ -267,6 +277,7 @@ class CodeEnv(TextAECEnv):
         self.results: list[tuple[bool, str]] = []  # current program on self.tests: (passed, shown output)
         self.proxy_reference: str | None = None
         self._runs: dict[tuple[str, str], RunResult] = {}
+        self._cached_chars = 0
 
     def _task_id(self) -> str:
         return self.problem.id
@@ -291,9 +302,18 @@ class CodeEnv(TextAECEnv):
             ):
                 results[stdin] = run
                 if getattr(run, "error", None) is None:  # a sandbox failure is not the program's result
-                    self._runs[(program, stdin)] = run
+                    self._cache(program, stdin, run)
                 timeouts += run.timed_out
         return [results.get(s) or self._runs[(program, s)] for s in stdins]
+
+    def _cache(self, program: str, stdin: str, run: RunResult) -> None:
+        """Keep ``run`` for this episode unless the cache would pass MAX_CACHED_OUTPUT_CHARS."""
+        if len(run.stderr) > CACHED_STDERR_CHARS:
+            run = dataclasses.replace(run, stderr=run.stderr[-CACHED_STDERR_CHARS:])
+        size = len(run.stdout) + len(run.stderr)
+        if self._cached_chars + size <= MAX_CACHED_OUTPUT_CHARS:
+            self._runs[(program, stdin)] = run
+            self._cached_chars += size
 
     def _judge(self, code: str, tests: list[TestCase] | tuple[TestCase, ...]) -> list[tuple[bool, str]]:
         """``(passed, shown output)`` of ``code`` on each test, judged by the problem's kind."""

@@ -80,6 +80,7 @@ __all__ = [
     "count",
     "describe_tool_run",
     "format_moves",
+    "oracle_answer",
     "parse_lenient_moves",
     "parse_plan_moves",
     "run_tool_agent",
@@ -113,6 +114,15 @@ _MOVE_WORDS = {"up": "U", "down": "D", "left": "L", "right": "R"}
 _MAX_CODE_SHOWN = 6000
 _MAX_STDOUT_SHOWN = 2000
 _MAX_STDERR_SHOWN = 1000
+
+
+def oracle_answer(agent: str, moves: Sequence[str]) -> str:
+    """A perfect answer playing ``moves``: for the tool agent a program that prints them, for the
+    plan agent the final line. Used by the puzzles' ``oracle_action`` (tests, ``check_env``)."""
+    listed = json.dumps(list(moves))
+    if agent == "tool_agent":
+        return f"```python\nprint('{ACTIONS_LIST_MARKER} ' + {listed!r})\n```\n"
+    return f"These moves solve the board.\n\n{FINAL_MOVES_MARKER} {listed}"
 
 
 def shorten(text: str, limit: int) -> str:

@@ -130,7 +130,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from llm_zoo.envs.grid_agents import MAX_MOVE_COST, MOVES, MovesResult, ToolPlanEnv, count
+from llm_zoo.envs.grid_agents import MAX_MOVE_COST, MOVES, MovesResult, ToolPlanEnv, count, oracle_answer
 
 __all__ = [
     "GOAL_REWARD",
@@ -144,6 +144,7 @@ __all__ = [
     "bfs_distances",
     "check_grid_params",
     "generate_grid",
+    "oracle_action",
     "parse_grid",
     "render_grid",
     "shortest_path",
@@ -470,3 +471,9 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
 
     def _is_solved(self) -> bool:
         return self.state.position == self.level.goal
+
+
+def oracle_action(env: PlanPathEnv, agent: str) -> str:
+    """A perfect answer for ``agent`` now: a shortest path from the current position (for
+    :func:`llm_zoo.testing.check_env`'s reward-hack search and the tests)."""
+    return oracle_answer(agent, shortest_path(env.level.grid, env.state.position, env.level.goal) or [])

@@ -103,7 +103,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from llm_zoo.envs.grid_agents import MAX_MOVE_COST, MOVES, MovesResult, ToolPlanEnv, count
+from llm_zoo.envs.grid_agents import MAX_MOVE_COST, MOVES, MovesResult, ToolPlanEnv, count, oracle_answer
 
 __all__ = [
     "ALL_BOXES_REWARD",
@@ -116,10 +116,12 @@ __all__ = [
     "SokobanState",
     "check_room_params",
     "generate_level",
+    "oracle_action",
     "parse_board",
     "render_board",
     "room_topology",
     "simulate_moves",
+    "solve",
     "state_value",
     "step",
 ]
@@ -520,3 +522,32 @@ class SokobanEnv(ToolPlanEnv[SokobanState]):
 
     def _is_solved(self) -> bool:
         return self.state.boxes <= self.level.goals
+
+
+def solve(level: SokobanLevel, state: SokobanState, max_states: int = 200_000) -> list[str] | None:
+    """A shortest move list that puts every box on a goal (breadth-first search over the player
+    and the boxes), or ``None`` if there is none within ``max_states`` states."""
+    start = (state.player, state.boxes)
+    came_from: dict[tuple[Cell, frozenset[Cell]], tuple[tuple[Cell, frozenset[Cell]], str] | None] = {start: None}
+    queue = deque([start])
+    while queue and len(came_from) <= max_states:
+        key = queue.popleft()
+        if key[1] <= level.goals:
+            moves: list[str] = []
+            while (previous := came_from[key]) is not None:
+                key, move = previous
+                moves.append(move)
+            return moves[::-1]
+        for move in MOVES:
+            after, _, valid = step(level, SokobanState(key[0], key[1], 0), move)
+            following = (after.player, after.boxes)
+            if valid and following not in came_from:
+                came_from[following] = (key, move)
+                queue.append(following)
+    return None
+
+
+def oracle_action(env: SokobanEnv, agent: str) -> str:
+    """A perfect answer for ``agent`` now: a shortest solution from the current state (for
+    :func:`llm_zoo.testing.check_env`'s reward-hack search and the tests)."""
+    return oracle_answer(agent, solve(env.level, env.state) or [])
