@@ -35,6 +35,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.core", "llm_zoo.core"),
     ("llm_zoo.registry", "llm_zoo.registry"),
     ("llm_zoo.testing", "llm_zoo.testing"),
+    ("llm_zoo.reward_hacks", "llm_zoo.reward_hacks"),
     ("llm_zoo.parsing", "llm_zoo.parsing"),
     ("llm_zoo.sandbox", "llm_zoo.sandbox"),
     ("llm_zoo.call_harness", "llm_zoo.call_harness"),
