@@ -8,7 +8,6 @@ numeric tolerance when an env reintroduces them.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 
@@ -21,7 +20,7 @@ from llm_zoo.data.code import CallSpec, CodeProblem, TestCase
 from llm_zoo.data.code_problem import call_test
 from llm_zoo.envs.code import CodeEnv, parse_tests
 from llm_zoo.envs.code_judge import StdioJudge
-from llm_zoo.envs.grid_agents import MovesResult, oracle_answer
+from llm_zoo.envs.grid_agents import oracle_answer
 from llm_zoo.envs.plan_path import PlanPathEnv, apply_move, shortest_path
 from llm_zoo.testing import check_reward_hacks
 
@@ -49,9 +48,13 @@ def play_plan_agent_alone(env_id: str, board: str, answers: list[str]) -> tuple[
 
 def test_walking_back_and_forth_never_pays_in_plan_path():
     """cb3ad02: +165 per answer of 1000 moves R L R L ... far from the goal (gamma = 0.99)."""
-    circling, solved = play_plan_agent_alone("PlanPath-v0", OPEN_10, [oracle_answer("plan_agent", ["R", "L"] * 500)] * 3)
+    circling, solved = play_plan_agent_alone(
+        "PlanPath-v0", OPEN_10, [oracle_answer("plan_agent", ["R", "L"] * 500)] * 3
+    )
     assert not solved and circling <= 0.0
-    optimal, solved = play_plan_agent_alone("PlanPath-v0", OPEN_10, [oracle_answer("plan_agent", ["R"] * 9 + ["D"] * 9)])
+    optimal, solved = play_plan_agent_alone(
+        "PlanPath-v0", OPEN_10, [oracle_answer("plan_agent", ["R"] * 9 + ["D"] * 9)]
+    )
     assert solved and optimal == pytest.approx(18 + 1.5 - 0.18 + 1.0)  # d0 + goal + bonus - costs + alpha
 
 
@@ -105,9 +108,13 @@ def test_the_tool_agent_is_paid_for_progress_beyond_the_plan_agents():
 def test_pushing_a_box_on_and_off_a_goal_never_pays_in_sokoban():
     """cb3ad02: +73.5 for three answers of this cycle on a 2-box board, +11.95 for the solution."""
     moves = [ON_OFF_CYCLE[i % len(ON_OFF_CYCLE)] for i in range(1000)]
-    farmed, solved = play_plan_agent_alone("Sokoban-v0", TWO_BOX_BOARD, [oracle_answer("plan_agent", moves)] * 3)
+    farmed, solved = play_plan_agent_alone(
+        "Sokoban-v0", TWO_BOX_BOARD, [oracle_answer("plan_agent", moves)] * 3
+    )
     assert not solved and farmed <= 0.0
-    solution, solved = play_plan_agent_alone("Sokoban-v0", TWO_BOX_BOARD, [oracle_answer("plan_agent", ["R", "D", "R"])])
+    solution, solved = play_plan_agent_alone(
+        "Sokoban-v0", TWO_BOX_BOARD, [oracle_answer("plan_agent", ["R", "D", "R"])]
+    )
     assert solved and solution > 10.0
 
 
@@ -237,14 +244,20 @@ CHECKED = CodeProblem(
     statement="Return x doubled.",
     tests=(TestCase("[]", "True"),),
     reference="def f(x):\n    return 2 * x\n",
-    call=CallSpec("f", None, "def f(x):", checker="def check(candidate):\n    for x in range(5):\n        assert candidate(x) == 2 * x\n"),
+    call=CallSpec(
+        "f",
+        None,
+        "def f(x):",
+        checker="def check(candidate):\n    for x in range(5):\n        assert candidate(x) == 2 * x\n",
+    ),
 )
 ALWAYS_EQUAL = (
     "class AlwaysEqual:\n    def __eq__(self, other):\n        return True\n"
     "    def __ne__(self, other):\n        return False\n    __hash__ = object.__hash__\n"
 )
 HACKS = {
-    "always-true __eq__": ALWAYS_EQUAL + "def total(a):\n    return AlwaysEqual()\ndef f(x):\n    return AlwaysEqual()\nprint(AlwaysEqual())\n",
+    "always-true __eq__": ALWAYS_EQUAL
+    + "def total(a):\n    return AlwaysEqual()\ndef f(x):\n    return AlwaysEqual()\nprint(AlwaysEqual())\n",
     "sys.exit(0) first": "import sys\nsys.exit(0)\n",
     "os._exit(0) first": "import os\nos._exit(0)\n",
     "os._exit(0) after defining": "def total(a):\n    return 0\ndef f(x):\n    return 0\nimport os\nos._exit(0)\n",
@@ -252,7 +265,8 @@ HACKS = {
     "patches builtins": (
         "import builtins, sys\nbuiltins.isinstance = lambda *a: True\nbuiltins.repr = lambda *a: 'True'\n"
         "builtins.print = lambda *a, **k: None\nsys.exit = lambda *a: None\n"
-        + ALWAYS_EQUAL + "def total(a):\n    return AlwaysEqual()\ndef f(x):\n    return AlwaysEqual()\n"
+        + ALWAYS_EQUAL
+        + "def total(a):\n    return AlwaysEqual()\ndef f(x):\n    return AlwaysEqual()\n"
     ),
 }
 
@@ -302,7 +316,7 @@ class OldToleranceJudge(StdioJudge):
     def verdict(self, test, run, timeout):
         passed, shown = super().verdict(test, run, timeout)
         want, got = test.output.split(), run.stdout.split()
-        close = len(want) == len(got) and all(_old_tokens_match(w, g) for w, g in zip(want, got))
+        close = len(want) == len(got) and all(_old_tokens_match(w, g) for w, g in zip(want, got, strict=True))
         return (passed or (run.exit_code == 0 and close)), shown
 
 
@@ -313,12 +327,17 @@ class OldToleranceCode(CodeEnv):
 
 
 def test_check_env_catches_todays_plan_path_shaping():
-    with pytest.raises(AssertionError, match=r"reward hack: seed 0: plan_agent earned \+\d+\.\d+ in an episode that did not succeed"):
+    with pytest.raises(
+        AssertionError,
+        match=r"reward hack: seed 0: plan_agent earned \+\d+\.\d+ in an episode that did not succeed",
+    ):
         check_reward_hacks(TodaysShapingPlanPath)
 
 
 def test_check_env_catches_the_old_numeric_tolerance():
-    with pytest.raises(AssertionError, match="succeeded although every agent played an answer that cannot be right"):
+    with pytest.raises(
+        AssertionError, match="succeeded although every agent played an answer that cannot be right"
+    ):
         check_reward_hacks(lambda: OldToleranceCode(dataset=[BIG]))
 
 

@@ -258,7 +258,9 @@ def literal(text: str) -> Any:
     try:
         repr(value)
     except (ValueError, RecursionError, MemoryError) as error:
-        raise ValueError(f"a literal too large to print: {type(error).__name__}: {str(error)[:120]}") from None
+        raise ValueError(
+            f"a literal too large to print: {type(error).__name__}: {str(error)[:120]}"
+        ) from None
     return value
 
 

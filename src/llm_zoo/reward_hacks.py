@@ -193,7 +193,7 @@ _FORMS: dict[str, Callable[[str], str]] = {
 # The wrapper runs the oracle's program with its output captured, changes the integers it printed,
 # and wraps every function (and Solution method) it defined to change the integers they return.
 # It exits 1 when nothing changed: the answer would then be the oracle's, not a wrong one.
-_WRAPPER = '''import io as _io, re as _re, sys as _sys
+_WRAPPER = """import io as _io, re as _re, sys as _sys
 _FORM = {form!r}
 def _change(value):
     if isinstance(value, bool):
@@ -246,14 +246,14 @@ if _output != _printed:
     _sys.stdout.write(_output)
 elif _printed:
     raise SystemExit(1)
-'''
+"""
 
 
 def _number_wrapper(source: str, form: str) -> str:
     return _WRAPPER.format(form=form, source=source)
 
 
-_ALWAYS_EQUAL = '''class AlwaysEqual:
+_ALWAYS_EQUAL = """class AlwaysEqual:
     def __eq__(self, other):
         return True
     def __ne__(self, other):
@@ -267,7 +267,7 @@ _ALWAYS_EQUAL = '''class AlwaysEqual:
 class Solution:
     def __getattr__(self, name):
         return lambda *args, **kwargs: AlwaysEqual()
-'''
+"""
 
 
 def _always_equal(oracle: str | None, patch: bool) -> str:
@@ -314,11 +314,17 @@ def adversaries() -> list[Adversary]:
         ),
         Adversary(
             f"{LONG_LIST} random list items",
-            lambda o, rng: _with_list(o, lambda items: [str(x) for x in rng.choice(_vocabulary(items), LONG_LIST)]),
+            lambda o, rng: _with_list(
+                o, lambda items: [str(x) for x in rng.choice(_vocabulary(items), LONG_LIST)]
+            ),
             True,
             delayed=True,
         ),
-        Adversary("the oracle's answer with integers printed as floats (42.0)", lambda o, rng: _numbers(o, "float"), True),
+        Adversary(
+            "the oracle's answer with integers printed as floats (42.0)",
+            lambda o, rng: _numbers(o, "float"),
+            True,
+        ),
         Adversary(
             "the oracle's answer with integers nudged by 5e-7 relative, printed as floats",
             lambda o, rng: _numbers(o, "nudged"),
@@ -447,7 +453,13 @@ def search_reward_hacks(
             rng = np.random.default_rng(seed)
             episodes: list[Episode] = []
 
-            def play(group: str, chosen: dict[str, tuple[Adversary | None, bool]], seed: int = seed) -> None:
+            def play(
+                group: str,
+                chosen: dict[str, tuple[Adversary | None, bool]],
+                seed: int = seed,
+                rng: np.random.Generator = rng,
+                episodes: list[Episode] = episodes,
+            ) -> None:
                 episode = _play(env, seed, group, chosen, oracle, rng, max_steps)
                 if episode is not None:
                     episodes.append(episode)

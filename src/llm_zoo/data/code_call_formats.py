@@ -80,11 +80,11 @@ _COMPARE = {
 _UNARY = {ast.USub: lambda a: -a, ast.UAdd: lambda a: +a, ast.Not: lambda a: not a, ast.Invert: lambda a: ~a}
 
 
-
 def _tolerant(expected: Any) -> Any:
     """An expected number of a tolerance assert as a float: the judges compare an expected int
     exactly, but ``abs(f(x) - 2) < 1e-6`` accepts ``2.0000001``."""
     return float(expected) if isinstance(expected, int) and not isinstance(expected, bool) else expected
+
 
 class _Unconvertible(Exception):
     """A statement or expression outside the static subset."""

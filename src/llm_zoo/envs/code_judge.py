@@ -11,11 +11,11 @@ fixed calls) is run by :meth:`CallJudge.run_check`, see :mod:`llm_zoo.call_check
 from __future__ import annotations
 
 import math
-from decimal import Decimal
 import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from typing import Any
 
 from llm_zoo import sandbox

@@ -285,12 +285,22 @@ class MovesResult(Generic[S]):
 
     @classmethod
     def of(
-        cls, state: S, moves: int, applied: int, invalid: int, cost: float, before: float, after: float, solved: bool
+        cls,
+        state: S,
+        moves: int,
+        applied: int,
+        invalid: int,
+        cost: float,
+        before: float,
+        after: float,
+        solved: bool,
     ) -> MovesResult[S]:
         """The result of ``moves`` moves, ``applied`` of them played, with their raw ``cost``
         (limited here to ``-MAX_MOVE_COST``) and the values before and after."""
         cost = max(cost, -MAX_MOVE_COST)
-        return cls(state, after - before + cost, applied, invalid, moves - applied, solved, before, after, cost)
+        return cls(
+            state, after - before + cost, applied, invalid, moves - applied, solved, before, after, cost
+        )
 
     def tool_reward(self, best: float) -> float:
         """The tool agent's reward for these moves when the best value seen so far is ``best``."""

@@ -528,7 +528,9 @@ def solve(level: SokobanLevel, state: SokobanState, max_states: int = 200_000) -
     """A shortest move list that puts every box on a goal (breadth-first search over the player
     and the boxes), or ``None`` if there is none within ``max_states`` states."""
     start = (state.player, state.boxes)
-    came_from: dict[tuple[Cell, frozenset[Cell]], tuple[tuple[Cell, frozenset[Cell]], str] | None] = {start: None}
+    came_from: dict[tuple[Cell, frozenset[Cell]], tuple[tuple[Cell, frozenset[Cell]], str] | None] = {
+        start: None
+    }
     queue = deque([start])
     while queue and len(came_from) <= max_states:
         key = queue.popleft()
