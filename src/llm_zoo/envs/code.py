@@ -115,6 +115,10 @@ Version history:
 * v0, checked call-based problems (2026-12): HumanEval / MBPP tests that are not fixed calls run
   as a check in a separate sandbox process (all 164 HumanEval problems load); APPS int-keyed
   dicts; infinite return values. Fixed-call episodes are unchanged.
+* v0, rewards a policy cannot game (2026-12): an expected integer accepts only a number of exactly
+  its value in both judges (a wrong ``2039606336.0`` passed for ``2039605317`` within 1e-6); the
+  number of a tolerance assert (``abs(f(x) - 2) < 1e-6``) is stored as a float; a value too large
+  to print (over 4300 digits) is refused instead of raising; the output cache is bounded.
 """
 
 from __future__ import annotations
