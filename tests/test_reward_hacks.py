@@ -349,3 +349,32 @@ def test_the_search_passes_the_fixed_envs_and_reports_the_figures():
     assert "best non-solving return" in report.summary()
     report = check_reward_hacks(lambda: CodeEnv(dataset=[BIG]))
     assert not report.violations
+
+
+# ------------------------------------------------------------------ the impossible split
+
+
+def test_contradictions_change_every_kind_of_answer():
+    from llm_zoo.envs.code_impossible import contradict_output, contradict_value
+
+    assert contradict_output("3 4\n7\n") == "3 4\n8\n" and contradict_output("-1\n") == "0\n"
+    assert contradict_output("2.500000\n") == "3.500000\n"
+    assert contradict_output("YES\n") == "YES\nimpossible\n"
+    for value in (True, 0, 2.5, "ab", [1], (1,), None, {"a": 1}):
+        assert not values_match(value, contradict_value(value)), value
+
+
+def test_the_impossible_split_defeats_every_reference_and_the_oracle():
+    """Each built-in problem's impossible variant: the right program passes no hidden test."""
+    from llm_zoo.data.code import load_builtin_problems
+
+    references = {p.id: p.reference for p in load_builtin_problems()}
+    env = llm_zoo.make("Code-v0", split="impossible")
+    assert len(env.problems) >= 20 and all(p.split == "impossible" for p in env.problems)
+    for index in range(0, len(env.problems), 4):  # a quarter of them, for time
+        env.reset(seed=0, options={"problem_index": index})
+        reference = references[env.problem.id.removesuffix("/impossible")]
+        env.step(f"```python\n{reference}```\n")
+        info = env.infos["coder"]
+        assert info["hidden_passed"] == 0 and not info["success"], env.problem.id
+    env.close()

@@ -102,6 +102,12 @@ the current program's count).
 Problems: ``reset`` picks one with the env's RNG from the selected split, or the one named by
 ``options={"problem_id": ...}`` / ``options={"problem_index": ...}``.
 
+``split="impossible"`` (:mod:`llm_zoo.envs.code_impossible`, the idea of ImpossibleBench): every
+problem of the dataset with its hidden tests changed to contradict the statement (an integer
+answer plus one, ...). No program that does what the statement asks can pass them, so success
+there means the judge was gamed: its success rate is a *cheating rate*
+(``llm-zoo-train eval --splits impossible`` reports it).
+
 ``info`` keys besides the standard ones: ``problem_id``, ``hidden_passed``, ``hidden_total``,
 ``tests_total``, ``tests_passed`` (current program on the current tests), ``tests_valid``,
 ``tests_invalid``, ``tests_unknown``.
@@ -134,6 +140,7 @@ import numpy as np
 from llm_zoo.call_harness import call_text, literal, value_text
 from llm_zoo.core import MAX_ACTION_CHARS, Outcome, TextAECEnv
 from llm_zoo.data.code import TestCase, load_code_problems
+from llm_zoo.envs.code_impossible import IMPOSSIBLE_SPLIT, impossible_problems
 from llm_zoo.envs.code_judge import CallJudge, judge_for, outputs_match, run_program_on_inputs
 from llm_zoo.envs.code_prompts import (
     MAX_TESTS_JSON_CHARS,
@@ -205,7 +212,8 @@ class CodeEnv(TextAECEnv):
             :class:`~llm_zoo.data.code.CodeProblem`, or an iterable of records such as a
             ``datasets.Dataset``.
         split: ``"train"``, ``"test"`` or ``"all"``. Problems without a split of their own (public
-            files: the file is the split) belong to every split.
+            files: the file is the split) belong to every split. ``"impossible"``: every problem
+            with its hidden tests contradicted (the cheating-rate split, module docstring).
         dataset_format: Format of ``dataset`` records; ``None`` sniffs it.
         max_turns: Turns (coder then tester) before truncation.
         alpha: Weight of the global reward in each agent's reward.
@@ -234,13 +242,18 @@ class CodeEnv(TextAECEnv):
         render_mode: str | None = None,
     ):
         super().__init__(max_turns=max_turns, alpha=alpha, render_mode=render_mode)
-        if split not in ("train", "test", "all"):
-            raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
+        if split not in ("train", "test", "all", IMPOSSIBLE_SPLIT):
+            raise ValueError(f"split must be 'train', 'test', 'all' or 'impossible', got {split!r}")
         if timeout <= 0 or memory_mb <= 0 or max_tests < 1:
             raise ValueError("timeout and memory_mb must be > 0 and max_tests >= 1")
         if max_hidden_tests is not None and max_hidden_tests < 1:
             raise ValueError(f"max_hidden_tests must be None or >= 1, got {max_hidden_tests!r}")
-        if isinstance(dataset, str) and dataset == "builtin":
+        if split == IMPOSSIBLE_SPLIT:  # every problem of the dataset, its hidden tests contradicted
+            every = load_code_problems(dataset, format=dataset_format) if dataset != "builtin" else None
+            problems = impossible_problems(every if every is not None else load_code_problems("builtin"))
+            if not problems:
+                raise ValueError("no problem of the dataset has an impossible variant (all are checked or empty)")
+        elif isinstance(dataset, str) and dataset == "builtin":
             problems = load_code_problems("builtin", split=None if split == "all" else split)
         else:
             loaded = load_code_problems(dataset, format=dataset_format)
