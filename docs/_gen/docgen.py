@@ -50,6 +50,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.envs.code", "llm_zoo.envs.code"),
     ("llm_zoo.envs.code_judge", "llm_zoo.envs.code_judge"),
     ("llm_zoo.envs.code_prompts", "llm_zoo.envs.code_prompts"),
+    ("llm_zoo.envs.code_impossible", "llm_zoo.envs.code_impossible"),
     ("llm_zoo.envs.math", "llm_zoo.envs.math"),
     ("llm_zoo.envs.math_options", "llm_zoo.envs.math_options"),
     ("llm_zoo.data.code", "llm_zoo.data.code"),
