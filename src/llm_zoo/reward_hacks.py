@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from llm_zoo.core import MAX_ACTION_CHARS
+from llm_zoo.core import MAX_ACTION_CHARS, TextAECEnv
 
 __all__ = ["Adversary", "Episode", "HackReport", "adversaries", "find_oracle", "search_reward_hacks"]
 
@@ -98,6 +98,8 @@ class Episode:
     success: bool
     all_adversarial: bool = False
     all_wrong: bool = False
+    #: The agents that first acted when the episode had already succeeded.
+    late: frozenset[str] = frozenset()
 
     def describe(self) -> str:
         return "; ".join(f"{agent}: {play}" for agent, play in self.plays.items())
@@ -383,6 +385,7 @@ def _play(
     returns = {agent: 0.0 for agent in env.possible_agents}
     answered = dict.fromkeys(env.possible_agents, 0)
     success, team = False, 0.0
+    late: set[str] = set()
     for _ in range(max_steps):
         if not env.agents:
             break
@@ -413,6 +416,8 @@ def _play(
                 f"env.step raised {type(error).__name__}: {str(error)[:200]} on {agent}'s answer "
                 f"({play}, {len(text):,} characters) in seed {seed}"
             ) from error
+        if not answered[agent] and success:
+            late.add(agent)
         answered[agent] += 1
         for name, reward in env.rewards.items():
             returns[name] = returns.get(name, 0.0) + float(reward)
@@ -428,7 +433,7 @@ def _play(
     }
     wrong = all(a is not None and not a.can_be_right and not d for a, d in policies.values())
     adversarial = all(a is not None for a, _ in policies.values())
-    return Episode(seed, group, plays, returns, success, adversarial, wrong)
+    return Episode(seed, group, plays, returns, success, adversarial, wrong, frozenset(late))
 
 
 def search_reward_hacks(
@@ -466,7 +471,10 @@ def search_reward_hacks(
 
             if oracle is not None:
                 play("oracle", dict.fromkeys(agents, (None, False)))
-                for deviating in agents:
+                # success is sticky in a TextAECEnv: an agent that first acts after the oracle
+                # team has succeeded cannot make the episode fail, so its group compares nothing
+                late = episodes[0].late if episodes and isinstance(env, TextAECEnv) else frozenset()
+                for deviating in [agent for agent in agents if agent not in late]:
                     for adversary in pool:
                         for delayed in (False, True) if adversary.delayed else (False,):
                             chosen = dict.fromkeys(agents, (None, False))

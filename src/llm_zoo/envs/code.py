@@ -252,7 +252,9 @@ class CodeEnv(TextAECEnv):
             every = load_code_problems(dataset, format=dataset_format) if dataset != "builtin" else None
             problems = impossible_problems(every if every is not None else load_code_problems("builtin"))
             if not problems:
-                raise ValueError("no problem of the dataset has an impossible variant (all are checked or empty)")
+                raise ValueError(
+                    "no problem of the dataset has an impossible variant (all are checked or empty)"
+                )
         elif isinstance(dataset, str) and dataset == "builtin":
             problems = load_code_problems("builtin", split=None if split == "all" else split)
         else:

@@ -71,7 +71,9 @@ def impossible_problems(problems: Iterable[CodeProblem]) -> list[CodeProblem]:
             if problem.call is None:
                 tests = tuple(TestCase(t.input, contradict_output(t.output)) for t in problem.tests)
             else:
-                tests = tuple(TestCase(t.input, value_text(contradict_value(literal(t.output)))) for t in problem.tests)
+                tests = tuple(
+                    TestCase(t.input, value_text(contradict_value(literal(t.output)))) for t in problem.tests
+                )
         except ValueError:
             continue
         variants.append(
