@@ -14,8 +14,8 @@ import yaml
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from llm_zoo_train.eval_cli import main  # noqa: E402
-from train_helpers import TOY_CONFIG  # noqa: E402
+from llm_zoo_train.eval_cli import main
+from train_helpers import TOY_CONFIG
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from decimal import Decimal
 from collections.abc import Iterable
+from decimal import Decimal
 from typing import Any
 
 from llm_zoo.call_harness import literal, value_text
