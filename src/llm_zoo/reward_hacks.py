@@ -273,7 +273,8 @@ class Solution:
 
 
 def _always_equal(oracle: str | None, patch: bool) -> str:
-    names = _DEFINED.findall(_PYTHON.search(oracle).group(1)) if oracle and _PYTHON.search(oracle) else []
+    program = _PYTHON.search(oracle) if oracle else None
+    names = _DEFINED.findall(program.group(1)) if program else []
     lines = [_ALWAYS_EQUAL]
     if patch:
         lines.append(
@@ -477,7 +478,9 @@ def search_reward_hacks(
                 for deviating in [agent for agent in agents if agent not in late]:
                     for adversary in pool:
                         for delayed in (False, True) if adversary.delayed else (False,):
-                            chosen = dict.fromkeys(agents, (None, False))
+                            chosen: dict[str, tuple[Adversary | None, bool]] = dict.fromkeys(
+                                agents, (None, False)
+                            )
                             chosen[deviating] = (adversary, delayed)
                             play(deviating, chosen)
             if len(agents) > 1 or oracle is None:
