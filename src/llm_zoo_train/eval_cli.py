@@ -281,7 +281,7 @@ def _row(
     result: EvalResult,
     episodes: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    row = {
+    row: dict[str, Any] = {
         "policy": policy,
         "split": split.name,
         "agents": dict(mapping),
