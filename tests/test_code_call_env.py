@@ -65,7 +65,11 @@ def pair_env(**kwargs):
         ([1, 2], (1, 2), True),  # lists and tuples alike
         (0.1 + 0.2, 0.3, True),  # float tolerance 1e-6
         (1.0, 1.01, False),
-        (3, 3.0000001, True),
+        (3, 3.0000001, False),  # an expected int accepts only its exact value
+        (3, 3.0, True),
+        (2039605317, float(2039605317 + 150), False),
+        (3.0, 3, True),  # tolerance where the expected value is not an int
+        (3.0, 3.0000001, True),
         (10**30, 10**30 + 1, False),  # ints exact
         (True, 1, False),  # bool only equals bool
         (None, 0, False),

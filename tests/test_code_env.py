@@ -66,7 +66,8 @@ def sum_env(**kwargs) -> code_env.CodeEnv:
         ("0.333333333\n", "0.3333333\n", True),  # float tolerance 1e-6
         ("0.5\n", "0.51\n", False),
         ("1e9\n", "1000000000.0001\n", True),  # relative tolerance
-        ("75\n", "75.0\n", True),
+        ("75\n", "75.0\n", True),  # the same number
+        ("0.5 7\n", "0.5000001 7\n", True),
         ("1000000007\n", "1000000008\n", False),  # integers are exact
         ("12345678901234567890123\n", "12345678901234567890124\n", False),
         ("-0\n", "0\n", True),
@@ -82,6 +83,21 @@ def sum_env(**kwargs) -> code_env.CodeEnv:
 def test_outputs_match_like_a_judge(expected, actual, match):
     assert outputs_match(expected, actual) is match
     assert outputs_match(actual, expected) is match  # symmetric
+
+
+@pytest.mark.parametrize(
+    ("expected", "actual", "match"),
+    [
+        ("2039605317\n", "2039606336.0\n", False),  # within 1e-6 relative, but wrong (issue 24)
+        ("0\n", "0.0000001\n", False),  # an expected integer: exactly its value, no tolerance
+        ("7\n", "7.000\n", True),
+        ("7\n", "7e0\n", True),
+        ("75.0\n", "75\n", True),  # tolerance where the expected value is not an integer
+        ("2039605317.0\n", "2039606336\n", True),
+    ],
+)
+def test_an_expected_integer_accepts_only_its_exact_value(expected, actual, match):
+    assert outputs_match(expected, actual) is match
 
 
 # ---------------------------------------------------------------------------------------- parsing

@@ -174,7 +174,7 @@ def test_bad_inputs_give_one_line_errors(trained_run, tmp_path, capsys, no_model
         ([str(shared), "--policies", "swap"], "two distinct adapters (or served models); here: alice -> shared, bob -> shared"),
         ([str(run), "--agents.adapters", "{alice: a, carol: b}"], "not agents of test/Scripted-v0 ['carol']"),
         ([str(run), "--agent-model", "alice=x"], "--served-model and --agent-model need --endpoint"),
-        ([str(run), "--splits", "dev"], "unknown split 'dev'; choose from eval, train, test"),
+        ([str(run), "--splits", "dev"], "unknown split 'dev'; choose from eval, train, test, impossible"),
         ([str(run), "--eval.num_epsiodes", "3"], "unknown config key 'eval.num_epsiodes'"),
         ([str(run), "--verbose"], "unrecognized arguments: --verbose"),
         ([str(run), "stray"], "unrecognized arguments: stray"),

@@ -264,7 +264,7 @@ def test_pathological_answers_return_in_time_and_the_env_keeps_working():
     for agent, reply in [
         ("reasoner", boxed("9^{9^{9^{9}}}")),
         ("tool_agent", program("26")),
-        ("reasoner", boxed("1" * 1_000_000)),
+        ("reasoner", boxed("1" * 60_000)),
         ("tool_agent", program("9^{9^{9^{9}}}")),
     ]:
         start = time.monotonic()
@@ -274,6 +274,12 @@ def test_pathological_answers_return_in_time_and_the_env_keeps_working():
         if agent == "reasoner":
             assert info["role_reward"] == 0.0 and info["check"] in ("timeout", "too_long"), info
             assert len(env.observe("tool_agent")["prompt"]) < 10_000  # a long answer is cut
+    # over MAX_ACTION_CHARS, the step reads only the first 65,536 characters: here no closed \boxed{}
+    env.reset(seed=0, options={"problem_id": "word-001"})
+    env.step(boxed("1" * 1_000_000))
+    info = env.infos["reasoner"]
+    assert info["action_cut_from"] > 1_000_000 and info["role_reward"] == FORMAT_PENALTY
+    env.step(program("9^{9^{9^{9}}}"))
     assert env.infos["tool_agent"]["role_reward"] == 0.0 and not env.infos["tool_agent"]["agree"]
     trace = play_episode(env, lambda agent, prompt: oracle_action(env, agent), seed=1)
     _assert_oracle_episode(env, trace)

@@ -100,25 +100,27 @@ def test_parse_grid_errors(text, message):
 
 
 @pytest.mark.parametrize(
-    ("position", "moves", "lam", "gamma", "expected"),
+    ("position", "moves", "lam", "expected"),
     [
-        ((0, 0), ["R"], 1.0, 0.99, -0.01 + (0.99 * -3 + 4)),  # valid move: 1.02
-        ((0, 1), ["D"], 1.0, 0.99, -0.10 + (0.99 * -3 + 3)),  # wall bump, stays: -0.07
-        ((0, 0), ["U"], 1.0, 0.99, -0.10 + (0.99 * -4 + 4)),  # off the grid: -0.06
-        ((0, 0), ["R"], 0.5, 1.0, -0.01 + 0.5 * 1),  # shaping towards G: 0.49
-        ((0, 1), ["L"], 0.5, 1.0, -0.01 - 0.5 * 1),  # shaping away from G: -0.51
-        ((0, 0), ["R", "R", "D", "D"], 0.0, 0.99, 4 * -0.01 + 1.0 + 0.5),  # goal + shortest bonus
-        ((0, 0), ["D", "D", "R", "R"], 0.0, 0.99, 4 * -0.01 + 1.0 + 0.5),  # another shortest path
-        ((0, 0), ["R", "L", "R", "R", "D", "D"], 0.0, 0.99, 6 * -0.01 + 1.0),  # goal, no bonus
-        ((0, 0), ["U", "R", "R", "D", "D"], 0.0, 0.99, -0.10 + 4 * -0.01 + 1.0),  # a bump counts as a move
-        ((0, 0), ["R", "R", "D", "D", "U", "L"], 0.0, 0.99, 4 * -0.01 + 1.5),  # moves after G ignored
-        ((0, 0), ["R", "R", "D", "D"], 0.5, 1.0, 4 * (-0.01 + 0.5) + 1.5),  # shaping telescopes to 4 * 0.5
-        ((0, 0), [], 1.0, 0.99, 0.0),
+        ((0, 0), ["R"], 1.0, -0.01 + (-3 + 4)),  # valid move, one step closer: 0.99
+        ((0, 1), ["D"], 1.0, -0.10),  # wall bump, stays
+        ((0, 0), ["U"], 1.0, -0.10),  # off the grid
+        ((0, 0), ["R"], 0.5, -0.01 + 0.5 * 1),  # shaping towards G: 0.49
+        ((0, 1), ["L"], 0.5, -0.01 - 0.5 * 1),  # shaping away from G: -0.51
+        ((0, 0), ["R", "R", "D", "D"], 0.0, 4 * -0.01 + 1.0 + 0.5),  # goal + shortest bonus
+        ((0, 0), ["D", "D", "R", "R"], 0.0, 4 * -0.01 + 1.0 + 0.5),  # another shortest path
+        ((0, 0), ["R", "L", "R", "R", "D", "D"], 0.0, 6 * -0.01 + 1.0),  # goal, no bonus
+        ((0, 0), ["U", "R", "R", "D", "D"], 0.0, -0.10 + 4 * -0.01 + 1.0),  # a bump counts as a move
+        ((0, 0), ["R", "R", "D", "D", "U", "L"], 0.0, 4 * -0.01 + 1.5),  # moves after G ignored
+        ((0, 0), ["R", "R", "D", "D"], 0.5, 4 * -0.01 + 0.5 * 4 + 1.5),  # shaping telescopes to 4 * 0.5
+        ((0, 0), ["R", "L"] * 10, 1.0, -0.2),  # back and forth: only the costs
+        ((0, 0), ["R", "L"] * 500, 1.0, -0.5),  # the costs take at most 0.5 from an answer
+        ((0, 0), [], 1.0, 0.0),
     ],
 )
-def test_move_rewards_by_hand(position, moves, lam, gamma, expected):
+def test_move_rewards_by_hand(position, moves, lam, expected):
     level = parse_grid(SMALL)
-    result = simulate_moves(level, PlanPathState(position), moves, shaping_lambda=lam, shaping_gamma=gamma)
+    result = simulate_moves(level, PlanPathState(position), moves, shaping_lambda=lam)
     assert result.reward == pytest.approx(expected)
 
 
@@ -324,7 +326,7 @@ def test_1000_random_strings_never_raise(monkeypatch):
 # ---------------------------------------------------------------- oracle play through the env
 
 
-def expected_path_reward(start, goal, moves, lam=1.0, gamma=0.99):
+def expected_path_reward(start, goal, moves, lam=1.0):
     """Independent recomputation for a shortest path of valid moves: steps, shaping, goal, bonus."""
     deltas = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
     position, total = start, 0.0
@@ -332,7 +334,7 @@ def expected_path_reward(start, goal, moves, lam=1.0, gamma=0.99):
         after = (position[0] + deltas[move][0], position[1] + deltas[move][1])
         distance_before = abs(position[0] - goal[0]) + abs(position[1] - goal[1])
         distance_after = abs(after[0] - goal[0]) + abs(after[1] - goal[1])
-        total += -0.01 + lam * (gamma * -distance_after + distance_before)
+        total += -0.01 + lam * (distance_before - distance_after)
         position = after
     assert position == goal
     return total + 1.0 + 0.5

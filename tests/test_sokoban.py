@@ -84,7 +84,7 @@ def test_parse_board_errors(board, message):
         ("#####\n#.@$#\n#####", ["R"], -0.05),  # push a box into a wall
         ("#######\n#@$$..#\n#######", ["R"], -0.05),  # push two boxes at once
         (ONE_PUSH, ["R"], -0.01 + 1.0 + 10.0),  # box onto its goal, all boxes done
-        ("######\n#@*  #\n# $. #\n######", ["R"], -0.01 - 0.5),  # box off a goal
+        ("######\n#@*  #\n# $. #\n######", ["R"], -0.01 - 1.0),  # box off a goal: undoes the +1
         ("######\n#@*.$#\n######", ["R"], -0.01),  # goal to goal: no change
         ("######\n#@*.$#\n######", ["R", "R"], -0.01 - 0.05),  # then against the other box
         (TWO_BOXES, ["R"], -0.01 + 1.0),  # one box of two onto a goal

@@ -55,7 +55,7 @@ import functools
 import marshal
 from typing import Any
 
-from llm_zoo.call_harness import PRELUDE, literal, literal_writer_source
+from llm_zoo.call_harness import PRELUDE, literal, literal_writer_source, small_index
 
 __all__ = [
     "CHECK_INPUT",
@@ -333,8 +333,8 @@ def read_checker_report(stdout: str) -> CheckerReport:
         kind, _, text = line[len(REPORT_MARKER) :].partition(" ")
         if kind == "call":
             calls.append(text)
-        elif kind == "unknown" and unknown_from is None and text.strip().isdigit():
-            unknown_from = int(text)
+        elif kind == "unknown" and unknown_from is None and small_index(text) is not None:
+            unknown_from = small_index(text)
         elif kind == "limit":
             outcome = "limit"
         elif kind in ("pass", "fail", "stopped", "error") and outcome != "limit":

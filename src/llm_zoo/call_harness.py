@@ -35,9 +35,10 @@ at the first call that fails. The run's time limit covers all its calls.
 
 Comparison (:func:`values_match`), "JSON-equal" with the stdout judge's number tolerance: lists and
 tuples are interchangeable; dicts need equal key sets and matching values; sets compare exactly;
-``bool`` matches only ``bool`` and ``None`` only ``None``; two ints compare exactly (however
-large); an int or float against a float matches within absolute or relative tolerance 1e-6;
-strings and bytes compare exactly.
+``bool`` matches only ``bool`` and ``None`` only ``None``; an expected int accepts only a number
+of exactly its value (however large; ``6.0`` is accepted for ``6``, ``6.0000001`` is not); an
+expected float accepts an int or float within absolute or relative tolerance 1e-6; strings and
+bytes compare exactly.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ __all__ = [
     "literal_writer_source",
     "read_call_result",
     "read_call_results",
+    "small_index",
     "value_text",
     "values_match",
 ]
@@ -229,8 +231,9 @@ def read_call_results(stdout: str, count: int) -> list[Any]:
     for line in stdout.splitlines():
         if line.startswith(RESULT_MARKER):
             number, _, text = line[len(RESULT_MARKER) :].partition(" ")
-            if number.isdigit() and int(number) < count:
-                printed.setdefault(int(number), text)
+            index = small_index(number, count)
+            if index is not None:
+                printed.setdefault(index, text)
     values = []
     for index in range(count):
         if index not in printed:
@@ -243,11 +246,33 @@ def read_call_results(stdout: str, count: int) -> list[Any]:
 
 
 def literal(text: str) -> Any:
-    """Read a Python literal (never evaluated as code); ``ValueError`` naming the problem."""
+    """Read a Python literal (never evaluated as code); ``ValueError`` naming the problem.
+
+    A value this process could not write back as text is refused here, so that no caller can
+    raise on it later: an integer beyond Python's limit for int-to-str conversion (4300 digits
+    by default; ``0x`` literals of any length parse), or nesting deeper than ``repr`` goes."""
     try:
-        return ast.literal_eval(text)
+        value = ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as error:
         raise ValueError(f"not a Python literal: {type(error).__name__}: {error}") from None
+    try:
+        repr(value)
+    except (ValueError, RecursionError, MemoryError) as error:
+        raise ValueError(
+            f"a literal too large to print: {type(error).__name__}: {str(error)[:120]}"
+        ) from None
+    return value
+
+
+def small_index(text: str, limit: int = 10**9) -> int | None:
+    """``int(text)`` for a plain decimal index in ``[0, limit)`` (ASCII digits only), else ``None``:
+    never raises, whatever the text (``int`` accepts other digits, signs, spaces and underscores,
+    and refuses numbers over 4300 digits with ``ValueError``)."""
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > len(str(limit)):
+        return None
+    number = int(text)
+    return number if number < limit else None
 
 
 def _check_literal(value: Any, what: str) -> str:
@@ -306,8 +331,8 @@ def read_call_result(stdout: str) -> Any:
 
 
 def _numbers_match(expected: float, actual: float, tolerance: float) -> bool:
-    if isinstance(expected, int) and isinstance(actual, int):
-        return expected == actual
+    if isinstance(expected, int):  # exact: float(sum(a) + 150) is close, not right; 6.0 is 6
+        return expected == actual  # int == float compares exact values in Python, however large
     if math.isnan(expected) or math.isnan(actual):
         return math.isnan(expected) and math.isnan(actual)
     return math.isclose(expected, actual, rel_tol=tolerance, abs_tol=tolerance)

@@ -147,14 +147,16 @@ def cmd_check(env_id: str, env_kwargs: dict[str, Any], out: TextIO) -> int:
     from llm_zoo.testing import check_env
 
     try:
-        check_env(env_id, env_kwargs=env_kwargs)
+        report = check_env(env_id, env_kwargs=env_kwargs)
     except AssertionError as err:
         print(f"FAIL {env_id}: {err}", file=out)
         return 1
     print(
-        f"OK {env_id}: PettingZoo api_test, seed_test, render_test, parallel_api_test, determinism, clone, fuzz",
+        f"OK {env_id}: PettingZoo api_test, seed_test, render_test, parallel_api_test, determinism, clone, "
+        f"fuzz, reward-hack search ({len(report.episodes)} episodes)",
         file=out,
     )
+    print(report.summary(), file=out)
     return 0
 
 

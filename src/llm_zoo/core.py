@@ -53,8 +53,9 @@ __all__ = [
     "class_attribute_problem",
 ]
 
-#: Actions longer than this are still accepted by ``step`` (and truncated by the rules that read
-#: them), but are outside the declared action space.
+#: Actions longer than this are still accepted by ``step``, which cuts them to their first
+#: ``MAX_ACTION_CHARS`` characters before the rules read them (the feedback says so); they are
+#: outside the declared action space.
 MAX_ACTION_CHARS = 65_536
 #: Upper bound of the declared observation space.
 MAX_PROMPT_CHARS = 1_000_000
@@ -252,8 +253,15 @@ class TextAECEnv(AECEnv):
         if self.terminations[agent] or self.truncations[agent]:
             self._was_dead_step(action)
             return
-        text = action if isinstance(action, str) else ("" if action is None else str(action))
+        text = action if isinstance(action, str) else ("" if action is None else _as_text(action))
+        cut_from = len(text) if len(text) > MAX_ACTION_CHARS else 0
+        if cut_from:  # before any parsing: a 10 MB answer must not cost 10 MB of regex work
+            text = text[:MAX_ACTION_CHARS]
         outcome = self._act(agent, text)
+        if cut_from:
+            note = f"Your answer had {cut_from:,} characters; only its first {MAX_ACTION_CHARS:,} were read."
+            outcome.feedback = f"{note}\n{outcome.feedback}" if outcome.feedback else note
+            outcome.info["action_cut_from"] = cut_from
         self.success = self.success or bool(outcome.success)
 
         self._cumulative_rewards[agent] = 0.0
@@ -348,6 +356,14 @@ class TextAECEnv(AECEnv):
     def _next_agent(self, agent: str) -> str:
         order = self.possible_agents
         return order[(order.index(agent) + 1) % len(order)]
+
+
+def _as_text(action: Any) -> str:
+    """A non-string action as text (``str``), or its type's name if even that fails."""
+    try:
+        return str(action)
+    except Exception:  # e.g. an int over Python's 4300-digit conversion limit
+        return f"<{type(action).__name__}>"
 
 
 def class_attribute_problem(cls: type) -> str:

@@ -14,7 +14,14 @@ conversion with ``parallel_api_test``) and llm-zoo's contract checks:
   ``format_ok``;
 * a fuzz of malformed actions (empty, huge, binary noise, near-misses of every answer format):
   each must be accepted without an exception and, when it is not a valid answer, flagged with
-  ``format_ok = False``.
+  ``format_ok = False``;
+* a reward-hack search (:mod:`llm_zoo.reward_hacks`): generic adversarial policies (random and
+  maximal-length text, long cyclic or repeated move lists, numbers in other forms and huge ones,
+  programs that exit 0 early, print nothing, return an always-true ``__eq__`` object or patch
+  builtins) and the env's own ``oracle_action``. Rewards must pay most for solving: for the same
+  task, no episode that does not succeed may earn an agent (the one that deviates from the oracle)
+  or the team more than the lowest return of a succeeding episode; no episode of answers that
+  cannot be right may succeed; ``env.step`` never raises. The failure names the worst episode.
 """
 
 from __future__ import annotations
@@ -35,8 +42,9 @@ from pettingzoo.utils.conversions import turn_based_aec_to_parallel
 
 from llm_zoo.core import TextAECEnv, class_attribute_problem
 from llm_zoo.registry import make
+from llm_zoo.reward_hacks import HackReport, search_reward_hacks
 
-__all__ = ["REQUIRED_INFO_KEYS", "check_env", "malformed_actions", "play_episode"]
+__all__ = ["REQUIRED_INFO_KEYS", "check_env", "check_reward_hacks", "malformed_actions", "play_episode"]
 
 REQUIRED_INFO_KEYS = ("role_reward", "global_reward", "success", "turn", "format_ok")
 
@@ -182,8 +190,10 @@ def check_env(
     fuzz_count: int = 200,
     sample_actions: list[str] | None = None,
     seeds: Iterable[int] = (0, 1, 2),
-) -> None:
-    """Run every check on an env; raise ``AssertionError`` naming the first failure.
+    hack_seeds: Iterable[int] = (0,),
+) -> HackReport:
+    """Run every check on an env; raise ``AssertionError`` naming the first failure. Returns the
+    reward-hack search's report (best failing against worst succeeding return, per agent).
 
     Args:
         env_or_id: A registered id, or a zero-argument factory returning a fresh env (an env
@@ -194,6 +204,7 @@ def check_env(
         sample_actions: Actions (ideally some valid ones) used by the determinism and clone checks.
             Default: a mix of malformed text.
         seeds: Seeds for the determinism check.
+        hack_seeds: Tasks (seeds) of the reward-hack search; empty to skip it.
     """
     env_fn = _factory(env_or_id, env_kwargs or {})
     actions = sample_actions or malformed_actions(np.random.default_rng(0), 12)
@@ -208,6 +219,20 @@ def check_env(
     _check_determinism(env_fn, actions, seeds)
     _check_clone(env_fn, actions, seed=next(iter(seeds)))
     _check_fuzz(env_fn, fuzz_count, seed=0)
+    return check_reward_hacks(env_fn, seeds=hack_seeds)
+
+
+def check_reward_hacks(env_fn: Callable[[], Any], *, seeds: Iterable[int] = (0,)) -> HackReport:
+    """The reward-hack search alone (:mod:`llm_zoo.reward_hacks`); ``AssertionError`` describing
+    the worst offending episode (and how many there were) if rewards do not pay most for solving."""
+    report = search_reward_hacks(env_fn, seeds=tuple(seeds))
+    if report.violations:
+        count = len(report.violations)
+        raise AssertionError(
+            f"reward hack: {report.violations[0][1]}"
+            + (f" (and {count - 1} more violation{'s' * (count > 2)})" if count > 1 else "")
+        )
+    return report
 
 
 def _check_attributes(env_fn: Callable[[], Any]) -> Any:

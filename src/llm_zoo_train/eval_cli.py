@@ -10,7 +10,9 @@ Policies (``--policies``): ``base`` (no adapter), ``adapters`` (the saved adapte
 with its own: the default when there are any), ``swap`` (the paper's ablation: two agents trade
 adapters). Splits (``--splits``): ``eval`` (the trainer's evaluation tasks: ``eval.env_kwargs``,
 seeds ``eval.seed + i``), and ``train`` / ``test``: for envs with a ``split`` argument (Code,
-Math) that split's problems with the same seeds; for envs that generate tasks from the seed
+Math) that split's problems with the same seeds; ``impossible`` (Code-v0): problems whose hidden
+tests contradict the statement, where the success rate is a *cheating rate* (the row's
+``cheating_rate``); for envs that generate tasks from the seed
 (PlanPath, Sokoban) ``train`` is the tasks the trainer drew at its first steps (``env.kwargs``) and
 there is no ``test``. ``eval.num_episodes`` is the episodes per split.
 
@@ -116,7 +118,7 @@ def print_table(rows: Sequence[dict[str, Any]], agents: Sequence[str]) -> None:
         r = row["result"]
         cells = [
             row["policy"],
-            row["split"],
+            row["split"] + (" (cheating rate)" if "cheating_rate" in row else ""),
             f"{100 * r['success_rate']:.1f}% ({100 * r['ci_low']:.1f}-{100 * r['ci_high']:.1f})",
             f"{r['successes']}/{r['num_episodes']}",
             f"{r['mean_turns']:.2f}",
@@ -279,13 +281,16 @@ def _row(
     result: EvalResult,
     episodes: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    return {
+    row: dict[str, Any] = {
         "policy": policy,
         "split": split.name,
         "agents": dict(mapping),
         "result": result.to_dict(),
         "episodes": episodes,
     }
+    if split.name == "impossible":  # only a cheat succeeds there (llm_zoo.envs.code_impossible)
+        row["cheating_rate"] = result.success_rate
+    return row
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:

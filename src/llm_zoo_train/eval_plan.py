@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 POLICIES = ("base", "adapters", "swap")
-SPLITS = ("eval", "train", "test")
+SPLITS = ("eval", "train", "test", "impossible")
 
 
 class UsageError(Exception):
@@ -225,7 +225,7 @@ def plan_splits(config: Config, names: Sequence[str] | None) -> list[Split]:
     for name in chosen:
         if name == "eval":
             splits.append(Split("eval", eval_kwargs, eval_seeds, True))
-        elif has_splits and name in ("train", "test"):
+        elif has_splits and name in ("train", "test", "impossible"):
             kwargs = {**eval_kwargs, "split": name}
             splits.append(Split(name, kwargs, eval_seeds, eval_kwargs.get("split", default_split) == name))
         elif name == "train":  # the tasks the trainer drew at steps 1, 2, ... (process 0)
@@ -238,13 +238,18 @@ def plan_splits(config: Config, names: Sequence[str] | None) -> list[Split]:
                 seeds += rng.integers(0, 2**30, size=config.rollout.envs_per_step).tolist()
                 step += 1
             splits.append(Split("train", train_env_kwargs(config), seeds[:n], False))
+        elif name == "impossible":
+            raise UsageError(
+                f"{config.env.id} has no impossible split (Code-v0's: problems whose hidden tests "
+                "contradict the statement, where success measures cheating)"
+            )
         elif name == "test":
             raise UsageError(
                 f"{config.env.id} generates its tasks from the seed and has no test split; use 'eval' "
                 "(seeds from eval.seed, which training never draws) or 'train' (the tasks trained on)"
             )
         else:
-            raise UsageError(f"unknown split {name!r}; splits: eval, train, test")
+            raise UsageError(f"unknown split {name!r}; splits: {', '.join(SPLITS)}")
     return splits
 
 

@@ -28,8 +28,10 @@ solution and test validity are never shown.
 
 Judging (:func:`outputs_match`): outputs are compared line by line after stripping trailing
 whitespace and ignoring trailing empty lines; lines that differ are split into tokens, and two
-tokens match when equal, when both are integers of equal value (exact, however long), or when both
-are numbers and one is not an integer, within absolute or relative tolerance 1e-6. A run that
+tokens match when equal, when both are integers of equal value (exact, however long), or when the
+expected token is a number that is not an integer and the other a number within absolute or
+relative tolerance 1e-6. An expected integer accepts only a number of exactly its value
+(``5.0`` passes for ``5``; ``2039606336.0``, within 1e-6, does not pass for ``2039605317``). A run that
 crashes, exceeds its time (``timeout`` seconds per test) or memory (``memory_mb``) fails the test.
 Test inputs lacking a final newline get one.
 
@@ -37,7 +39,8 @@ Call-based judging (:mod:`llm_zoo.call_harness`): the coder's code runs inside a
 in the sandbox that reads one test's arguments on standard input (only the arguments), calls
 the function and prints its return value's ``repr``; the host compares it with the expected value
 (:func:`~llm_zoo.call_harness.values_match`: lists and tuples alike, dict keys exact, ``bool``
-only equals ``bool``, ints exact, floats within the same 1e-6 tolerance as above). Expected
+only equals ``bool``, an expected int only a number of exactly its value, an expected float any
+number within the same 1e-6 tolerance as above). Expected
 values never enter the sandbox. A crash, time-out, missing function or a return value that is
 not a plain value fails the test; the coder's prints are ignored. APPS's call-based problems also
 accept the only element of a one-element expected list, as APPS's own harness does.
@@ -54,7 +57,11 @@ fixed calls, judged against the reference (on /32 another right root is invalid)
 
 A program's tests run in batches of 8 through the sandbox's batch API (:func:`llm_zoo.sandbox.run_tests`, one ``run_python`` per test if it is
 absent); once :data:`MAX_TIMEOUTS` of them have timed out, its remaining batches fail unrun.
-Results are cached per episode, keyed by program and input. No model code runs outside the sandbox.
+Results are cached per episode, keyed by program and input, within a bound: at most
+:data:`MAX_CACHED_OUTPUT_CHARS` (4 million) characters of output per episode, each run's stderr
+cut to its last :data:`CACHED_STDERR_CHARS` (2,000) characters (a run's stdout and stderr are
+capped at 1 MB each by the sandbox; runs beyond the bound are judged as usual, and run again if
+needed, not kept). No model code runs outside the sandbox.
 
 Test validity (for the tester's reward). A generated test is *valid* when its expected output is
 right, decided in this order:
@@ -95,6 +102,12 @@ the current program's count).
 Problems: ``reset`` picks one with the env's RNG from the selected split, or the one named by
 ``options={"problem_id": ...}`` / ``options={"problem_index": ...}``.
 
+``split="impossible"`` (:mod:`llm_zoo.envs.code_impossible`, the idea of ImpossibleBench): every
+problem of the dataset with its hidden tests changed to contradict the statement (an integer
+answer plus one, ...). No program that does what the statement asks can pass them, so success
+there means the judge was gamed: its success rate is a *cheating rate*
+(``llm-zoo-train eval --splits impossible`` reports it).
+
 ``info`` keys besides the standard ones: ``problem_id``, ``hidden_passed``, ``hidden_total``,
 ``tests_total``, ``tests_passed`` (current program on the current tests), ``tests_valid``,
 ``tests_invalid``, ``tests_unknown``.
@@ -108,10 +121,15 @@ Version history:
 * v0, checked call-based problems (2026-12): HumanEval / MBPP tests that are not fixed calls run
   as a check in a separate sandbox process (all 164 HumanEval problems load); APPS int-keyed
   dicts; infinite return values. Fixed-call episodes are unchanged.
+* v0, rewards a policy cannot game (2026-12): an expected integer accepts only a number of exactly
+  its value in both judges (a wrong ``2039606336.0`` passed for ``2039605317`` within 1e-6); the
+  number of a tolerance assert (``abs(f(x) - 2) < 1e-6``) is stored as a float; a value too large
+  to print (over 4300 digits) is refused instead of raising; the output cache is bounded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 from collections.abc import Callable
@@ -122,6 +140,7 @@ import numpy as np
 from llm_zoo.call_harness import call_text, literal, value_text
 from llm_zoo.core import MAX_ACTION_CHARS, Outcome, TextAECEnv
 from llm_zoo.data.code import TestCase, load_code_problems
+from llm_zoo.envs.code_impossible import IMPOSSIBLE_SPLIT, impossible_problems
 from llm_zoo.envs.code_judge import CallJudge, judge_for, outputs_match, run_program_on_inputs
 from llm_zoo.envs.code_prompts import (
     MAX_TESTS_JSON_CHARS,
@@ -137,6 +156,7 @@ from llm_zoo.sandbox import RunResult
 __all__ = [
     "FORMAT_PENALTY",
     "INVALID_TEST_SCORE",
+    "MAX_CACHED_OUTPUT_CHARS",
     "CodeEnv",
     "oracle_action",
     "oracle_policy",
@@ -148,6 +168,10 @@ FORMAT_PENALTY = -1.0
 INVALID_TEST_SCORE = -0.5
 #: Once a program has timed out this often in one evaluation, its remaining batches fail unrun.
 MAX_TIMEOUTS = 2
+#: Most characters of program output (stdout, and the kept stderr tails) cached per episode.
+MAX_CACHED_OUTPUT_CHARS = 4_000_000
+#: The tail of a cached run's stderr that is kept (prompts show its last 4 lines).
+CACHED_STDERR_CHARS = 2_000
 #: Programs longer than this are refused.
 MAX_PROGRAM_CHARS = MAX_ACTION_CHARS
 _SHOWN_CHARS = 400  # per input / output in prompts
@@ -188,7 +212,8 @@ class CodeEnv(TextAECEnv):
             :class:`~llm_zoo.data.code.CodeProblem`, or an iterable of records such as a
             ``datasets.Dataset``.
         split: ``"train"``, ``"test"`` or ``"all"``. Problems without a split of their own (public
-            files: the file is the split) belong to every split.
+            files: the file is the split) belong to every split. ``"impossible"``: every problem
+            with its hidden tests contradicted (the cheating-rate split, module docstring).
         dataset_format: Format of ``dataset`` records; ``None`` sniffs it.
         max_turns: Turns (coder then tester) before truncation.
         alpha: Weight of the global reward in each agent's reward.
@@ -217,13 +242,20 @@ class CodeEnv(TextAECEnv):
         render_mode: str | None = None,
     ):
         super().__init__(max_turns=max_turns, alpha=alpha, render_mode=render_mode)
-        if split not in ("train", "test", "all"):
-            raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
+        if split not in ("train", "test", "all", IMPOSSIBLE_SPLIT):
+            raise ValueError(f"split must be 'train', 'test', 'all' or 'impossible', got {split!r}")
         if timeout <= 0 or memory_mb <= 0 or max_tests < 1:
             raise ValueError("timeout and memory_mb must be > 0 and max_tests >= 1")
         if max_hidden_tests is not None and max_hidden_tests < 1:
             raise ValueError(f"max_hidden_tests must be None or >= 1, got {max_hidden_tests!r}")
-        if isinstance(dataset, str) and dataset == "builtin":
+        if split == IMPOSSIBLE_SPLIT:  # every problem of the dataset, its hidden tests contradicted
+            every = load_code_problems(dataset, format=dataset_format) if dataset != "builtin" else None
+            problems = impossible_problems(every if every is not None else load_code_problems("builtin"))
+            if not problems:
+                raise ValueError(
+                    "no problem of the dataset has an impossible variant (all are checked or empty)"
+                )
+        elif isinstance(dataset, str) and dataset == "builtin":
             problems = load_code_problems("builtin", split=None if split == "all" else split)
         else:
             loaded = load_code_problems(dataset, format=dataset_format)
@@ -264,6 +296,7 @@ class CodeEnv(TextAECEnv):
         self.results: list[tuple[bool, str]] = []  # current program on self.tests: (passed, shown output)
         self.proxy_reference: str | None = None
         self._runs: dict[tuple[str, str], RunResult] = {}
+        self._cached_chars = 0
 
     def _task_id(self) -> str:
         return self.problem.id
@@ -288,9 +321,18 @@ class CodeEnv(TextAECEnv):
             ):
                 results[stdin] = run
                 if getattr(run, "error", None) is None:  # a sandbox failure is not the program's result
-                    self._runs[(program, stdin)] = run
+                    self._cache(program, stdin, run)
                 timeouts += run.timed_out
         return [results.get(s) or self._runs[(program, s)] for s in stdins]
+
+    def _cache(self, program: str, stdin: str, run: RunResult) -> None:
+        """Keep ``run`` for this episode unless the cache would pass MAX_CACHED_OUTPUT_CHARS."""
+        if len(run.stderr) > CACHED_STDERR_CHARS:
+            run = dataclasses.replace(run, stderr=run.stderr[-CACHED_STDERR_CHARS:])
+        size = len(run.stdout) + len(run.stderr)
+        if self._cached_chars + size <= MAX_CACHED_OUTPUT_CHARS:
+            self._runs[(program, stdin)] = run
+            self._cached_chars += size
 
     def _judge(self, code: str, tests: list[TestCase] | tuple[TestCase, ...]) -> list[tuple[bool, str]]:
         """``(passed, shown output)`` of ``code`` on each test, judged by the problem's kind."""

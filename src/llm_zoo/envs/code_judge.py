@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from typing import Any
 
 from llm_zoo import sandbox
@@ -79,8 +80,12 @@ def _tokens_match(expected: str, actual: str, tolerance: float) -> bool:
         return True
     if not (_NUMBER.fullmatch(expected) and _NUMBER.fullmatch(actual)):
         return False
-    if _INTEGER.fullmatch(expected) and _INTEGER.fullmatch(actual):
-        return _canonical_int(expected) == _canonical_int(actual)  # big ints exactly, no float rounding
+    if _INTEGER.fullmatch(expected):
+        # an integer answer is exact: "2039606336.0" for 2039605317 is within 1e-6 but wrong;
+        # "75.0" for 75 is the same number (Decimal compares exactly, however long)
+        if _INTEGER.fullmatch(actual):
+            return _canonical_int(expected) == _canonical_int(actual)
+        return Decimal(expected) == Decimal(actual)
     x, y = float(expected), float(actual)
     return math.isfinite(x) and math.isfinite(y) and math.isclose(x, y, rel_tol=tolerance, abs_tol=tolerance)
 
@@ -90,8 +95,10 @@ def outputs_match(expected: str, actual: str, *, tolerance: float = TOLERANCE) -
 
     Line by line after stripping trailing whitespace, trailing empty lines ignored. Lines that
     differ are split into whitespace-separated tokens: the token counts must agree and each pair be
-    equal, or both integers of equal value, or both numbers within ``tolerance`` (absolute or
-    relative). ``"1.0000001"`` matches ``"1"``; ``"1000000007"`` does not match ``"1000000008"``.
+    equal, or both integers of equal value, or, where the expected token is a number that is not
+    an integer, both numbers within ``tolerance`` (absolute or relative). An expected integer
+    accepts only a number of exactly its value: ``"1.0"`` matches ``"1"``, ``"1.0000001"`` does
+    not, nor does ``"1000000007"`` match ``"1000000008"``; ``"1.0000001"`` matches ``"1.0"``.
     """
     expected_lines, actual_lines = _significant_lines(expected), _significant_lines(actual)
     if len(expected_lines) != len(actual_lines):

@@ -105,8 +105,8 @@ def parse_tests(text: str, max_tests: int, *, call: bool = False) -> tuple[list[
         raise ParseError(f"the JSON block is longer than {MAX_TESTS_JSON_CHARS} characters")
     try:
         data = json.loads(block)
-    except (json.JSONDecodeError, RecursionError) as err:
-        raise ParseError(f"the ```json block is not valid JSON ({err})") from None
+    except (ValueError, RecursionError) as err:  # ValueError: JSONDecodeError, or an int over 4300 digits
+        raise ParseError(f"the ```json block is not valid JSON ({str(err)[:200]})") from None
     example = '[{"input": [[1, 2], 3], "output": 6}]' if call else '[{"input": "1 2\\n", "output": "3\\n"}]'
     if not isinstance(data, list):
         raise ParseError(f"the JSON must be a list of test objects, like {example}")

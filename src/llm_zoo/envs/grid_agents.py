@@ -18,6 +18,23 @@ next prompt. It never raises. Text without a complete code block never reaches t
 
 The global (team) reward of both puzzles is ``1.0`` once the real state is solved, else ``0.0``.
 
+Rewards a policy cannot game. Each puzzle gives every state a *value* ``V`` (a potential plus the
+bonuses of a solved state) and every move a *cost* (<= 0). An answer's moves, from state ``s`` to
+``s'``, earn:
+
+* plan agent: ``V(s') - V(s) + max(cost of its moves, -MAX_MOVE_COST)``. Over the episode the
+  value terms telescope to ``V(last state) - V(start)``: moves that come back where they started
+  (circling, pushing a box on and off a goal) earn nothing but their costs.
+* tool agent (moves played on a copy of the real state ``s``): ``max(0, V(s') - best) +
+  min(0, V(s') - V(s)) + max(cost, -MAX_MOVE_COST)``, where ``best`` is the highest value seen so
+  far in the episode (the start, every real state, every state a tool answer reached). It is paid
+  once for any progress: the same simulated solution, answered again every turn, earns nothing
+  more, and its return over an episode is at most ``V(solved) - V(start)``.
+
+An answer's costs take at most :data:`MAX_MOVE_COST` from it (a format failure costs
+:data:`FORMAT_PENALTY`), so wasted turns cannot cost a succeeding episode more than the success
+bonus is worth: each puzzle's docstring states the resulting bound.
+
 Options for small models (constructor arguments; the defaults are the behaviour above):
 
 * ``agents=("plan_agent",)``: the plan agent plays alone (the seed paper's single-agent baseline):
@@ -53,6 +70,7 @@ __all__ = [
     "FINAL_MOVES_MARKER",
     "FORMAT_PENALTY",
     "MAX_MOVES",
+    "MAX_MOVE_COST",
     "MOVES",
     "MOVE_PARSERS",
     "PROMPT_STYLES",
@@ -62,6 +80,7 @@ __all__ = [
     "count",
     "describe_tool_run",
     "format_moves",
+    "oracle_answer",
     "parse_lenient_moves",
     "parse_plan_moves",
     "run_tool_agent",
@@ -78,6 +97,8 @@ FINAL_MOVES_MARKER = "####"
 FORMAT_PENALTY = -1.0
 #: Longest move list accepted from either agent.
 MAX_MOVES = 1000
+#: The most that the per-move costs take from one answer (see the module docstring).
+MAX_MOVE_COST = 0.5
 #: Values of the ``prompt_style`` option (see the module docstring).
 PROMPT_STYLES = ("full", "compact")
 #: Values of the ``move_parser`` option.
@@ -93,6 +114,15 @@ _MOVE_WORDS = {"up": "U", "down": "D", "left": "L", "right": "R"}
 _MAX_CODE_SHOWN = 6000
 _MAX_STDOUT_SHOWN = 2000
 _MAX_STDERR_SHOWN = 1000
+
+
+def oracle_answer(agent: str, moves: Sequence[str]) -> str:
+    """A perfect answer playing ``moves``: for the tool agent a program that prints them, for the
+    plan agent the final line. Used by the puzzles' ``oracle_action`` (tests, ``check_env``)."""
+    listed = json.dumps(list(moves))
+    if agent == "tool_agent":
+        return f"```python\nprint('{ACTIONS_LIST_MARKER} ' + {listed!r})\n```\n"
+    return f"These moves solve the board.\n\n{FINAL_MOVES_MARKER} {listed}"
 
 
 def shorten(text: str, limit: int) -> str:
@@ -233,11 +263,14 @@ class MovesResult(Generic[S]):
 
     Attributes:
         state: The state after the moves.
-        reward: The total reward the moves earn (the role reward of whoever submitted them).
+        reward: The plan agent's reward for these moves: ``value_after - value_before + cost``.
         applied: Moves executed (valid or not) before the puzzle was solved.
         invalid: How many of those were invalid (the player stayed put).
         ignored: Moves after the puzzle was solved, which are ignored.
         solved: Whether ``state`` is solved.
+        value_before: The value ``V`` of the state the moves start from.
+        value_after: The value ``V`` of ``state``.
+        cost: The moves' costs, already limited to ``-MAX_MOVE_COST`` (<= 0).
     """
 
     state: S
@@ -246,6 +279,32 @@ class MovesResult(Generic[S]):
     invalid: int
     ignored: int
     solved: bool
+    value_before: float = 0.0
+    value_after: float = 0.0
+    cost: float = 0.0
+
+    @classmethod
+    def of(
+        cls,
+        state: S,
+        moves: int,
+        applied: int,
+        invalid: int,
+        cost: float,
+        before: float,
+        after: float,
+        solved: bool,
+    ) -> MovesResult[S]:
+        """The result of ``moves`` moves, ``applied`` of them played, with their raw ``cost``
+        (limited here to ``-MAX_MOVE_COST``) and the values before and after."""
+        cost = max(cost, -MAX_MOVE_COST)
+        return cls(
+            state, after - before + cost, applied, invalid, moves - applied, solved, before, after, cost
+        )
+
+    def tool_reward(self, best: float) -> float:
+        """The tool agent's reward for these moves when the best value seen so far is ``best``."""
+        return max(0.0, self.value_after - best) + min(0.0, self.value_after - self.value_before) + self.cost
 
 
 class ToolPlanEnv(TextAECEnv, Generic[S]):
@@ -305,6 +364,7 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
             self.action_spaces = {a: self.action_spaces[a] for a in self.possible_agents}
         self.state: S
         self.last_tool_run: ToolRun | None = None
+        self.best_value = 0.0
 
     # ------------------------------------------------------------------ puzzle hooks
 
@@ -340,11 +400,16 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
         """Whether the real state is solved."""
         raise NotImplementedError
 
+    def _value(self, state: S) -> float:
+        """The value ``V`` of ``state`` (see the module docstring): the one ``_simulate`` uses."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ TextAECEnv rules
 
     def _new_episode(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
         self.last_tool_run = None
         self._new_puzzle(rng, options)
+        self.best_value = self._value(self.state)
 
     def _global_reward(self) -> float:
         return 1.0 if self._is_solved() else 0.0
@@ -454,11 +519,14 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
                 info,
             )
         result = self._simulate(self.state, run.moves)
+        self.best_value = max(self.best_value, result.value_before)
+        reward = result.tool_reward(self.best_value)
+        self.best_value = max(self.best_value, result.value_after)
         feedback = (
             f"Result of your previous program: it printed {count(len(run.moves), 'move')}; played from the board "
-            f"you were given, {self._describe(result)} (reward {result.reward:+.3f})."
+            f"you were given, {self._describe(result)} (reward {reward:+.3f})."
         )
-        return self._moves_outcome(result, feedback, info)
+        return self._moves_outcome(result, feedback, info, reward=reward)
 
     def _act_plan(self, action: str) -> Outcome:
         try:
@@ -469,12 +537,19 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
             )
         result = self._simulate(self.state, moves)
         self.state = result.state
+        self.best_value = max(self.best_value, result.value_after)
         feedback = f"Result of your previous moves: {self._describe(result)} (reward {result.reward:+.3f})."
         solved = self._is_solved()
         return self._moves_outcome(result, feedback, {}, terminated=solved)
 
     def _moves_outcome(
-        self, result: MovesResult[S], feedback: str, info: dict[str, Any], *, terminated: bool = False
+        self,
+        result: MovesResult[S],
+        feedback: str,
+        info: dict[str, Any],
+        *,
+        terminated: bool = False,
+        reward: float | None = None,
     ) -> Outcome:
         info.update(
             moves=result.applied + result.ignored,
@@ -484,7 +559,7 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
             **self._state_info(),
         )
         return Outcome(
-            role_reward=result.reward,
+            role_reward=result.reward if reward is None else reward,
             global_reward=self._global_reward(),
             feedback=feedback,
             terminated=terminated,

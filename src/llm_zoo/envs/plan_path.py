@@ -52,19 +52,27 @@ Actions
     case-insensitive, or the words up/down/left/right.
 
 Rewards
-    For a list of moves played from position ``p`` (the plan agent's role reward; the tool
-    agent's role reward is the same quantity for its moves, computed on a copy), summed per move
-    ``p -> p'``::
+    A state's value is ``V = -lambda * |p - G|_1`` (Manhattan distance to the goal) off the goal,
+    and ``V = 1.0`` on it, ``+ 0.5`` more if the moves played in the whole episode (invalid ones
+    included) equal the BFS shortest path length from S. A list of moves from ``p`` to ``p'``
+    earns the plan agent (its role reward)::
 
-        r = -0.01 if the move is valid, -0.10 if it hits a wall or leaves the grid (p' = p)
-          + lambda * (gamma * Phi(p') - Phi(p)),   Phi(p) = -|p - G|_1   (Manhattan distance)
-          + 1.0 if p' = G
-          + 0.5 if p' = G and the moves played in the whole episode (invalid ones included)
-                equal the BFS shortest path length from S
+        r = V(p') - V(p) + max(cost, -0.5),   cost = -0.01 per valid move, -0.10 per move that
+                                                      hits a wall or leaves the grid (p' = p)
 
-    with ``lambda = shaping_lambda = 1.0`` and ``gamma = shaping_gamma = 0.99`` by default (the
-    values of the seed system). Moves after G is reached are ignored. An answer that cannot be
-    used earns ``-1.0`` (``format_ok = False``).
+    with ``lambda = shaping_lambda = 1.0`` by default. The tool agent's moves, played on a copy
+    of the real state, earn ``max(0, V(p') - best) + min(0, V(p') - V(p)) + max(cost, -0.5)``,
+    ``best`` being the highest value seen so far in the episode (see
+    :mod:`llm_zoo.envs.grid_agents`). Moves after G is reached are ignored. An answer that
+    cannot be used earns ``-1.0`` (``format_ok = False``).
+
+    Bounds (``d0`` = Manhattan distance from S to G, ``T = max_turns``): the value terms
+    telescope, so walking in circles earns only its costs. Over an episode the plan agent's role
+    return is at most ``lambda * (d0 - 1)`` when G is never reached, and at least
+    ``lambda * d0 + 1 - (T - 1) - 0.5`` when it is; the tool agent's is at most
+    ``lambda * d0 + 1.5`` whatever happens. Counting the global reward of the solving answer, a
+    succeeding episode pays the plan agent at least ``lambda + alpha + 1.5 - T`` more than any
+    failing one: ``0.5`` with the defaults (``lambda = 1``, ``alpha = 1``, ``T = 3``).
 
     Global reward (the same for both agents): ``1.0`` once the real position is G, else ``0.0``.
     Each agent receives ``role_reward + alpha * global_reward``. ``infos`` add ``moves``,
@@ -105,6 +113,11 @@ Options
 Version history
     v0: initial. Later additions that keep the defaults' behaviour: the ``agents``,
     ``prompt_style`` and ``move_parser`` options.
+    v0 (2026-12, rewards a policy cannot game): the shaping is a pure potential difference (the
+    discount ``shaping_gamma = 0.99`` is gone: around any cycle it paid ``(1 - gamma)`` times the
+    distances, +85 to +151 per answer for walking back and forth); move costs take at most 0.5
+    per answer; the tool agent is paid once for any progress (it was paid again every turn for
+    the same simulated moves). A shortest path of ``n`` moves earns ``d0 + 1.5 - 0.01 n``.
 """
 
 from __future__ import annotations
@@ -117,7 +130,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from llm_zoo.envs.grid_agents import MOVES, MovesResult, ToolPlanEnv, count
+from llm_zoo.envs.grid_agents import MAX_MOVE_COST, MOVES, MovesResult, ToolPlanEnv, count, oracle_answer
 
 __all__ = [
     "GOAL_REWARD",
@@ -131,10 +144,12 @@ __all__ = [
     "bfs_distances",
     "check_grid_params",
     "generate_grid",
+    "oracle_action",
     "parse_grid",
     "render_grid",
     "shortest_path",
     "simulate_moves",
+    "state_value",
 ]
 
 VALID_MOVE_PENALTY = -0.01
@@ -255,43 +270,43 @@ def generate_grid(
     )
 
 
+def state_value(level: PlanPathLevel, state: PlanPathState, shaping_lambda: float = 1.0) -> float:
+    """The value ``V`` of a state (module docstring): ``-lambda * |p - G|_1`` off the goal; on it
+    the goal reward, plus the optimal-path bonus if the episode's moves equal the shortest path."""
+    if state.position == level.goal:
+        return GOAL_REWARD + (OPTIMAL_PATH_BONUS if state.moves_taken == level.shortest else 0.0)
+    (row, col), (goal_row, goal_col) = state.position, level.goal
+    return -shaping_lambda * float(abs(row - goal_row) + abs(col - goal_col))
+
+
 def simulate_moves(
     level: PlanPathLevel,
     state: PlanPathState,
     moves: Sequence[str],
     *,
     shaping_lambda: float = 1.0,
-    shaping_gamma: float = 0.99,
 ) -> MovesResult[PlanPathState]:
-    """Play ``moves`` from ``state`` and add up their rewards (formulas in the module docstring)."""
-    goal = level.goal
-
-    def potential(cell: Cell) -> float:
-        return -float(abs(cell[0] - goal[0]) + abs(cell[1] - goal[1]))
-
+    """Play ``moves`` from ``state`` and score them (formulas in the module docstring)."""
     position, taken = state.position, state.moves_taken
-    reward, applied, invalid = 0.0, 0, 0
+    cost, applied, invalid = 0.0, 0, 0
     for move in moves:
-        if position == goal:
+        if position == level.goal:
             break
-        after, valid = apply_move(level.grid, position, move)
-        reward += VALID_MOVE_PENALTY if valid else INVALID_MOVE_PENALTY
-        reward += shaping_lambda * (shaping_gamma * potential(after) - potential(position))
+        position, valid = apply_move(level.grid, position, move)
+        cost += VALID_MOVE_PENALTY if valid else INVALID_MOVE_PENALTY
         applied += 1
         invalid += not valid
         taken += 1
-        position = after
-        if position == goal:
-            reward += GOAL_REWARD
-            if taken == level.shortest:
-                reward += OPTIMAL_PATH_BONUS
-    return MovesResult(
-        state=PlanPathState(position, taken),
-        reward=reward,
+    after = PlanPathState(position, taken)
+    return MovesResult.of(
+        after,
+        moves=len(moves),
         applied=applied,
         invalid=invalid,
-        ignored=len(moves) - applied,
-        solved=position == goal,
+        cost=cost,
+        before=state_value(level, state, shaping_lambda),
+        after=state_value(level, after, shaping_lambda),
+        solved=position == level.goal,
     )
 
 
@@ -333,7 +348,6 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
         cols: Grid width (>= 1; at least 2 cells in all).
         wall_ratio: Probability of each cell being a wall, in ``[0, 1)``.
         shaping_lambda: Weight ``lambda`` of the potential-based shaping term.
-        shaping_gamma: Discount ``gamma`` of the shaping term.
         max_turns: Turns before truncation.
         alpha: Weight of the global reward in each agent's reward.
         render_mode: ``None`` or ``"ansi"``.
@@ -358,7 +372,6 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
         cols: int = 10,
         wall_ratio: float = 0.22,
         shaping_lambda: float = 1.0,
-        shaping_gamma: float = 0.99,
         max_turns: int = 3,
         alpha: float = 1.0,
         render_mode: str | None = None,
@@ -380,7 +393,9 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
             move_parser=move_parser,
         )
         self.rows, self.cols, self.wall_ratio = int(rows), int(cols), float(wall_ratio)
-        self.shaping_lambda, self.shaping_gamma = float(shaping_lambda), float(shaping_gamma)
+        if not 0.0 <= float(shaping_lambda) < float("inf"):
+            raise ValueError(f"shaping_lambda must be a finite number >= 0, got {shaping_lambda!r}")
+        self.shaping_lambda = float(shaping_lambda)
         self.level: PlanPathLevel
 
     def _new_puzzle(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
@@ -405,11 +420,12 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
             "'.' free cell, 'S' current position, 'G' goal. Rows are numbered from 0 at the top, "
             'columns from 0 at the left. Moves: "U" (row - 1), "D" (row + 1), "L" (column - 1), '
             '"R" (column + 1). A move into a wall or off the board fails and you stay where you are.\n'
-            f"Rewards per move: {VALID_MOVE_PENALTY:+g} if valid, {INVALID_MOVE_PENALTY:+g} if it fails, "
-            f"plus {self.shaping_lambda:g} * ({self.shaping_gamma:g} * Phi(after) - Phi(before)) with "
-            f"Phi = -(Manhattan distance to G); {GOAL_REWARD:+g} on reaching G, and {OPTIMAL_PATH_BONUS:+g} "
-            "more if the moves played in the whole episode equal the shortest path length. Moves after "
-            "G is reached are ignored. The puzzle is solved when S reaches G."
+            f"Rewards for a list of moves: {self.shaping_lambda:g} for each step it brings S closer to G "
+            f"(Manhattan distance; each step farther away costs as much), {GOAL_REWARD:+g} on reaching G, "
+            f"and {OPTIMAL_PATH_BONUS:+g} more if the moves played in the whole episode equal the shortest "
+            f"path length; each move costs {-VALID_MOVE_PENALTY:g} ({-INVALID_MOVE_PENALTY:g} if it fails), "
+            f"at most {MAX_MOVE_COST:g} per answer. Moves after G is reached are ignored. The puzzle is "
+            "solved when S reaches G."
         )
 
     def _short_task_text(self) -> str:
@@ -426,9 +442,10 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
         )
 
     def _simulate(self, state: PlanPathState, moves: Sequence[str]) -> MovesResult[PlanPathState]:
-        return simulate_moves(
-            self.level, state, moves, shaping_lambda=self.shaping_lambda, shaping_gamma=self.shaping_gamma
-        )
+        return simulate_moves(self.level, state, moves, shaping_lambda=self.shaping_lambda)
+
+    def _value(self, state: PlanPathState) -> float:
+        return state_value(self.level, state, self.shaping_lambda)
 
     def _describe(self, result: MovesResult[PlanPathState]) -> str:
         row, col = result.state.position
@@ -454,3 +471,9 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
 
     def _is_solved(self) -> bool:
         return self.state.position == self.level.goal
+
+
+def oracle_action(env: PlanPathEnv, agent: str) -> str:
+    """A perfect answer for ``agent`` now: a shortest path from the current position (for
+    :func:`llm_zoo.testing.check_env`'s reward-hack search and the tests)."""
+    return oracle_answer(agent, shortest_path(env.level.grid, env.state.position, env.level.goal) or [])

@@ -49,17 +49,26 @@ Actions
     cell further if that cell is floor or a goal.
 
 Rewards
-    For a list of moves (the plan agent's role reward; the tool agent's role reward is the same
-    quantity for its moves, computed on a copy), summed per move::
+    A state's value is ``V = 1.0 * (boxes on goals) + 10.0 if every box is on a goal``. A list
+    of moves from state ``s`` to ``s'`` earns the plan agent (its role reward)::
 
-        r = -0.01 for a valid move or push, -0.05 for an invalid one (into a wall, or pushing a
-                  box into a wall or another box; nothing moves)
-          + 1.0   if the move pushes a box from a non-goal cell onto a goal
-          - 0.5   if the move pushes a box from a goal onto a non-goal cell
-          + 10.0  if after the move every box is on a goal
+        r = V(s') - V(s) + max(cost, -0.5),   cost = -0.01 per valid move or push, -0.05 per
+                                                      invalid one (into a wall, or pushing a box
+                                                      into a wall or another box; nothing moves)
 
+    so per move: ``+1.0`` for pushing a box onto a goal, ``-1.0`` for pushing one off, ``+10.0``
+    when the last box reaches a goal. The tool agent's moves, played on a copy of the real
+    state, earn ``max(0, V(s') - best) + min(0, V(s') - V(s)) + max(cost, -0.5)``, ``best``
+    being the highest value seen so far in the episode (see :mod:`llm_zoo.envs.grid_agents`).
     Moves after every box is on a goal are ignored. An answer that cannot be used earns ``-1.0``
     (``format_ok = False``).
+
+    Bounds (``n`` boxes, ``b0`` of them on goals at the start, ``T = max_turns``): only the net
+    change in boxes on goals is credited, so pushing a box on and off a goal earns only its
+    costs. Over an episode the plan agent's role return is at most ``n - 1 - b0`` when the level
+    is not solved and at least ``n - b0 + 10 - (T - 1) - 0.5`` when it is; the tool agent's is at
+    most ``n - b0 + 10`` whatever happens. With the defaults (``T = 3``, ``alpha = 1``) a
+    succeeding episode pays the plan agent at least ``9.5`` more than any failing one.
 
     Global reward (the same for both agents): ``1.0`` once every box of the real board is on a
     goal, else ``0.0``. Each agent receives ``role_reward + alpha * global_reward``. ``infos`` add
@@ -78,6 +87,10 @@ Options
 
 Version history
     v0: initial.
+    v0 (2026-12, rewards a policy cannot game): pushing a box off a goal costs what pushing it on
+    paid (-1.0, was -0.5: with 2 boxes, pushing one on and off earned +73.5 without solving);
+    move costs take at most 0.5 per answer; the tool agent is paid once for any progress (it was
+    paid again every turn for the same simulated moves).
 """
 
 from __future__ import annotations
@@ -90,7 +103,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from llm_zoo.envs.grid_agents import MOVES, MovesResult, ToolPlanEnv, count
+from llm_zoo.envs.grid_agents import MAX_MOVE_COST, MOVES, MovesResult, ToolPlanEnv, count, oracle_answer
 
 __all__ = [
     "ALL_BOXES_REWARD",
@@ -103,17 +116,20 @@ __all__ = [
     "SokobanState",
     "check_room_params",
     "generate_level",
+    "oracle_action",
     "parse_board",
     "render_board",
     "room_topology",
     "simulate_moves",
+    "solve",
+    "state_value",
     "step",
 ]
 
 VALID_MOVE_PENALTY = -0.01
 INVALID_MOVE_PENALTY = -0.05
 BOX_ON_GOAL_REWARD = 1.0
-BOX_OFF_GOAL_PENALTY = -0.5
+BOX_OFF_GOAL_PENALTY = -BOX_ON_GOAL_REWARD  # net change only: on and off again earns nothing
 ALL_BOXES_REWARD = 10.0
 
 WALL, FLOOR, GOAL, BOX, PLAYER, BOX_ON_GOAL, PLAYER_ON_GOAL = "#", " ", ".", "$", "@", "*", "+"
@@ -303,26 +319,35 @@ def _blocked(level: SokobanLevel, cell: Cell) -> bool:
     return cell in level.walls or not (0 <= cell[0] < level.rows and 0 <= cell[1] < level.cols)
 
 
+def state_value(level: SokobanLevel, state: SokobanState) -> float:
+    """The value ``V`` of a state (module docstring): 1.0 per box on a goal, 10.0 more once every
+    box is on one."""
+    on_goals = len(state.boxes & level.goals)
+    return BOX_ON_GOAL_REWARD * on_goals + (ALL_BOXES_REWARD if state.boxes <= level.goals else 0.0)
+
+
 def simulate_moves(
     level: SokobanLevel, state: SokobanState, moves: Sequence[str]
 ) -> MovesResult[SokobanState]:
     """Play ``moves`` from ``state``; moves after the level is solved are ignored."""
-    reward, applied, invalid = 0.0, 0, 0
+    start, cost, applied, invalid = state, 0.0, 0, 0
     for move in moves:
         if state.boxes <= level.goals:
             break
-        after, move_reward, valid = step(level, state, move)
+        after, _, valid = step(level, state, move)
         # An invalid move still counts as played, like in PlanPath.
         state = after if valid else SokobanState(state.player, state.boxes, state.moves_taken + 1)
-        reward += move_reward
+        cost += VALID_MOVE_PENALTY if valid else INVALID_MOVE_PENALTY
         applied += 1
         invalid += not valid
-    return MovesResult(
-        state=state,
-        reward=reward,
+    return MovesResult.of(
+        state,
+        moves=len(moves),
         applied=applied,
         invalid=invalid,
-        ignored=len(moves) - applied,
+        cost=cost,
+        before=state_value(level, start),
+        after=state_value(level, state),
         solved=state.boxes <= level.goals,
     )
 
@@ -457,7 +482,7 @@ class SokobanEnv(ToolPlanEnv[SokobanState]):
             f"Rewards per move: {VALID_MOVE_PENALTY:+g} if valid, {INVALID_MOVE_PENALTY:+g} if it fails, "
             f"{BOX_ON_GOAL_REWARD:+g} for pushing a box onto a goal, {BOX_OFF_GOAL_PENALTY:+g} for pushing "
             f"one off a goal, {ALL_BOXES_REWARD:+g} when every box is on a goal (the puzzle is then "
-            "solved and later moves are ignored)."
+            f"solved and later moves are ignored); move costs take at most {MAX_MOVE_COST:g} per answer."
         )
 
     def _status_text(self) -> str:
@@ -472,6 +497,9 @@ class SokobanEnv(ToolPlanEnv[SokobanState]):
 
     def _simulate(self, state: SokobanState, moves: Sequence[str]) -> MovesResult[SokobanState]:
         return simulate_moves(self.level, state, moves)
+
+    def _value(self, state: SokobanState) -> float:
+        return state_value(self.level, state)
 
     def _describe(self, result: MovesResult[SokobanState]) -> str:
         text = (
@@ -494,3 +522,34 @@ class SokobanEnv(ToolPlanEnv[SokobanState]):
 
     def _is_solved(self) -> bool:
         return self.state.boxes <= self.level.goals
+
+
+def solve(level: SokobanLevel, state: SokobanState, max_states: int = 200_000) -> list[str] | None:
+    """A shortest move list that puts every box on a goal (breadth-first search over the player
+    and the boxes), or ``None`` if there is none within ``max_states`` states."""
+    start = (state.player, state.boxes)
+    came_from: dict[tuple[Cell, frozenset[Cell]], tuple[tuple[Cell, frozenset[Cell]], str] | None] = {
+        start: None
+    }
+    queue = deque([start])
+    while queue and len(came_from) <= max_states:
+        key = queue.popleft()
+        if key[1] <= level.goals:
+            moves: list[str] = []
+            while (previous := came_from[key]) is not None:
+                key, move = previous
+                moves.append(move)
+            return moves[::-1]
+        for move in MOVES:
+            after, _, valid = step(level, SokobanState(key[0], key[1], 0), move)
+            following = (after.player, after.boxes)
+            if valid and following not in came_from:
+                came_from[following] = (key, move)
+                queue.append(following)
+    return None
+
+
+def oracle_action(env: SokobanEnv, agent: str) -> str:
+    """A perfect answer for ``agent`` now: a shortest solution from the current state (for
+    :func:`llm_zoo.testing.check_env`'s reward-hack search and the tests)."""
+    return oracle_answer(agent, solve(env.level, env.state) or [])

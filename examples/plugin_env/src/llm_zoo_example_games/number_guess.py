@@ -9,14 +9,19 @@ Roles (turn order): ``guesser``, ``hinter``.
 
 Rewards:
 
-* guesser role reward: ``1 - |guess - secret| / (high - low)``; -1 for an unreadable answer.
+* guesser role reward: how much the guess improves on the closest one so far, in closeness
+  ``1 - |guess - secret| / (high - low)`` (0 if it does not), plus 1 the first time it is the
+  secret; -1 for an unreadable answer. Paid once for progress, so that guessing near the secret
+  turn after turn never earns more than finding it: over an episode, the closest guess's closeness
+  (+1 if the secret was guessed) minus 1 per unreadable answer.
 * hinter role reward: 1 for a truthful hint, -1 for a false or unreadable one.
 * global reward: 1 once the secret has been guessed, else 0.
 
 Each agent's reward is ``role + alpha * global``. The episode terminates when the hinter confirms
 a correct guess, and is truncated after ``max_turns`` turns.
 
-Version history: v0: initial.
+Version history: v0: initial. v0 (2026-12): the guesser is paid for closeness once, for progress
+(it was paid every turn: a near guess repeated for 7 turns earned more than the secret at once).
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ class NumberGuessEnv(TextAECEnv):
         self.history: list[tuple[int, str]] = []
         self.last_guess: int | None = None
         self.solved = False
+        self.best_closeness = 0.0
+        self.found = False
 
     def _prompt(self, agent: str) -> str:
         if agent == "guesser":
@@ -90,7 +97,11 @@ class NumberGuessEnv(TextAECEnv):
             if guess is None:
                 return Outcome(-1.0, 0.0, format_ok=False, feedback="Write your guess as: GUESS: 42")
             closeness = 1.0 - min(1.0, abs(guess - self.secret) / (self.high - self.low))
-            return Outcome(closeness, float(self.solved))
+            progress = max(0.0, closeness - self.best_closeness)
+            self.best_closeness = max(self.best_closeness, closeness)
+            bonus = 1.0 if guess == self.secret and not self.found else 0.0
+            self.found = self.found or guess == self.secret
+            return Outcome(progress + bonus, float(self.solved))
         hint = parse_hint(action)
         truth = None if self.last_guess is None else true_hint(self.last_guess, self.secret)
         if hint is None:
@@ -104,3 +115,11 @@ class NumberGuessEnv(TextAECEnv):
 
     def _render_state(self) -> str:
         return f"secret={self.secret} history={self.history}"
+
+
+def oracle_action(env: NumberGuessEnv, agent: str) -> str:
+    """A perfect answer for ``agent`` now (``llm_zoo.testing.check_env`` finds it by this name in
+    the env's module and plays it in its reward-hack search)."""
+    if agent == "guesser":
+        return f"GUESS: {env.secret}"
+    return "higher" if env.last_guess is None else true_hint(env.last_guess, env.secret)
