@@ -1,0 +1,133 @@
+"""``llm_zoo.remote``: an env on a server passes PettingZoo's and llm-zoo's checks and plays
+exactly as in-process (same prompts, rewards and infos for the same seeds and actions)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+pytest.importorskip("websockets")
+
+import llm_zoo
+from llm_zoo import remote
+from llm_zoo.serve import ServerProcess, ServerThread
+from llm_zoo.testing import check_env, play_episode
+from pettingzoo.test import api_test
+from toy_envs import KeywordEnv
+
+llm_zoo.register("test/RemoteKeyword-v0", KeywordEnv, description="toy env for the remote tests", override=True)
+
+BUILTIN = ("PlanPath-v0", "Sokoban-v0", "Code-v0", "Math-v0")
+
+
+@pytest.fixture(scope="module")
+def server():
+    thread = ServerThread(session_ttl_s=120)
+    with thread as url:
+        yield thread, url
+
+
+def policy(agent: str, prompt: str) -> str:
+    """Answers that hit every branch: valid formats, near-misses, text depending on the prompt."""
+    return [
+        '#### ["R", "D", "R"]',
+        "```python\ndef solve(*a):\n    return a\n```",
+        "#### 42",
+        f"{agent}: no idea",
+        "",
+    ][len(prompt) % 5]
+
+
+def plain(trace: list) -> list:
+    return json.loads(json.dumps(trace))  # tuples in infos travel as lists
+
+
+@pytest.mark.parametrize("env_id", BUILTIN)
+def test_same_prompts_rewards_and_infos_as_in_process(server, env_id):
+    _, url = server
+    for seed in (0, 5):
+        local = play_episode(llm_zoo.make(env_id), policy, seed=seed)
+        env = remote.make(url, env_id)
+        try:
+            assert plain(play_episode(env, policy, seed=seed)) == plain(local)
+        finally:
+            env.close()
+
+
+@pytest.mark.parametrize("env_id", BUILTIN)
+def test_pettingzoo_api_test_passes_remotely(server, env_id):
+    _, url = server
+    env = remote.make(url, env_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        api_test(env, num_cycles=10)
+    env.close()
+
+
+@pytest.mark.parametrize("env_id", ["PlanPath-v0", "test/RemoteKeyword-v0"])
+def test_check_env_passes_remotely(server, env_id):
+    _, url = server
+
+    def factory(render_mode=None):
+        return remote.make(url, env_id, render_mode=render_mode)
+
+    check_env(factory, num_cycles=10, fuzz_count=30, seeds=(0, 1))
+
+
+def test_kwargs_reach_the_env_and_errors_keep_their_type(server):
+    thread, url = server
+    env = remote.make(url, "PlanPath-v0", max_turns=1, rows=5, cols=5)
+    env.reset(seed=2)
+    local = llm_zoo.make("PlanPath-v0", max_turns=1, rows=5, cols=5)
+    local.reset(seed=2)
+    assert env.observe(env.agent_selection) == local.observe(local.agent_selection)
+    assert env.max_turns == 1 and env.task_id == local.task_id
+    with pytest.raises(llm_zoo.UnknownEnvError, match="Nope-v0"):
+        remote.make(url, "Nope-v0")
+    with pytest.raises(TypeError, match="bogus"):
+        remote.make(url, "PlanPath-v0", bogus=1)
+    for agent in list(env.agents):  # one turn, then truncation
+        env.step("x")
+    with pytest.raises(ValueError, match="step after the end"):
+        env.step("more")
+    while env.agents:
+        env.step(None)
+    with pytest.raises(RuntimeError, match="step after the end"):
+        env.step(None)
+    env.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        env.reset()
+
+
+def test_clone_is_an_independent_session(server):
+    thread, url = server
+    before = len(thread.app.state.sessions)
+    env = remote.make(url, "test/RemoteKeyword-v0")
+    env.reset(seed=1)
+    env.step("apple")
+    twin = env.clone()
+    assert twin.session_id != env.session_id
+    twin.step("banana")
+    assert twin.terminations["bob"] and not env.terminations["bob"]
+    assert env.agent_selection == "bob" and env.rewards == {"alice": 1.0, "bob": 0.0}
+    env.step("nothing")
+    assert env.rewards["bob"] == 0.0 and twin.rewards["bob"] == 2.0
+    twin.close()
+    env.close()
+    assert len(thread.app.state.sessions) == before
+
+
+def test_a_dead_server_is_named_in_the_error():
+    process = ServerProcess()
+    with process as url:
+        env = remote.make(url, "PlanPath-v0", timeout_s=20)
+        env.reset(seed=0)
+        process.stop()
+        with pytest.raises(remote.RemoteEnvError, match=url.replace(".", r"\.")):
+            env.step("#### []")
+    with pytest.raises(remote.RemoteEnvError, match="cannot reach"):
+        remote.make(url, "PlanPath-v0", connect_timeout_s=5)
