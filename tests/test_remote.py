@@ -131,3 +131,53 @@ def test_a_dead_server_is_named_in_the_error():
             env.step("#### []")
     with pytest.raises(remote.RemoteEnvError, match="cannot reach"):
         remote.make(url, "PlanPath-v0", connect_timeout_s=5)
+
+
+def test_training_on_two_env_servers_matches_in_process(tiny_model_dir, tmp_path, one_torch_thread):
+    """A 2-step run with its envs on 2 servers: the same samples, rewards and adapters as in-process."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    import dataclasses
+
+    import toy_envs_trainer  # noqa: F401  (registers test/Scripted-v0 here, so the servers have it)
+    from llm_zoo_train import env_servers
+    from llm_zoo_train.samples import read_jsonl
+    from llm_zoo_train.trainer import Trainer
+    from train_helpers import toy_config
+
+    def run(name, servers):
+        overrides = ["--training.max_steps", "2", "--eval.num_episodes", "2", "--rollout.save_rollouts", "true",
+                     "--rollout.envs_per_step", "4"]
+        config = toy_config(tiny_model_dir, tmp_path / name, overrides)
+        config.env.servers = servers
+        trainer = Trainer(config)
+        try:
+            trainer.train()
+        finally:
+            env_servers.configure([])
+        samples = [
+            dataclasses.asdict(s)
+            for step in (1, 2)
+            for s in read_jsonl(tmp_path / name / "rollouts" / f"step_{step:06d}.jsonl")
+        ]
+        adapters = {n: trainer.policy.adapter_state_dict(n) for n in trainer.plan.adapters}
+        return samples, adapters, trainer.history
+
+    first, second = ServerThread(), ServerThread()
+    with first as url_a, second as url_b:
+        remote_samples, remote_adapters, remote_history = run("remote", [url_a, url_b])
+        left = {len(first.app.state.sessions), len(second.app.state.sessions)}
+        made = [first.app.state.sessions.created, second.app.state.sessions.created]
+    local_samples, local_adapters, local_history = run("local", [])
+    assert left == {0}  # every episode's session was closed
+    assert min(made) > 0 and abs(made[0] - made[1]) <= max(made) // 2, made  # spread over both
+    assert len(remote_samples) == len(local_samples) > 0
+    for remote_sample, local_sample in zip(remote_samples, local_samples, strict=True):
+        assert plain(remote_sample) == plain(local_sample)
+    assert {s["reward"] for s in local_samples} != {0.0}
+    for name, weights in local_adapters.items():
+        assert all(torch.equal(weights[k], remote_adapters[name][k]) for k in weights), name
+    for remote_record, local_record in zip(remote_history, local_history, strict=True):
+        assert {k: v for k, v in remote_record.items() if not k.startswith("time/")} == {
+            k: v for k, v in local_record.items() if not k.startswith("time/")
+        }

@@ -291,7 +291,7 @@ class _Server:
         if env_id is not None and env_id not in registry:
             return JSONResponse({"detail": f"unknown env {env_id!r}", "code": "FACTORY_ERROR"}, status_code=404)
         if what == "health":
-            return JSONResponse({"status": "healthy", "sessions": len(self.store)})
+            return JSONResponse({"status": "healthy", "sessions": len(self.store), "sessions_made": self.store.created})
         if what == "envs":
             return JSONResponse({"envs": list(registry)})
         if what == "schema":

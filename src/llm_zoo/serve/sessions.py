@@ -63,6 +63,8 @@ class SessionStore:
         self.max_sessions = int(max_sessions)
         self._clock = clock
         self._sessions: dict[str, Session] = {}
+        #: Sessions made since the server started (clones included).
+        self.created = 0
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -78,6 +80,7 @@ class SessionStore:
             )
         session = Session(secrets.token_urlsafe(16), env_id, env, self._clock(), attached=attached)
         self._sessions[session.id] = session
+        self.created += 1
         return session
 
     def attach(self, session_id: Any) -> Session:
