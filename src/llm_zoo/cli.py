@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import sys
 import warnings
 from collections.abc import Sequence
@@ -165,6 +166,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as err:
         print(f"llm-zoo serve needs the serve extra ({err}): pip install 'llm-zoo[serve]'", file=sys.stderr)
         return 2
+    for module in args.plugin:  # envs a module registers on import (installed plugins load by themselves)
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            print(f"llm-zoo serve: --plugin {module}: cannot import it: {err}", file=sys.stderr)
+            return 2
     for name in ("session_ttl", "max_sessions", "max_message_bytes"):
         if not getattr(args, name) > 0:
             print(f"llm-zoo serve: --{name.replace('_', '-')} must be > 0", file=sys.stderr)
@@ -196,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--session-ttl", type=float, default=600.0, help="seconds before an unused session expires")
     serve.add_argument("--max-sessions", type=int, default=1024, help="sessions held at once")
     serve.add_argument("--max-message-bytes", type=int, default=8 << 20, help="largest frame or body accepted")
+    serve.add_argument(
+        "--plugin", action="append", default=[], metavar="MODULE", help="import MODULE first (it registers envs)"
+    )
     return parser
 
 
