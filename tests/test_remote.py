@@ -133,7 +133,8 @@ def test_a_dead_server_is_named_in_the_error():
         remote.make(url, "PlanPath-v0", connect_timeout_s=5)
 
 
-def test_training_on_two_env_servers_matches_in_process(tiny_model_dir, tmp_path, one_torch_thread):
+@pytest.mark.parametrize("mode", ["tree", "independent"])
+def test_training_on_two_env_servers_matches_in_process(tiny_model_dir, tmp_path, one_torch_thread, mode):
     """A 2-step run with its envs on 2 servers: the same samples, rewards and adapters as in-process."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("peft")
@@ -147,7 +148,7 @@ def test_training_on_two_env_servers_matches_in_process(tiny_model_dir, tmp_path
 
     def run(name, servers):
         overrides = ["--training.max_steps", "2", "--eval.num_episodes", "2", "--rollout.save_rollouts", "true",
-                     "--rollout.envs_per_step", "4"]
+                     "--rollout.envs_per_step", "4", "--rollout.mode", mode]
         config = toy_config(tiny_model_dir, tmp_path / name, overrides)
         config.env.servers = servers
         trainer = Trainer(config)

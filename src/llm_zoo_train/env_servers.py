@@ -15,13 +15,17 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 import llm_zoo
 
-__all__ = ["EnvServers", "configure", "make", "url_problem"]
+__all__ = ["EnvServers", "configure", "make", "map_envs", "url_problem"]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def url_problem(url: Any) -> str:
@@ -48,7 +52,15 @@ class EnvServers:
         backoff_s: Pause between two rounds.
     """
 
-    def __init__(self, urls: Sequence[str], *, retries: int = 2, timeout_s: float = 600.0, backoff_s: float = 0.5):
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        retries: int = 2,
+        timeout_s: float = 600.0,
+        backoff_s: float = 0.5,
+        in_flight_per_server: int = 8,
+    ):
         if not urls:
             raise ValueError("EnvServers needs at least one server URL")
         for url in urls:
@@ -59,6 +71,8 @@ class EnvServers:
         self.retries = int(retries)
         self.timeout_s = float(timeout_s)
         self.backoff_s = float(backoff_s)
+        #: Env calls a rollout keeps waiting on at once, over all servers (see map_envs).
+        self.max_in_flight = max(1, int(in_flight_per_server)) * len(self.urls)
         self._turn = itertools.count()
         self._lock = threading.Lock()
 
@@ -97,3 +111,14 @@ def make(env_id: str, **kwargs: Any) -> Any:
     if _servers is None:
         return llm_zoo.make(env_id, **kwargs)
     return _servers.make(env_id, **kwargs)
+
+
+def map_envs(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``[fn(x) for x in items]``, where each call steps its own envs: in order in this process
+    when envs are in-process, in threads when they are on servers (each call then mostly waits
+    on its server, so the servers work at once). Results keep the order of ``items``, and the
+    first exception is raised, as in the loop."""
+    if _servers is None or len(items) < 2:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(len(items), _servers.max_in_flight)) as pool:
+        return list(pool.map(fn, items))
