@@ -118,8 +118,11 @@ def protocol_overhead(url: str, steps: int) -> dict[str, float]:
     env = remote.make(url, TRIVIAL_ID, max_turns=1000)
     served = run(env)
     env.close()
-    return {"in_process_ms_per_step": local * 1e3, "served_ms_per_step": served * 1e3,
-            "overhead_ms_per_step": (served - local) * 1e3}
+    return {
+        "in_process_ms_per_step": local * 1e3,
+        "served_ms_per_step": served * 1e3,
+        "overhead_ms_per_step": (served - local) * 1e3,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--clients-per-server", type=int, default=2)
     parser.add_argument("--overhead-steps", type=int, default=2000)
-    parser.add_argument("--quick", action="store_true", help="smoke run: 4 episodes, 1 and 2 servers, 200 steps")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 4 episodes, 1 and 2 servers, 200 steps"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "env_server_speed.json")
     args = parser.parse_args(argv)
     if args.quick:
@@ -138,8 +143,15 @@ def main(argv: list[str] | None = None) -> int:
 
     llm_zoo.register(TRIVIAL_ID, KeywordEnv, override=True)
     actions = record_oracle_actions(list(range(args.episodes)))
-    child_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
-    results: dict[str, Any] = {**facts, "episodes": args.episodes, "clients_per_server": args.clients_per_server}
+    child_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
+    results: dict[str, Any] = {
+        **facts,
+        "episodes": args.episodes,
+        "clients_per_server": args.clients_per_server,
+    }
     results["in_process"] = in_process(actions)
     print(f"in-process: {results['in_process']['steps_per_s']:.1f} steps/s")
     results["servers"] = {}
@@ -158,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
                 results["protocol"] = protocol_overhead(urls[0], args.overhead_steps)
         measured["ratio_to_in_process"] = measured["steps_per_s"] / results["in_process"]["steps_per_s"]
         results["servers"][str(count)] = measured
-        print(f"{count} server(s): {measured['steps_per_s']:.1f} steps/s ({measured['ratio_to_in_process']:.2f}x in-process)")
+        print(
+            f"{count} server(s): {measured['steps_per_s']:.1f} steps/s ({measured['ratio_to_in_process']:.2f}x in-process)"
+        )
     protocol = results["protocol"]
     print(
         f"protocol: {protocol['served_ms_per_step']:.3f} ms/step served vs {protocol['in_process_ms_per_step']:.3f} "

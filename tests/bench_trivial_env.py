@@ -4,4 +4,6 @@ bench_trivial_env`` serves it to benchmarks/env_server_speed.py."""
 import llm_zoo
 from toy_envs import KeywordEnv
 
-llm_zoo.register("bench/Keyword-v0", KeywordEnv, description="trivial env for the protocol benchmark", override=True)
+llm_zoo.register(
+    "bench/Keyword-v0", KeywordEnv, description="trivial env for the protocol benchmark", override=True
+)

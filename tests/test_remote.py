@@ -12,14 +12,17 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("websockets")
 
+from pettingzoo.test import api_test
+
 import llm_zoo
 from llm_zoo import remote
 from llm_zoo.serve import ServerProcess, ServerThread
 from llm_zoo.testing import check_env, play_episode
-from pettingzoo.test import api_test
 from toy_envs import KeywordEnv
 
-llm_zoo.register("test/RemoteKeyword-v0", KeywordEnv, description="toy env for the remote tests", override=True)
+llm_zoo.register(
+    "test/RemoteKeyword-v0", KeywordEnv, description="toy env for the remote tests", override=True
+)
 
 BUILTIN = ("PlanPath-v0", "Sokoban-v0", "Code-v0", "Math-v0")
 
@@ -79,7 +82,7 @@ def test_check_env_passes_remotely(server, env_id):
 
 
 def test_kwargs_reach_the_env_and_errors_keep_their_type(server):
-    thread, url = server
+    _, url = server
     env = remote.make(url, "PlanPath-v0", max_turns=1, rows=5, cols=5)
     env.reset(seed=2)
     local = llm_zoo.make("PlanPath-v0", max_turns=1, rows=5, cols=5)
@@ -90,7 +93,7 @@ def test_kwargs_reach_the_env_and_errors_keep_their_type(server):
         remote.make(url, "Nope-v0")
     with pytest.raises(TypeError, match="bogus"):
         remote.make(url, "PlanPath-v0", bogus=1)
-    for agent in list(env.agents):  # one turn, then truncation
+    for _agent in list(env.agents):  # one turn, then truncation
         env.step("x")
     with pytest.raises(ValueError, match="step after the end"):
         env.step("more")
@@ -147,8 +150,18 @@ def test_training_on_two_env_servers_matches_in_process(tiny_model_dir, tmp_path
     from train_helpers import toy_config
 
     def run(name, servers):
-        overrides = ["--training.max_steps", "2", "--eval.num_episodes", "2", "--rollout.save_rollouts", "true",
-                     "--rollout.envs_per_step", "4", "--rollout.mode", mode]
+        overrides = [
+            "--training.max_steps",
+            "2",
+            "--eval.num_episodes",
+            "2",
+            "--rollout.save_rollouts",
+            "true",
+            "--rollout.envs_per_step",
+            "4",
+            "--rollout.mode",
+            mode,
+        ]
         config = toy_config(tiny_model_dir, tmp_path / name, overrides)
         config.env.servers = servers
         trainer = Trainer(config)

@@ -16,11 +16,13 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 websockets_client = pytest.importorskip("websockets.sync.client")
 
-import llm_zoo
-from llm_zoo.serve import ServerProcess, ServerThread
-from toy_envs import KeywordEnv
+import llm_zoo  # noqa: E402
+from llm_zoo.serve import ServerProcess, ServerThread  # noqa: E402
+from toy_envs import KeywordEnv  # noqa: E402
 
-llm_zoo.register("test/ServeKeyword-v0", KeywordEnv, description="toy env for the server tests", override=True)
+llm_zoo.register(
+    "test/ServeKeyword-v0", KeywordEnv, description="toy env for the server tests", override=True
+)
 
 BUILTIN = ("PlanPath-v0", "Sokoban-v0", "Code-v0", "Math-v0")
 
@@ -40,7 +42,9 @@ def wait_for_no_sessions(thread, timeout_s: float = 10.0) -> int:
 
 
 def ws(url: str, path: str = "/ws"):
-    connection = websockets_client.connect(url.replace("http://", "ws://") + path, open_timeout=10, max_size=None)
+    connection = websockets_client.connect(
+        url.replace("http://", "ws://") + path, open_timeout=10, max_size=None
+    )
     return connection.__enter__()  # the same with websockets' current and future connect()
 
 
@@ -153,8 +157,10 @@ def test_oversized_frame_and_body_are_refused_and_leave_no_session(thread_server
         with pytest.raises(Exception) as caught:
             conn.send(json.dumps({"type": "step", "data": {"text": huge}}))
             conn.recv(timeout=30)
-        assert "1009" in str(caught.value) or "too big" in str(caught.value).lower() or isinstance(
-            caught.value, OSError
+        assert (
+            "1009" in str(caught.value)
+            or "too big" in str(caught.value).lower()
+            or isinstance(caught.value, OSError)
         )
     finally:
         conn.close()
@@ -217,7 +223,9 @@ def test_http_endpoints(thread_server):
     with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
         assert json.loads(response.read())["status"] == "healthy"
     body = json.dumps({"seed": 4}).encode()
-    with urllib.request.urlopen(urllib.request.Request(f"{url}/envs/PlanPath-v0/reset", data=body), timeout=30) as r:
+    with urllib.request.urlopen(
+        urllib.request.Request(f"{url}/envs/PlanPath-v0/reset", data=body), timeout=30
+    ) as r:
         payload = json.loads(r.read())
     env = llm_zoo.make("PlanPath-v0")
     env.reset(seed=4)

@@ -198,13 +198,23 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in (play, check):
         sub.add_argument("--env-arg", action="append", default=[], metavar="NAME=VALUE")
     serve = commands.add_parser("serve", help="serve every env to OpenEnv clients and llm_zoo.remote")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
-    serve.add_argument("--port", type=int, default=8000, help="port (0: a free one, printed when listening)")
-    serve.add_argument("--session-ttl", type=float, default=600.0, help="seconds before an unused session expires")
-    serve.add_argument("--max-sessions", type=int, default=1024, help="sessions held at once")
-    serve.add_argument("--max-message-bytes", type=int, default=8 << 20, help="largest frame or body accepted")
     serve.add_argument(
-        "--plugin", action="append", default=[], metavar="MODULE", help="import MODULE first (it registers envs)"
+        "--host", default="127.0.0.1", help="address to listen on (default: this machine only)"
+    )
+    serve.add_argument("--port", type=int, default=8000, help="port (0: a free one, printed when listening)")
+    serve.add_argument(
+        "--session-ttl", type=float, default=600.0, help="seconds before an unused session expires"
+    )
+    serve.add_argument("--max-sessions", type=int, default=1024, help="sessions held at once")
+    serve.add_argument(
+        "--max-message-bytes", type=int, default=8 << 20, help="largest frame or body accepted"
+    )
+    serve.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (it registers envs)",
     )
     return parser
 

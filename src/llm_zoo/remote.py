@@ -64,11 +64,15 @@ class _Connection:
         self.session_id = ""
         try:
             # __enter__: the connection under websockets' current and future connect() alike
-            self._ws = connect(_ws_url(url), open_timeout=connect_timeout_s, max_size=None, close_timeout=2).__enter__()
+            self._ws = connect(
+                _ws_url(url), open_timeout=connect_timeout_s, max_size=None, close_timeout=2
+            ).__enter__()
         except ValueError:
             raise
         except Exception as err:
-            raise RemoteEnvError(f"cannot reach the env server at {url}: {type(err).__name__}: {err}") from None
+            raise RemoteEnvError(
+                f"cannot reach the env server at {url}: {type(err).__name__}: {err}"
+            ) from None
 
     def request(self, kind: str, data: dict[str, Any], expect: str) -> dict[str, Any]:
         try:
@@ -88,11 +92,15 @@ class _Connection:
             message = json.loads(raw)
             reply, payload = message["type"], message["data"]
         except (ValueError, KeyError, TypeError):
-            raise RemoteEnvError(f"the env server at {self.url} answered {kind!r} out of protocol: {raw!r:.200}") from None
+            raise RemoteEnvError(
+                f"the env server at {self.url} answered {kind!r} out of protocol: {raw!r:.200}"
+            ) from None
         if reply == "error":
             raise _server_error(self.url, payload)
         if reply != expect:
-            raise RemoteEnvError(f"the env server at {self.url} answered {kind!r} with {reply!r}, expected {expect!r}")
+            raise RemoteEnvError(
+                f"the env server at {self.url} answered {kind!r} with {reply!r}, expected {expect!r}"
+            )
         return payload
 
     def close(self) -> None:
@@ -133,11 +141,14 @@ class RemoteEnv(AECEnv):
         self.possible_agents = list(info["possible_agents"])
         bounds = info.get("spaces") or {}
         self.observation_spaces = {
-            a: spaces.Dict({"prompt": TextSpace((bounds.get(a) or {}).get("observation_max_length") or MAX_PROMPT_CHARS)})
+            a: spaces.Dict(
+                {"prompt": TextSpace((bounds.get(a) or {}).get("observation_max_length") or MAX_PROMPT_CHARS)}
+            )
             for a in self.possible_agents
         }
         self.action_spaces = {
-            a: TextSpace((bounds.get(a) or {}).get("action_max_length") or MAX_ACTION_CHARS) for a in self.possible_agents
+            a: TextSpace((bounds.get(a) or {}).get("action_max_length") or MAX_ACTION_CHARS)
+            for a in self.possible_agents
         }
         self.agents: list[str] = []
         self._prompts: dict[str, str] = {}
@@ -206,8 +217,20 @@ class RemoteEnv(AECEnv):
             connection.close()
             raise
         twin = RemoteEnv(connection, info, self.render_mode)
-        for name in ("agents", "rewards", "_cumulative_rewards", "terminations", "truncations", "infos",
-                     "agent_selection", "turn", "task_id", "success", "_prompts", "_has_reset"):
+        for name in (
+            "agents",
+            "rewards",
+            "_cumulative_rewards",
+            "terminations",
+            "truncations",
+            "infos",
+            "agent_selection",
+            "turn",
+            "task_id",
+            "success",
+            "_prompts",
+            "_has_reset",
+        ):
             if hasattr(self, name):
                 setattr(twin, name, copy.deepcopy(getattr(self, name)))
         return twin
@@ -243,7 +266,9 @@ class _Closed:
         self.timeout_s = 0.0
 
     def request(self, kind: str, data: dict[str, Any], expect: str) -> dict[str, Any]:
-        raise RuntimeError(f"RemoteEnv session {self.session_id} on {self.url} is closed: {kind} after close()")
+        raise RuntimeError(
+            f"RemoteEnv session {self.session_id} on {self.url} is closed: {kind} after close()"
+        )
 
     def close(self) -> None:
         pass

@@ -203,7 +203,9 @@ def tree_rollout(
         adapters = [agent_adapters[agent] for agent in agents]
         groups = generate_checked(engine, prompts, adapters, k, seeded_sampling(sampling, call_index))
 
-        def branch_out(item: tuple[int, str, str, str | None, list[Completion]]) -> tuple[int, list[Any], list[Sample]]:
+        def branch_out(
+            item: tuple[int, str, str, str | None, list[Completion]],
+        ) -> tuple[int, list[Any], list[Sample]]:
             i, agent, prompt, adapter, completions = item
             # Every clone is taken before any candidate is stepped: siblings share one state.
             branches = [envs[i].clone() for _ in completions]

@@ -43,7 +43,10 @@ __all__ = ["ACTION_SCHEMA", "create_app"]
 ACTION_SCHEMA = {
     "type": "object",
     "properties": {
-        "text": {"type": ["string", "null"], "description": "the selected agent's answer; null for a dead agent"},
+        "text": {
+            "type": ["string", "null"],
+            "description": "the selected agent's answer; null for a dead agent",
+        },
         "agent": {"type": "string", "description": "optional: the agent you believe is selected (checked)"},
         "metadata": {"type": "object"},
     },
@@ -83,7 +86,9 @@ def session_info(session: Session) -> dict[str, Any]:
     spaces = {}
     for agent in env.possible_agents:
         observation_space = env.observation_space(agent)
-        prompt_space = observation_space["prompt"] if "prompt" in getattr(observation_space, "spaces", {}) else None
+        prompt_space = (
+            observation_space["prompt"] if "prompt" in getattr(observation_space, "spaces", {}) else None
+        )
         spaces[agent] = {
             "observation_max_length": getattr(prompt_space, "max_length", None),
             "action_max_length": getattr(env.action_space(agent), "max_length", None),
@@ -124,16 +129,21 @@ class _Server:
 
     async def _make(self, env_id: Any, kwargs: Any, *, attached: bool) -> Session:
         if not isinstance(env_id, str) or not env_id:
-            raise ProtocolError("VALIDATION_ERROR", f"make needs data.env_id, a registered env id; got {env_id!r}")
+            raise ProtocolError(
+                "VALIDATION_ERROR", f"make needs data.env_id, a registered env id; got {env_id!r}"
+            )
         if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-            raise ProtocolError("VALIDATION_ERROR", f"make's data.kwargs must be an object, got {type(kwargs).__name__}")
+            raise ProtocolError(
+                "VALIDATION_ERROR", f"make's data.kwargs must be an object, got {type(kwargs).__name__}"
+            )
         try:
             env = await asyncio.to_thread(make, env_id, **kwargs)
         except UnknownEnvError as err:
             raise ProtocolError("FACTORY_ERROR", str(err), "UnknownEnvError") from None
         except Exception as err:
             raise ProtocolError(
-                "FACTORY_ERROR", f"could not make {env_id} with {kwargs!r}: {type(err).__name__}: {err}",
+                "FACTORY_ERROR",
+                f"could not make {env_id} with {kwargs!r}: {type(err).__name__}: {err}",
                 type(err).__name__,
             ) from None
         return self.store.add(env_id, env, attached=attached)
@@ -197,7 +207,8 @@ class _Server:
                 session = await self._make(path_env_id, data.get("env_kwargs", {}), attached=True)
             else:
                 raise ProtocolError(
-                    "SESSION_ERROR", f"{kind} before make: send {{\"type\": \"make\", \"data\": {{\"env_id\": ...}}}} first"
+                    "SESSION_ERROR",
+                    f'{kind} before make: send {{"type": "make", "data": {{"env_id": ...}}}} first',
                 )
         self.store.touch(session)
         env = session.env
@@ -218,7 +229,8 @@ class _Server:
             agent = data.get("agent")
             if agent not in env.possible_agents:
                 raise ProtocolError(
-                    "VALIDATION_ERROR", f"observe needs data.agent, one of {list(env.possible_agents)}; got {agent!r}"
+                    "VALIDATION_ERROR",
+                    f"observe needs data.agent, one of {list(env.possible_agents)}; got {agent!r}",
                 )
             observation = await self._call(session, f"observe({agent!r})", env.observe, agent)
             return encode("observe", {"agent": agent, "observation": observation}), session
@@ -248,7 +260,9 @@ class _Server:
             body.extend(chunk)
             if len(body) > self.max_message_bytes:
                 raise ProtocolError(
-                    "VALIDATION_ERROR", f"the body exceeds the server's limit of {self.max_message_bytes} bytes", status=413
+                    "VALIDATION_ERROR",
+                    f"the body exceeds the server's limit of {self.max_message_bytes} bytes",
+                    status=413,
                 )
         if not body.strip():
             return {}
@@ -289,13 +303,19 @@ class _Server:
         what = request.url.path.rstrip("/").rsplit("/", 1)[-1]
         env_id = request.path_params.get("env_id")
         if env_id is not None and env_id not in registry:
-            return JSONResponse({"detail": f"unknown env {env_id!r}", "code": "FACTORY_ERROR"}, status_code=404)
+            return JSONResponse(
+                {"detail": f"unknown env {env_id!r}", "code": "FACTORY_ERROR"}, status_code=404
+            )
         if what == "health":
-            return JSONResponse({"status": "healthy", "sessions": len(self.store), "sessions_made": self.store.created})
+            return JSONResponse(
+                {"status": "healthy", "sessions": len(self.store), "sessions_made": self.store.created}
+            )
         if what == "envs":
             return JSONResponse({"envs": list(registry)})
         if what == "schema":
-            return JSONResponse({"action": ACTION_SCHEMA, "observation": _OBSERVATION_SCHEMA, "state": _STATE_SCHEMA})
+            return JSONResponse(
+                {"action": ACTION_SCHEMA, "observation": _OBSERVATION_SCHEMA, "state": _STATE_SCHEMA}
+            )
         if what == "metadata":
             name = env_id or "llm-zoo"
             description = registry[env_id].description if env_id else "llm-zoo text multi-agent envs"
@@ -306,7 +326,9 @@ class _Server:
 def _reset_arguments(data: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
     unknown = sorted(set(data) - set(_RESET_KEYS))
     if unknown:
-        raise ProtocolError("VALIDATION_ERROR", f"reset got unknown fields {unknown}; valid: {list(_RESET_KEYS)}")
+        raise ProtocolError(
+            "VALIDATION_ERROR", f"reset got unknown fields {unknown}; valid: {list(_RESET_KEYS)}"
+        )
     seed = data.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ProtocolError("VALIDATION_ERROR", f"reset's seed must be an integer or null, got {seed!r}")
@@ -320,20 +342,27 @@ def _step_text(data: dict[str, Any], env: Any) -> str | None:
     unknown = sorted(set(data) - set(_STEP_KEYS))
     if unknown or "text" not in data:
         raise ProtocolError(
-            "VALIDATION_ERROR", f'step needs {{"text": str or null}}; got fields {sorted(data)} (valid: {list(_STEP_KEYS)})'
+            "VALIDATION_ERROR",
+            f'step needs {{"text": str or null}}; got fields {sorted(data)} (valid: {list(_STEP_KEYS)})',
         )
     text = data["text"]
     if text is not None and not isinstance(text, str):
-        raise ProtocolError("VALIDATION_ERROR", f"step's text must be a string or null, got {type(text).__name__}")
+        raise ProtocolError(
+            "VALIDATION_ERROR", f"step's text must be a string or null, got {type(text).__name__}"
+        )
     if not getattr(env, "_has_reset", True) or not hasattr(env, "agent_selection"):
         raise ProtocolError("EXECUTION_ERROR", "step before reset: send a reset frame first", "RuntimeError")
     selected = env.agent_selection
     claimed = data.get("agent")
     if claimed is not None and claimed != selected:
-        raise ProtocolError("VALIDATION_ERROR", f"step for {claimed!r}, but the selected agent is {selected!r}")
+        raise ProtocolError(
+            "VALIDATION_ERROR", f"step for {claimed!r}, but the selected agent is {selected!r}"
+        )
     if not env.agents:
         raise ProtocolError(
-            "EXECUTION_ERROR", "step after the end: the episode is over (no agent left); send reset", "RuntimeError"
+            "EXECUTION_ERROR",
+            "step after the end: the episode is over (no agent left); send reset",
+            "RuntimeError",
         )
     if text is not None and (env.terminations[selected] or env.truncations[selected]):
         over = "the episode is over" if is_done(env) else f"{selected} is done"
@@ -359,7 +388,9 @@ def _state(session: Session) -> dict[str, Any]:
     }
 
 
-def create_app(*, session_ttl_s: float = 600.0, max_sessions: int = 1024, max_message_bytes: int = 8 << 20) -> Starlette:
+def create_app(
+    *, session_ttl_s: float = 600.0, max_sessions: int = 1024, max_message_bytes: int = 8 << 20
+) -> Starlette:
     """The ASGI app. Serve it with uvicorn's ``ws_max_size`` equal to ``max_message_bytes``
     (:func:`llm_zoo.serve.run` does).
 

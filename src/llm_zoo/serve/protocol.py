@@ -42,7 +42,14 @@ ERROR_CODES = (
 )
 
 #: Exceptions the client raises again under their own name (anything else is a RemoteEnvError).
-REPLAYED_EXCEPTIONS = ("RuntimeError", "ValueError", "TypeError", "KeyError", "AssertionError", "UnknownEnvError")
+REPLAYED_EXCEPTIONS = (
+    "RuntimeError",
+    "ValueError",
+    "TypeError",
+    "KeyError",
+    "AssertionError",
+    "UnknownEnvError",
+)
 
 
 class ProtocolError(Exception):
@@ -85,16 +92,21 @@ def decode(text: str | bytes) -> tuple[str, dict[str, Any]]:
         raise ProtocolError("INVALID_JSON", f"the frame is not valid JSON: {err}") from None
     if not isinstance(message, dict):
         raise ProtocolError(
-            "INVALID_JSON", f'a frame must be a JSON object {{"type": ..., "data": ...}}, got {type(message).__name__}'
+            "INVALID_JSON",
+            f'a frame must be a JSON object {{"type": ..., "data": ...}}, got {type(message).__name__}',
         )
     kind = message.get("type")
     if kind not in CLIENT_TYPES:
-        raise ProtocolError("UNKNOWN_TYPE", f"unknown message type {kind!r}; valid types: {', '.join(CLIENT_TYPES)}")
+        raise ProtocolError(
+            "UNKNOWN_TYPE", f"unknown message type {kind!r}; valid types: {', '.join(CLIENT_TYPES)}"
+        )
     data = message.get("data", {})
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ProtocolError("VALIDATION_ERROR", f'"data" of a {kind!r} frame must be an object, got {type(data).__name__}')
+        raise ProtocolError(
+            "VALIDATION_ERROR", f'"data" of a {kind!r} frame must be an object, got {type(data).__name__}'
+        )
     return kind, data
 
 

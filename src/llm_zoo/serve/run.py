@@ -59,7 +59,9 @@ def serve(
 ) -> None:
     """Serve until interrupted; print :data:`READY_PREFIX` and the URL once listening (port 0
     picks a free port)."""
-    app = create_app(session_ttl_s=session_ttl_s, max_sessions=max_sessions, max_message_bytes=max_message_bytes)
+    app = create_app(
+        session_ttl_s=session_ttl_s, max_sessions=max_sessions, max_message_bytes=max_message_bytes
+    )
     sock = _bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     print(f"{READY_PREFIX}http://{bound_host}:{bound_port}", flush=True)
@@ -79,9 +81,11 @@ class ServerThread:
         self._sock = _bind("127.0.0.1", 0)
         max_bytes = app_options.get("max_message_bytes", 8 << 20)
         self._server = uvicorn.Server(_config(self.app, self._sock, max_bytes))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
         self._startup_timeout_s = startup_timeout_s
-        self.url = "http://127.0.0.1:{}".format(self._sock.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
 
     def __enter__(self) -> str:
         self._thread.start()
@@ -99,7 +103,9 @@ class ServerThread:
         with contextlib.suppress(OSError):
             self._sock.close()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 
@@ -110,7 +116,17 @@ class ServerProcess:
     """
 
     def __init__(self, *args: str, startup_timeout_s: float = 60.0, env: dict[str, str] | None = None):
-        self._command = [sys.executable, "-m", "llm_zoo.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+        self._command = [
+            sys.executable,
+            "-m",
+            "llm_zoo.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            *args,
+        ]
         self._startup_timeout_s = startup_timeout_s
         self._env = env
         self.process: subprocess.Popen[str] | None = None
@@ -136,7 +152,9 @@ class ServerProcess:
         threading.Thread(target=read, daemon=True).start()
         if not ready.wait(self._startup_timeout_s) or not self._wait_listening(lines[0]):
             self.stop()
-            raise RuntimeError(f"llm-zoo serve did not start within {self._startup_timeout_s:g} s: {self._command}")
+            raise RuntimeError(
+                f"llm-zoo serve did not start within {self._startup_timeout_s:g} s: {self._command}"
+            )
         self.url = lines[0]
         return self.url
 
@@ -161,5 +179,7 @@ class ServerProcess:
             self.process.kill()
             self.process.wait(timeout=10)
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()

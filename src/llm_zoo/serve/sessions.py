@@ -110,9 +110,7 @@ class SessionStore:
     def expire(self) -> list[str]:
         """Remove every session idle for longer than the TTL; return their ids."""
         now = self._clock()
-        stale = [
-            s.id for s in self._sessions.values() if not s.busy and now - s.last_used > self.ttl_s
-        ]
+        stale = [s.id for s in self._sessions.values() if not s.busy and now - s.last_used > self.ttl_s]
         for session_id in stale:
             self.remove(session_id)
         return stale
