@@ -243,3 +243,19 @@ def test_cli_serve_in_a_child_process():
         assert url.startswith("http://127.0.0.1:")
         with urllib.request.urlopen(f"{url}/envs", timeout=10) as response:
             assert "Code-v0" in json.loads(response.read())["envs"]
+
+
+def test_openenv_reset_passes_constructor_arguments(thread_server):
+    _, url = thread_server
+    with ws(url, "/envs/PlanPath-v0/ws") as conn:
+        steps = []
+        for max_turns in (1, 2, 2):
+            reply = ask(conn, "reset", {"seed": 0, "env_kwargs": {"max_turns": max_turns}})
+            count = 0
+            while not reply["data"]["done"]:
+                reply = ask(conn, "step", {"text": "no move"})
+                count += 1
+            steps.append(count)
+        assert steps == [2, 4, 4]  # one step per agent per turn
+        reply = ask(conn, "reset", {"seed": 0, "env_kwargs": {"max_turns": 0}})
+        assert reply["data"]["code"] == "FACTORY_ERROR" and "max_turns" in reply["data"]["message"]

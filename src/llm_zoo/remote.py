@@ -129,7 +129,7 @@ class RemoteEnv(AECEnv):
 
     def __init__(self, connection: _Connection, info: dict[str, Any], render_mode: str | None):
         super().__init__()
-        self._connection = connection
+        self._connection: _Connection | _Closed = connection
         self.url = connection.url
         self.env_id = info["env_id"]
         self.session_id = info["session_id"]

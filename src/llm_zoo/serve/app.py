@@ -146,7 +146,7 @@ class _Server:
                 f"could not make {env_id} with {kwargs!r}: {type(err).__name__}: {err}",
                 type(err).__name__,
             ) from None
-        return self.store.add(env_id, env, attached=attached)
+        return self.store.add(env_id, env, attached=attached, kwargs=kwargs)
 
     # ------------------------------------------------------------------ WebSocket
 
@@ -202,9 +202,16 @@ class _Server:
                 raise ProtocolError("VALIDATION_ERROR", "attach must be the first frame of a connection")
             new = self.store.attach(data.get("session_id"))
             return encode("session", session_info(new)), new
+        if kind == "reset" and path_env_id is not None and "env_kwargs" in data:
+            wanted = data["env_kwargs"]
+            if session is None or session.kwargs != wanted:  # OpenEnv clients pass arguments here
+                new = await self._make(path_env_id, wanted, attached=True)
+                if session is not None:
+                    self.store.remove(session.id)
+                session = new
         if session is None:
             if kind == "reset" and path_env_id is not None:
-                session = await self._make(path_env_id, data.get("env_kwargs", {}), attached=True)
+                session = await self._make(path_env_id, {}, attached=True)
             else:
                 raise ProtocolError(
                     "SESSION_ERROR",
@@ -241,7 +248,7 @@ class _Server:
             return encode("render", {"text": text}), session
         # clone
         twin = await self._call(session, "clone", env.clone)
-        copy = self.store.add(session.env_id, twin, attached=False)
+        copy = self.store.add(session.env_id, twin, attached=False, kwargs=session.kwargs)
         copy.steps = session.steps
         return encode("session", session_info(copy)), session
 

@@ -32,6 +32,7 @@ class Session:
         busy: Calls running on it now; a busy session never expires.
         closed: Expired or removed; the env is closed.
         steps: ``step`` calls since the last reset (OpenEnv's ``step_count``).
+        kwargs: The constructor arguments the env was made with.
     """
 
     id: str
@@ -42,7 +43,7 @@ class Session:
     busy: int = 0
     closed: bool = False
     steps: int = 0
-    info: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 class SessionStore:
@@ -69,7 +70,7 @@ class SessionStore:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def add(self, env_id: str, env: Any, *, attached: bool) -> Session:
+    def add(self, env_id: str, env: Any, *, attached: bool, kwargs: dict[str, Any] | None = None) -> Session:
         """Hold ``env`` in a new session (closing ``env`` when the server is full)."""
         if len(self._sessions) >= self.max_sessions:
             with contextlib.suppress(Exception):
@@ -78,7 +79,9 @@ class SessionStore:
                 "CAPACITY_REACHED",
                 f"the server holds its maximum of {self.max_sessions} sessions; close one or retry later",
             )
-        session = Session(secrets.token_urlsafe(16), env_id, env, self._clock(), attached=attached)
+        session = Session(
+            secrets.token_urlsafe(16), env_id, env, self._clock(), attached=attached, kwargs=dict(kwargs or {})
+        )
         self._sessions[session.id] = session
         self.created += 1
         return session
