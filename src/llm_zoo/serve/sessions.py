@@ -80,7 +80,12 @@ class SessionStore:
                 f"the server holds its maximum of {self.max_sessions} sessions; close one or retry later",
             )
         session = Session(
-            secrets.token_urlsafe(16), env_id, env, self._clock(), attached=attached, kwargs=dict(kwargs or {})
+            secrets.token_urlsafe(16),
+            env_id,
+            env,
+            self._clock(),
+            attached=attached,
+            kwargs=dict(kwargs or {}),
         )
         self._sessions[session.id] = session
         self.created += 1
