@@ -4,6 +4,7 @@ exactly as in-process (same prompts, rewards and infos for the same seeds and ac
 from __future__ import annotations
 
 import json
+import socket
 import warnings
 
 import pytest
@@ -195,3 +196,33 @@ def test_training_on_two_env_servers_matches_in_process(tiny_model_dir, tmp_path
         assert {k: v for k, v in remote_record.items() if not k.startswith("time/")} == {
             k: v for k, v in local_record.items() if not k.startswith("time/")
         }
+
+
+def test_env_servers_skip_a_dead_server_and_name_them_all_when_none_answers(server):
+    from llm_zoo_train import env_servers
+
+    _, url = server
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    servers = env_servers.EnvServers([dead, url], retries=0, backoff_s=0.0)
+    for _ in range(3):  # every env lands on the live server, whichever comes first in turn
+        env = servers.make("test/RemoteKeyword-v0")
+        assert env.url == url
+        env.close()
+    with pytest.raises(remote.RemoteEnvError, match=r"no env server could make .*127\.0\.0\.1"):
+        env_servers.EnvServers([dead], retries=1, backoff_s=0.0).make("test/RemoteKeyword-v0")
+
+
+def test_env_servers_config_is_checked():
+    from llm_zoo_train import env_servers
+    from llm_zoo_train.config import ConfigError, configure_env_servers
+
+    for bad in (["localhost:8000"], ["http://"], [8000], "http://a:1"):
+        with pytest.raises(ConfigError, match=r"env\.servers"):
+            configure_env_servers(bad)
+    try:
+        configure_env_servers(["http://10.0.0.2:8000"])
+        assert env_servers.map_envs(lambda x: x * 2, [1, 2, 3]) == [2, 4, 6]
+    finally:
+        configure_env_servers([])
