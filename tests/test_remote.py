@@ -226,3 +226,30 @@ def test_env_servers_config_is_checked():
         assert env_servers.map_envs(lambda x: x * 2, [1, 2, 3]) == [2, 4, 6]
     finally:
         configure_env_servers([])
+
+
+def test_an_episode_moves_to_a_failover_server_when_its_server_dies(server):
+    _, spare = server
+    local = llm_zoo.make("Sokoban-v0")
+    local.reset(seed=3)
+    process = ServerProcess()
+    with process as doomed:
+        env = remote.make(doomed, "Sokoban-v0", timeout_s=20, failover=[spare])
+        env.reset(seed=3)
+        unseeded = remote.make(doomed, "PlanPath-v0", timeout_s=20, failover=[spare])
+        unseeded.reset()
+        trace = []
+        for turn, agent in enumerate(env.agent_iter()):
+            if turn == 2:
+                process.stop()  # mid-episode
+            observation, _, termination, truncation, _ = last = env.last()
+            assert plain(last) == plain(local.last())
+            action = None if termination or truncation else policy(agent, observation["prompt"])
+            env.step(action)
+            local.step(action)
+            trace.append((plain(env.rewards), plain(env.infos)))
+            assert trace[-1] == (plain(local.rewards), plain(local.infos))
+        assert env.url == spare and doomed in env.failover
+        with pytest.raises(remote.RemoteEnvError, match=f"{doomed}.*without a seed"):
+            unseeded.step("#### []")
+    assert len(trace) >= 4

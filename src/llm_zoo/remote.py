@@ -27,6 +27,7 @@ import builtins
 import contextlib
 import copy
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from gymnasium import spaces
@@ -40,7 +41,15 @@ __all__ = ["RemoteEnv", "RemoteEnvError", "make"]
 
 
 class RemoteEnvError(RuntimeError):
-    """The env server could not be reached, closed the session, or answered out of protocol."""
+    """The env server could not be reached, closed the session, or answered out of protocol.
+
+    ``connection_lost`` is true when the server itself is gone (unreachable, connection dropped,
+    no answer in time), as opposed to a server that answered with an error.
+    """
+
+    def __init__(self, message: str, *, connection_lost: bool = False):
+        super().__init__(message)
+        self.connection_lost = connection_lost
 
 
 def _ws_url(url: str) -> str:
@@ -71,7 +80,8 @@ class _Connection:
             raise
         except Exception as err:
             raise RemoteEnvError(
-                f"cannot reach the env server at {url}: {type(err).__name__}: {err}"
+                f"cannot reach the env server at {url}: {type(err).__name__}: {err}",
+                connection_lost=True,
             ) from None
 
     def request(self, kind: str, data: dict[str, Any], expect: str) -> dict[str, Any]:
@@ -81,12 +91,14 @@ class _Connection:
         except TimeoutError:
             raise RemoteEnvError(
                 f"the env server at {self.url} sent no answer to {kind!r} within {self.timeout_s:g} s"
-                f" (session {self.session_id or 'not made'})"
+                f" (session {self.session_id or 'not made'})",
+                connection_lost=True,
             ) from None
         except Exception as err:  # websockets' ConnectionClosed, OSError: the server went away
             raise RemoteEnvError(
                 f"the env server at {self.url} dropped the connection during {kind!r}"
-                f" (session {self.session_id or 'not made'}): {type(err).__name__}: {err}"
+                f" (session {self.session_id or 'not made'}): {type(err).__name__}: {err}",
+                connection_lost=True,
             ) from None
         try:
             message = json.loads(raw)
@@ -127,8 +139,22 @@ class RemoteEnv(AECEnv):
     and after a reset the env's ``turn``, ``task_id`` and ``success``.
     """
 
-    def __init__(self, connection: _Connection, info: dict[str, Any], render_mode: str | None):
+    def __init__(
+        self,
+        connection: _Connection,
+        info: dict[str, Any],
+        render_mode: str | None,
+        *,
+        kwargs: dict[str, Any] | None = None,
+        failover: Sequence[str] = (),
+    ):
         super().__init__()
+        self._kwargs = dict(kwargs or {})
+        #: Other servers to replay the episode on if this one is lost (see :func:`make`).
+        self.failover = list(failover)
+        # What rebuilds the episode elsewhere: the seeded reset and the steps since (None: an
+        # unseeded reset, which no other server can reproduce).
+        self._log: list[tuple[str, dict[str, Any]]] | None = None
         self._connection: _Connection | _Closed = connection
         self.url = connection.url
         self.env_id = info["env_id"]
@@ -164,20 +190,24 @@ class RemoteEnv(AECEnv):
         return self.action_spaces[agent]
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
-        payload = self._connection.request("reset", {"seed": seed, "options": options}, "observation")
+        data = {"seed": seed, "options": options}
+        payload = self._request("reset", data, "observation")
         self._apply(payload)
         self._has_reset = True
+        self._log = [("reset", data)] if seed is not None else None
 
     def step(self, action: Any) -> None:
         self._require_reset("step")
         text = action if isinstance(action, str) or action is None else str(action)
-        self._apply(self._connection.request("step", {"text": text}, "observation"))
+        self._apply(self._request("step", {"text": text}, "observation"))
+        if self._log is not None:
+            self._log.append(("step", {"text": text}))
 
     def observe(self, agent: str) -> dict[str, str]:
         self._require_reset("observe")
         if agent in self._prompts:
             return {"prompt": self._prompts[agent]}
-        reply = self._connection.request("observe", {"agent": agent}, "observe")
+        reply = self._request("observe", {"agent": agent}, "observe")
         return dict(reply["observation"])
 
     def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict[str, Any]]:
@@ -188,7 +218,7 @@ class RemoteEnv(AECEnv):
         if self.render_mode is None:
             return None
         self._require_reset("render")
-        text = self._connection.request("render", {}, "render")["text"]
+        text = self._request("render", {}, "render")["text"]
         if self.render_mode == "human":
             print(text, flush=True)
             return None
@@ -196,7 +226,7 @@ class RemoteEnv(AECEnv):
 
     def state(self) -> dict[str, Any]:
         """OpenEnv's state of the session: ``episode_id`` (the task id), ``step_count``, ..."""
-        return self._connection.request("state", {}, "state")
+        return self._request("state", {}, "state")
 
     def close(self) -> None:
         """End the session on the server (idempotent)."""
@@ -209,14 +239,15 @@ class RemoteEnv(AECEnv):
 
     def clone(self) -> RemoteEnv:
         """An independent copy in a new server session: stepping one never changes the other."""
-        info = self._connection.request("clone", {}, "session")
+        info = self._request("clone", {}, "session")
         connection = _Connection(self.url, timeout_s=self._connection.timeout_s, connect_timeout_s=30.0)
         try:
             connection.request("attach", {"session_id": info["session_id"]}, "session")
         except Exception:
             connection.close()
             raise
-        twin = RemoteEnv(connection, info, self.render_mode)
+        twin = RemoteEnv(connection, info, self.render_mode, kwargs=self._kwargs, failover=self.failover)
+        twin._log = copy.deepcopy(self._log)
         for name in (
             "agents",
             "rewards",
@@ -234,6 +265,50 @@ class RemoteEnv(AECEnv):
             if hasattr(self, name):
                 setattr(twin, name, copy.deepcopy(getattr(self, name)))
         return twin
+
+    # ------------------------------------------------------------------ failover
+
+    def _request(self, kind: str, data: dict[str, Any], expect: str) -> dict[str, Any]:
+        try:
+            return self._connection.request(kind, data, expect)
+        except RemoteEnvError as err:
+            if not (err.connection_lost and self.failover):
+                raise
+            self._replay_elsewhere(err)
+        return self._connection.request(kind, data, expect)
+
+    def _replay_elsewhere(self, lost: RemoteEnvError) -> None:
+        """Rebuild this episode on a failover server (make, the seeded reset, every step since):
+        envs are deterministic given the seed and the actions, so it continues exactly."""
+        dead = self.url
+        if self._log is None and self._has_reset:
+            raise RemoteEnvError(
+                f"{lost}; the episode cannot move to another server: it was reset without a seed",
+                connection_lost=True,
+            ) from None
+        failures = []
+        for url in list(self.failover):
+            connection: _Connection | None = None
+            try:
+                connection = _Connection(url, timeout_s=self._connection.timeout_s, connect_timeout_s=30.0)
+                info = connection.request("make", {"env_id": self.env_id, "kwargs": self._kwargs}, "session")
+                for kind, data in self._log or []:
+                    connection.request(kind, data, "observation")
+            except RemoteEnvError as err:
+                if connection is not None:
+                    connection.close()
+                failures.append(str(err))
+                continue
+            self._connection.close()
+            self._connection = connection
+            connection.session_id = self.session_id = info["session_id"]
+            self.url = url
+            self.failover = [u for u in self.failover if u != url] + [dead]
+            return
+        raise RemoteEnvError(
+            f"{lost}; replaying the episode on the failover servers failed too: " + " | ".join(failures),
+            connection_lost=True,
+        ) from None
 
     # ------------------------------------------------------------------ mirroring
 
@@ -280,6 +355,7 @@ def make(
     *,
     timeout_s: float = 300.0,
     connect_timeout_s: float = 30.0,
+    failover: Sequence[str] = (),
     **kwargs: Any,
 ) -> RemoteEnv:
     """Make ``env_id`` with ``kwargs`` on the server at ``url`` and return it as an AEC env.
@@ -289,6 +365,9 @@ def make(
         env_id: A registered id on the server (plugins included).
         timeout_s: Longest wait for one answer (a Code-v0 step runs programs).
         connect_timeout_s: Longest wait to open the connection.
+        failover: Other servers: when ``url`` is lost mid-episode, the episode is replayed on the
+            first of them that answers (made, reset with its seed, every step since) and goes on
+            there; an episode reset without a seed cannot move.
         **kwargs: The env's constructor arguments, as for :func:`llm_zoo.make` (JSON values).
 
     Raises:
@@ -304,4 +383,4 @@ def make(
     except Exception:
         connection.close()
         raise
-    return RemoteEnv(connection, info, render_mode)
+    return RemoteEnv(connection, info, render_mode, kwargs=kwargs, failover=[u for u in failover if u != url])

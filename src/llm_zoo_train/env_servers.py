@@ -7,7 +7,9 @@ next server in turn, so a step's envs spread evenly over them, and a server that
 env (down, full, unreachable) is skipped for the next one, up to ``retries`` rounds over all of
 them. Envs play exactly as in-process (``llm_zoo.remote``: same prompts and rewards for the same
 seeds and actions), so a run gives the same samples either way. A server that dies mid-episode
-raises :class:`llm_zoo.remote.RemoteEnvError` naming it: the episode's state is lost with it.
+has its episodes replayed on the others (rollouts reset with a seed, so the replay is exact) and
+they go on there; when none of them can take it, :class:`llm_zoo.remote.RemoteEnvError` names
+the dead server and the others' failures.
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ class EnvServers:
             for offset in range(len(self.urls)):
                 url = self.urls[(start + offset) % len(self.urls)]
                 try:
-                    return remote.make(url, env_id, timeout_s=self.timeout_s, **kwargs)
+                    others = [u for u in self.urls if u != url]
+                    return remote.make(url, env_id, timeout_s=self.timeout_s, failover=others, **kwargs)
                 except remote.RemoteEnvError as err:  # the server, not the env: try the next one
                     failures.append(str(err))
         raise remote.RemoteEnvError(
