@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -259,3 +263,33 @@ def test_openenv_reset_passes_constructor_arguments(thread_server):
         assert steps == [2, 4, 4]  # one step per agent per turn
         reply = ask(conn, "reset", {"seed": 0, "env_kwargs": {"max_turns": 0}})
         assert reply["data"]["code"] == "FACTORY_ERROR" and "max_turns" in reply["data"]["message"]
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": src},
+    )
+
+
+def test_the_server_stack_is_imported_only_when_serving():
+    done = _python(
+        "import sys, llm_zoo, llm_zoo.remote, llm_zoo.serve, llm_zoo.cli\n"
+        "heavy = [m for m in ('starlette', 'uvicorn', 'websockets') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_serve_without_the_extra_says_how_to_install_it():
+    done = _python(
+        "import sys; sys.modules['uvicorn'] = None\n"
+        "from llm_zoo.cli import main\n"
+        "sys.exit(main(['serve', '--port', '0']))\n"
+    )
+    assert done.returncode == 2
+    assert "pip install 'llm-zoo[serve]'" in done.stderr
