@@ -72,7 +72,7 @@ def test_pettingzoo_api_test_passes_remotely(server, env_id):
     env.close()
 
 
-@pytest.mark.parametrize("env_id", ["PlanPath-v0", "test/RemoteKeyword-v0"])
+@pytest.mark.parametrize("env_id", [*BUILTIN, "test/RemoteKeyword-v0"])
 def test_check_env_passes_remotely(server, env_id):
     _, url = server
 
