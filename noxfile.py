@@ -73,6 +73,8 @@ def install_check(session: nox.Session) -> None:
         "-c",
         "import importlib.util, llm_zoo;"
         "assert importlib.util.find_spec('torch') is None, 'torch must not be installed';"
+        "assert all(importlib.util.find_spec(m) is None for m in ('starlette', 'uvicorn', 'websockets')),"
+        " 'the server stack (llm-zoo[serve]) must not be installed';"
         "env = llm_zoo.make('PlanPath-v0'); env.reset(seed=0);"
         "print('ok:', len(llm_zoo.registry), 'envs, no torch')",
     )

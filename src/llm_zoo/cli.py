@@ -5,6 +5,7 @@
     llm-zoo list                       ids with a one-line description
     llm-zoo play PlanPath-v0 --seed 3  play every role yourself, seeing exactly what each agent sees
     llm-zoo check PlanPath-v0          run llm_zoo.testing.check_env on an env
+    llm-zoo serve --port 8000          serve every env over OpenEnv's protocol (llm-zoo[serve])
 
 In ``play``, type an agent's answer over as many lines as you like and finish it with a line
 holding only ``/end`` (or end of input). ``/quit`` on its own line, end of input with no answer
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import sys
 import warnings
 from collections.abc import Sequence
@@ -160,6 +162,32 @@ def cmd_check(env_id: str, env_kwargs: dict[str, Any], out: TextIO) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from llm_zoo.serve.run import serve
+    except ImportError as err:
+        print(f"llm-zoo serve needs the serve extra ({err}): pip install 'llm-zoo[serve]'", file=sys.stderr)
+        return 2
+    for module in args.plugin:  # envs a module registers on import (installed plugins load by themselves)
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            print(f"llm-zoo serve: --plugin {module}: cannot import it: {err}", file=sys.stderr)
+            return 2
+    for name in ("session_ttl", "max_sessions", "max_message_bytes"):
+        if not getattr(args, name) > 0:
+            print(f"llm-zoo serve: --{name.replace('_', '-')} must be > 0", file=sys.stderr)
+            return 2
+    serve(
+        args.host,
+        args.port,
+        session_ttl_s=args.session_ttl,
+        max_sessions=args.max_sessions,
+        max_message_bytes=args.max_message_bytes,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llm-zoo", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -171,6 +199,25 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("env_id")
     for sub in (play, check):
         sub.add_argument("--env-arg", action="append", default=[], metavar="NAME=VALUE")
+    serve = commands.add_parser("serve", help="serve every env to OpenEnv clients and llm_zoo.remote")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: this machine only)"
+    )
+    serve.add_argument("--port", type=int, default=8000, help="port (0: a free one, printed when listening)")
+    serve.add_argument(
+        "--session-ttl", type=float, default=600.0, help="seconds before an unused session expires"
+    )
+    serve.add_argument("--max-sessions", type=int, default=1024, help="sessions held at once")
+    serve.add_argument(
+        "--max-message-bytes", type=int, default=8 << 20, help="largest frame or body accepted"
+    )
+    serve.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (it registers envs)",
+    )
     return parser
 
 
@@ -187,6 +234,8 @@ def _run(argv: Sequence[str] | None, stdin: TextIO, out: TextIO) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "list":
         return cmd_list(out)
+    if args.command == "serve":
+        return cmd_serve(args)
     env_kwargs = _parse_env_args(args.env_arg)
     try:  # a wrong id or argument is the user's mistake: say so without a traceback
         make(args.env_id, **env_kwargs).close()

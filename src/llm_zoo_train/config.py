@@ -101,6 +101,9 @@ class EnvConfig:
     plugins: list[str] = field(default_factory=list)
     """Python modules imported before the env is made, for envs registered by a module rather than
     an installed `llm_zoo.envs` entry point."""
+    servers: list[str] = field(default_factory=list)
+    """`llm-zoo serve` URLs (e.g. [http://10.0.0.2:8000]): rollout and evaluation envs are made there,
+    spread over them in turn, instead of in this process (needs llm-zoo[serve]). Empty: in-process."""
 
 
 @dataclass
@@ -418,6 +421,7 @@ def validate(config: Config) -> AgentPlan:
     import llm_zoo  # the env package has no heavy dependencies
 
     import_plugins(config.env.plugins)
+    configure_env_servers(config.env.servers)
     try:
         env_spec = llm_zoo.spec(config.env.id)
     except (LookupError, ValueError) as err:  # the registry's own message lists the registered ids
@@ -445,6 +449,19 @@ def validate(config: Config) -> AgentPlan:
             "nothing to train: every agent is frozen; unfreeze one, or set training.max_steps 0 to only evaluate"
         )
     return plan
+
+
+def configure_env_servers(servers: Sequence[str]) -> None:
+    """Check ``env.servers`` and make this process's rollout envs there."""
+    from llm_zoo_train import env_servers
+
+    if not isinstance(servers, (list, tuple)):
+        raise ConfigError(f"env.servers must be a list of URLs, got {servers!r}")
+    for url in servers:
+        problem = env_servers.url_problem(url)
+        if problem:
+            raise ConfigError(f"env.servers: {problem}")
+    env_servers.configure(list(servers))
 
 
 def train_env_kwargs(config: Config) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-import llm_zoo
+from llm_zoo_train import env_servers
 from llm_zoo_train.engines.base import Completion, Engine, SamplingParams
 
 __all__ = ["generate_checked", "is_done", "make_env", "seeded_sampling", "step_dead_agents"]
@@ -22,8 +22,9 @@ __all__ = ["generate_checked", "is_done", "make_env", "seeded_sampling", "step_d
 def make_env(
     env_id: str, env_kwargs: Mapping[str, Any], seed: int, agent_adapters: Mapping[str, str | None]
 ) -> Any:
-    """``llm_zoo.make(env_id, **env_kwargs)`` reset with ``seed``; every agent must have an adapter."""
-    env = llm_zoo.make(env_id, **dict(env_kwargs))
+    """``llm_zoo.make(env_id, **env_kwargs)`` (on the env servers, if configured) reset with
+    ``seed``; every agent must have an adapter."""
+    env = env_servers.make(env_id, **dict(env_kwargs))
     env.reset(seed=int(seed))
     agents = list(env.possible_agents)
     missing = [a for a in agents if a not in agent_adapters]

@@ -41,6 +41,7 @@ import numpy as np
 
 from llm_zoo_train.engines.base import Completion, Engine, SamplingParams
 from llm_zoo_train.env_play import generate_checked, is_done, make_env, seeded_sampling, step_dead_agents
+from llm_zoo_train.env_servers import map_envs
 from llm_zoo_train.samples import Sample, episode_group_key, group_key
 from llm_zoo_train.team_credit import (
     LOOKAHEAD_ROUND,
@@ -201,10 +202,11 @@ def tree_rollout(
         prompts = [envs[i].observe(agent)["prompt"] for i, agent in zip(live, agents, strict=True)]
         adapters = [agent_adapters[agent] for agent in agents]
         groups = generate_checked(engine, prompts, adapters, k, seeded_sampling(sampling, call_index))
-        stepped: list[tuple[int, list[Any], list[Sample]]] = []
-        for i, agent, prompt, adapter, completions in zip(
-            live, agents, prompts, adapters, groups, strict=True
-        ):
+
+        def branch_out(
+            item: tuple[int, str, str, str | None, list[Completion]],
+        ) -> tuple[int, list[Any], list[Sample]]:
+            i, agent, prompt, adapter, completions = item
             # Every clone is taken before any candidate is stepped: siblings share one state.
             branches = [envs[i].clone() for _ in completions]
             group = [
@@ -221,7 +223,10 @@ def tree_rollout(
                 for b, (branch_env, completion) in enumerate(zip(branches, completions, strict=True))
             ]
             _check_finite(env_id, agent, first_env_index + i, group)
-            stepped.append((i, branches, group))
+            return i, branches, group
+
+        # Each env's branches are its own: envs on servers step concurrently, in-process in order.
+        stepped = map_envs(branch_out, list(zip(live, agents, prompts, adapters, groups, strict=True)))
         branch_states = [
             (env, s.agent, s.global_reward)
             for _, branches, group in stepped
@@ -292,9 +297,9 @@ def independent_rollout(
         adapters = [agent_adapters[agent] for agent in agents]
         outputs = generate_checked(engine, prompts, adapters, 1, seeded_sampling(sampling, call_index))
         call_index += 1
-        for (i, b, env), agent, prompt, adapter, (completion,) in zip(
-            live, agents, prompts, adapters, outputs, strict=True
-        ):
+
+        def act(item: tuple[tuple[int, int, Any], str, str, str | None, list[Completion]]) -> None:
+            (i, b, env), agent, prompt, adapter, (completion,) = item
             sample = _step_and_record(
                 env,
                 env_id=env_id,
@@ -308,7 +313,9 @@ def independent_rollout(
             _check_finite(env_id, agent, first_env_index + i, [sample])
             sample.chosen = True
             sample.group_key = episode_group_key(first_env_index + i, agent)
-            played[(i, b)].append(sample)
+            played[(i, b)].append(sample)  # one list per episode: no two calls share one
+
+        map_envs(act, list(zip(live, agents, prompts, adapters, outputs, strict=True)))
         live = [e for e, alive in zip(live, _still_live([e[2] for e in live]), strict=True) if alive]
     samples: list[Sample] = []
     for i, b, env in episodes:
@@ -356,8 +363,10 @@ def evaluation_rollout(
         adapters = [agent_adapters[agent] for agent in agents]
         outputs = generate_checked(engine, prompts, adapters, 1, seeded_sampling(sampling, call_index))
         call_index += 1
-        for i, agent, (completion,) in zip(live, agents, outputs, strict=True):
-            env, result = envs[i], results[i]
+
+        def act(item: tuple[int, str, list[Completion]]) -> None:
+            i, agent, (completion,) = item
+            env, result = envs[i], results[i]  # one episode's own: no two calls share them
             result.turns = int(env.turn) + 1
             env.step(completion.text)
             info = env.infos[agent]
@@ -367,6 +376,8 @@ def evaluation_rollout(
             result.success = result.success or bool(info.get("success", False))
             actions[i] += 1
             parsed[i] += bool(info.get("format_ok", True))
+
+        map_envs(act, list(zip(live, agents, outputs, strict=True)))
         live = [i for i, alive in zip(live, _still_live([envs[i] for i in live]), strict=True) if alive]
     for i, (env, result) in enumerate(zip(envs, results, strict=True)):
         result.success = result.success or bool(getattr(env, "success", False))

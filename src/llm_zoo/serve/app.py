@@ -1,0 +1,440 @@
+"""The ASGI app of ``llm-zoo serve`` (Starlette): OpenEnv's endpoints for every registered env.
+
+Routes (``{env_id}`` is a registered id such as ``PlanPath-v0``; plugins included):
+
+* ``WS /envs/{env_id}/ws`` - an OpenEnv session on that env: OpenEnv's ``EnvClient`` appends
+  ``/ws`` to its base URL, so ``GenericEnvClient(base_url="http://host:port/envs/PlanPath-v0")``
+  works unchanged. The env is made on the first ``reset`` (with ``data["env_kwargs"]``, if any)
+  or by a ``make`` frame.
+* ``WS /ws`` - the same without an env: the first frame is ``make`` (or ``attach`` to a clone).
+* ``POST /reset``, ``POST /envs/{env_id}/reset`` - OpenEnv's stateless HTTP reset: a fresh env,
+  reset with the body's ``seed``/``options``, its first observation, then closed.
+* ``POST /step`` - refused: OpenEnv's HTTP step runs on a fresh env, which for a turn-based
+  episode means nothing; use the WebSocket session.
+* ``GET /state``, ``/health``, ``/metadata``, ``/schema`` (also under ``/envs/{env_id}``), and
+  ``GET /envs`` (the registered ids).
+
+Every env call runs in a worker thread, so one slow env (Code-v0 runs programs) never stalls the
+other sessions. Frames and HTTP bodies above ``max_message_bytes`` are refused (the WebSocket is
+closed with code 1009 "message too big", HTTP answers 413) and the session is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from llm_zoo.registry import UnknownEnvError, make, registry
+from llm_zoo.serve.protocol import ProtocolError, decode, encode, error_frame, is_done, observation_payload
+from llm_zoo.serve.sessions import Session, SessionStore
+
+__all__ = ["ACTION_SCHEMA", "create_app"]
+
+#: JSON schema of a ``step`` frame's data (OpenEnv's ``/schema`` "action").
+ACTION_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "text": {
+            "type": ["string", "null"],
+            "description": "the selected agent's answer; null for a dead agent",
+        },
+        "agent": {"type": "string", "description": "optional: the agent you believe is selected (checked)"},
+        "metadata": {"type": "object"},
+    },
+    "required": ["text"],
+}
+_OBSERVATION_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "agent": {"type": ["string", "null"]},
+        "prompt": {"type": ["string", "null"]},
+        "agents": {"type": "array", "items": {"type": "string"}},
+        "rewards": {"type": "object"},
+        "cumulative_rewards": {"type": "object"},
+        "terminations": {"type": "object"},
+        "truncations": {"type": "object"},
+        "infos": {"type": "object"},
+        "turn": {"type": ["integer", "null"]},
+        "task_id": {"type": ["string", "null"]},
+        "success": {"type": "boolean"},
+    },
+}
+_STATE_SCHEMA = {
+    "type": "object",
+    "properties": {"episode_id": {"type": ["string", "null"]}, "step_count": {"type": "integer"}},
+}
+_RESET_KEYS = ("seed", "options", "episode_id", "env_kwargs")
+_STEP_KEYS = ("text", "agent", "metadata")
+
+
+def _execution_error(err: Exception, what: str) -> ProtocolError:
+    return ProtocolError("EXECUTION_ERROR", f"{what}: {type(err).__name__}: {err}", type(err).__name__)
+
+
+def session_info(session: Session) -> dict[str, Any]:
+    """What a client needs to mirror the env: agents, metadata, spaces' bounds."""
+    env = session.env
+    spaces = {}
+    for agent in env.possible_agents:
+        observation_space = env.observation_space(agent)
+        prompt_space = (
+            observation_space["prompt"] if "prompt" in getattr(observation_space, "spaces", {}) else None
+        )
+        spaces[agent] = {
+            "observation_max_length": getattr(prompt_space, "max_length", None),
+            "action_max_length": getattr(env.action_space(agent), "max_length", None),
+        }
+    metadata = {k: v for k, v in env.metadata.items() if isinstance(v, (str, int, float, bool, list, tuple))}
+    return {
+        "session_id": session.id,
+        "env_id": session.env_id,
+        "possible_agents": list(env.possible_agents),
+        "metadata": metadata,
+        "max_turns": getattr(env, "max_turns", None),
+        "alpha": getattr(env, "alpha", None),
+        "render_mode": getattr(env, "render_mode", None),
+        "spaces": spaces,
+    }
+
+
+class _Server:
+    """The routes' shared state: the session store and the limits."""
+
+    def __init__(self, store: SessionStore, max_message_bytes: int):
+        self.store = store
+        self.max_message_bytes = max_message_bytes
+
+    # ------------------------------------------------------------------ env calls
+
+    async def _call(self, session: Session, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        session.busy += 1
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except ProtocolError:
+            raise
+        except Exception as err:
+            raise _execution_error(err, what) from None
+        finally:
+            session.busy -= 1
+            self.store.touch(session)
+
+    async def _make(self, env_id: Any, kwargs: Any, *, attached: bool) -> Session:
+        if not isinstance(env_id, str) or not env_id:
+            raise ProtocolError(
+                "VALIDATION_ERROR", f"make needs data.env_id, a registered env id; got {env_id!r}"
+            )
+        if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+            raise ProtocolError(
+                "VALIDATION_ERROR", f"make's data.kwargs must be an object, got {type(kwargs).__name__}"
+            )
+        try:
+            env = await asyncio.to_thread(make, env_id, **kwargs)
+        except UnknownEnvError as err:
+            raise ProtocolError("FACTORY_ERROR", str(err), "UnknownEnvError") from None
+        except Exception as err:
+            raise ProtocolError(
+                "FACTORY_ERROR",
+                f"could not make {env_id} with {kwargs!r}: {type(err).__name__}: {err}",
+                type(err).__name__,
+            ) from None
+        return self.store.add(env_id, env, attached=attached, kwargs=kwargs)
+
+    # ------------------------------------------------------------------ WebSocket
+
+    async def websocket(self, websocket: WebSocket) -> None:
+        path_env_id = websocket.path_params.get("env_id")
+        await websocket.accept()
+        session: Session | None = None
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                raw = message.get("text")
+                if raw is None:
+                    raw = message.get("bytes") or b""
+                try:
+                    kind, data = decode(raw)
+                    if kind == "close":
+                        return
+                    if session is not None and session.closed:
+                        session = None
+                        raise ProtocolError(
+                            "SESSION_ERROR",
+                            f"the session expired after {self.store.ttl_s:g} s without a message; make a new one",
+                        )
+                    reply, session = await self._handle(kind, data, session, path_env_id)
+                except ProtocolError as err:
+                    reply = error_frame(err)
+                await websocket.send_text(reply)
+        except WebSocketDisconnect:
+            return
+        finally:
+            if session is not None:
+                self.store.remove(session.id)
+            with contextlib.suppress(Exception):
+                await websocket.close()
+
+    async def _handle(
+        self, kind: str, data: dict[str, Any], session: Session | None, path_env_id: str | None
+    ) -> tuple[str, Session | None]:
+        if kind == "make":
+            env_id = data.get("env_id", path_env_id)
+            if path_env_id is not None and env_id != path_env_id:
+                raise ProtocolError(
+                    "VALIDATION_ERROR", f"this connection serves {path_env_id}; make asked for {env_id!r}"
+                )
+            new = await self._make(env_id, data.get("kwargs", {}), attached=True)
+            if session is not None:
+                self.store.remove(session.id)
+            return encode("session", session_info(new)), new
+        if kind == "attach":
+            if session is not None:
+                raise ProtocolError("VALIDATION_ERROR", "attach must be the first frame of a connection")
+            new = self.store.attach(data.get("session_id"))
+            return encode("session", session_info(new)), new
+        if kind == "reset" and path_env_id is not None and "env_kwargs" in data:
+            wanted = data["env_kwargs"]
+            if session is None or session.kwargs != wanted:  # OpenEnv clients pass arguments here
+                new = await self._make(path_env_id, wanted, attached=True)
+                if session is not None:
+                    self.store.remove(session.id)
+                session = new
+        if session is None:
+            if kind == "reset" and path_env_id is not None:
+                session = await self._make(path_env_id, {}, attached=True)
+            else:
+                raise ProtocolError(
+                    "SESSION_ERROR",
+                    f'{kind} before make: send {{"type": "make", "data": {{"env_id": ...}}}} first',
+                )
+        self.store.touch(session)
+        env = session.env
+        if kind == "reset":
+            seed, options = _reset_arguments(data)
+            await self._call(session, "reset", env.reset, seed=seed, options=options)
+            session.steps = 0
+            payload = await self._call(session, "observe", observation_payload, env, None)
+            return encode("observation", payload), session
+        if kind == "step":
+            text = _step_text(data, env)
+            acting = getattr(env, "agent_selection", None)
+            await self._call(session, "step", env.step, text)
+            session.steps += 1
+            payload = await self._call(session, "observe", observation_payload, env, acting)
+            return encode("observation", payload), session
+        if kind == "observe":
+            agent = data.get("agent")
+            if agent not in env.possible_agents:
+                raise ProtocolError(
+                    "VALIDATION_ERROR",
+                    f"observe needs data.agent, one of {list(env.possible_agents)}; got {agent!r}",
+                )
+            observation = await self._call(session, f"observe({agent!r})", env.observe, agent)
+            return encode("observe", {"agent": agent, "observation": observation}), session
+        if kind == "state":
+            return encode("state", _state(session)), session
+        if kind == "render":
+            text = await self._call(session, "render", env.render)
+            return encode("render", {"text": text}), session
+        # clone
+        twin = await self._call(session, "clone", env.clone)
+        copy = self.store.add(session.env_id, twin, attached=False, kwargs=session.kwargs)
+        copy.steps = session.steps
+        return encode("session", session_info(copy)), session
+
+    # ------------------------------------------------------------------ HTTP
+
+    async def _json_body(self, request: Request) -> dict[str, Any]:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_message_bytes:
+            raise ProtocolError(
+                "VALIDATION_ERROR",
+                f"the body of {declared} bytes exceeds the server's limit of {self.max_message_bytes}",
+                status=413,
+            )
+        body = bytearray()
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > self.max_message_bytes:
+                raise ProtocolError(
+                    "VALIDATION_ERROR",
+                    f"the body exceeds the server's limit of {self.max_message_bytes} bytes",
+                    status=413,
+                )
+        if not body.strip():
+            return {}
+        try:
+            data = json.loads(bytes(body))
+        except ValueError as err:
+            raise ProtocolError("INVALID_JSON", f"the body is not valid JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise ProtocolError("INVALID_JSON", f"the body must be a JSON object, got {type(data).__name__}")
+        return data
+
+    async def http_reset(self, request: Request) -> JSONResponse:
+        try:
+            data = await self._json_body(request)
+            env_id = request.path_params.get("env_id", data.pop("env_id", None))
+            session = await self._make(env_id, data.get("env_kwargs", {}), attached=True)
+            try:
+                seed, options = _reset_arguments(data)
+                await self._call(session, "reset", session.env.reset, seed=seed, options=options)
+                payload = observation_payload(session.env, None)
+            finally:
+                self.store.remove(session.id)
+            return JSONResponse(json.loads(json.dumps(payload, default=str)))
+        except ProtocolError as err:
+            return JSONResponse({"detail": err.message, "code": err.code}, status_code=err.status)
+
+    async def http_step(self, request: Request) -> JSONResponse:
+        return JSONResponse(
+            {
+                "detail": "HTTP /step is stateless in OpenEnv (a fresh env per request), which cannot play a "
+                "turn-based episode: open a WebSocket session at /envs/{env_id}/ws",
+                "code": "SESSION_ERROR",
+            },
+            status_code=400,
+        )
+
+    async def http_get(self, request: Request) -> JSONResponse:
+        what = request.url.path.rstrip("/").rsplit("/", 1)[-1]
+        env_id = request.path_params.get("env_id")
+        if env_id is not None and env_id not in registry:
+            return JSONResponse(
+                {"detail": f"unknown env {env_id!r}", "code": "FACTORY_ERROR"}, status_code=404
+            )
+        if what == "health":
+            return JSONResponse(
+                {"status": "healthy", "sessions": len(self.store), "sessions_made": self.store.created}
+            )
+        if what == "envs":
+            return JSONResponse({"envs": list(registry)})
+        if what == "schema":
+            return JSONResponse(
+                {"action": ACTION_SCHEMA, "observation": _OBSERVATION_SCHEMA, "state": _STATE_SCHEMA}
+            )
+        if what == "metadata":
+            name = env_id or "llm-zoo"
+            description = registry[env_id].description if env_id else "llm-zoo text multi-agent envs"
+            return JSONResponse({"name": name, "description": description, "version": "llm-zoo"})
+        return JSONResponse({"episode_id": None, "step_count": 0})  # /state: stateless, as in OpenEnv
+
+
+def _reset_arguments(data: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
+    unknown = sorted(set(data) - set(_RESET_KEYS))
+    if unknown:
+        raise ProtocolError(
+            "VALIDATION_ERROR", f"reset got unknown fields {unknown}; valid: {list(_RESET_KEYS)}"
+        )
+    seed = data.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ProtocolError("VALIDATION_ERROR", f"reset's seed must be an integer or null, got {seed!r}")
+    options = data.get("options")
+    if options is not None and not isinstance(options, dict):
+        raise ProtocolError("VALIDATION_ERROR", f"reset's options must be an object or null, got {options!r}")
+    return seed, options
+
+
+def _step_text(data: dict[str, Any], env: Any) -> str | None:
+    unknown = sorted(set(data) - set(_STEP_KEYS))
+    if unknown or "text" not in data:
+        raise ProtocolError(
+            "VALIDATION_ERROR",
+            f'step needs {{"text": str or null}}; got fields {sorted(data)} (valid: {list(_STEP_KEYS)})',
+        )
+    text = data["text"]
+    if text is not None and not isinstance(text, str):
+        raise ProtocolError(
+            "VALIDATION_ERROR", f"step's text must be a string or null, got {type(text).__name__}"
+        )
+    if not getattr(env, "_has_reset", True) or not hasattr(env, "agent_selection"):
+        raise ProtocolError("EXECUTION_ERROR", "step before reset: send a reset frame first", "RuntimeError")
+    selected = env.agent_selection
+    claimed = data.get("agent")
+    if claimed is not None and claimed != selected:
+        raise ProtocolError(
+            "VALIDATION_ERROR", f"step for {claimed!r}, but the selected agent is {selected!r}"
+        )
+    if not env.agents:
+        raise ProtocolError(
+            "EXECUTION_ERROR",
+            "step after the end: the episode is over (no agent left); send reset",
+            "RuntimeError",
+        )
+    if text is not None and (env.terminations[selected] or env.truncations[selected]):
+        over = "the episode is over" if is_done(env) else f"{selected} is done"
+        raise ProtocolError(
+            "EXECUTION_ERROR",
+            f"step after the end: {over}; a done agent's step takes text null (send reset for a new episode)",
+            "ValueError",
+        )
+    return text
+
+
+def _state(session: Session) -> dict[str, Any]:
+    env = session.env
+    return {
+        "episode_id": getattr(env, "task_id", None),
+        "step_count": session.steps,
+        "session_id": session.id,
+        "env_id": session.env_id,
+        "agent_selection": getattr(env, "agent_selection", None),
+        "agents": list(getattr(env, "agents", [])),
+        "turn": getattr(env, "turn", None),
+        "success": bool(getattr(env, "success", False)),
+    }
+
+
+def create_app(
+    *, session_ttl_s: float = 600.0, max_sessions: int = 1024, max_message_bytes: int = 8 << 20
+) -> Starlette:
+    """The ASGI app. Serve it with uvicorn's ``ws_max_size`` equal to ``max_message_bytes``
+    (:func:`llm_zoo.serve.run` does).
+
+    Args:
+        session_ttl_s: A session unused for this long expires, its env closed.
+        max_sessions: Sessions held at once (clones included); more are refused.
+        max_message_bytes: Largest WebSocket frame / HTTP body accepted.
+    """
+    store = SessionStore(session_ttl_s, max_sessions)
+    server = _Server(store, int(max_message_bytes))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async def reap() -> None:
+            while True:
+                await asyncio.sleep(min(store.ttl_s / 4, 5.0))
+                store.expire()
+
+        task = asyncio.create_task(reap())
+        try:
+            yield
+        finally:
+            task.cancel()
+            store.close_all()
+
+    routes: list[Any] = [
+        WebSocketRoute("/ws", server.websocket),
+        WebSocketRoute("/envs/{env_id:path}/ws", server.websocket),
+        Route("/reset", server.http_reset, methods=["POST"]),
+        Route("/envs/{env_id:path}/reset", server.http_reset, methods=["POST"]),
+        Route("/step", server.http_step, methods=["POST"]),
+        Route("/envs/{env_id:path}/step", server.http_step, methods=["POST"]),
+        Route("/envs", server.http_get, methods=["GET"]),
+    ]
+    for what in ("health", "state", "metadata", "schema"):
+        routes.append(Route(f"/{what}", server.http_get, methods=["GET"]))
+        routes.append(Route(f"/envs/{{env_id:path}}/{what}", server.http_get, methods=["GET"]))
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.sessions = store
+    return app

@@ -1,0 +1,159 @@
+"""The wire format of ``llm-zoo serve``: message types, error codes, and the episode snapshot.
+
+Shared by the server (:mod:`llm_zoo.serve.app`) and the client (:mod:`llm_zoo.remote`); it needs
+only the standard library, so importing it never pulls in the server stack.
+
+Every WebSocket frame is one JSON object ``{"type": ..., "data": {...}}``, as in OpenEnv. The types
+OpenEnv defines keep its meaning (``reset``, ``step``, ``state``, ``close`` from the client;
+``observation``, ``state``, ``error`` from the server); the AEC extras (``make``, ``observe``,
+``clone``, ``attach``, ``render``) are answered with ``session``, ``observe`` and ``render`` frames.
+An OpenEnv client never sends the extras, so it sees only OpenEnv's own frames.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+__all__ = [
+    "CLIENT_TYPES",
+    "ERROR_CODES",
+    "ProtocolError",
+    "decode",
+    "encode",
+    "error_frame",
+    "is_done",
+    "observation_payload",
+]
+
+#: Message types a client may send.
+CLIENT_TYPES = ("make", "attach", "reset", "step", "observe", "state", "render", "clone", "close")
+
+#: Error codes: OpenEnv's ``WSErrorCode`` values, so OpenEnv clients report them as usual.
+ERROR_CODES = (
+    "INVALID_JSON",  # a frame that is not a JSON object
+    "UNKNOWN_TYPE",  # a "type" outside CLIENT_TYPES
+    "VALIDATION_ERROR",  # a field missing or of the wrong type
+    "EXECUTION_ERROR",  # the env refused the call (e.g. a step after the end)
+    "CAPACITY_REACHED",  # the server holds its maximum number of sessions
+    "FACTORY_ERROR",  # the env could not be made (unknown id, bad kwargs)
+    "SESSION_ERROR",  # no session yet, or it expired or was closed
+)
+
+#: Exceptions the client raises again under their own name (anything else is a RemoteEnvError).
+REPLAYED_EXCEPTIONS = (
+    "RuntimeError",
+    "ValueError",
+    "TypeError",
+    "KeyError",
+    "AssertionError",
+    "UnknownEnvError",
+)
+
+
+class ProtocolError(Exception):
+    """A request the server refuses; becomes an ``error`` frame with ``code`` and ``message``."""
+
+    def __init__(self, code: str, message: str, exception: str | None = None, *, status: int = 400):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.exception = exception
+        self.status = status  # the HTTP status, where the request came over HTTP
+
+
+def _plain(value: Any) -> Any:
+    """JSON's fallback for what env infos may hold: numpy scalars and arrays, sets, anything else
+    as its ``str``."""
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    return str(value)
+
+
+def encode(kind: str, data: dict[str, Any]) -> str:
+    """One frame as text."""
+    return json.dumps({"type": kind, "data": data}, default=_plain)
+
+
+def decode(text: str | bytes) -> tuple[str, dict[str, Any]]:
+    """Parse one client frame into ``(type, data)``.
+
+    Raises:
+        ProtocolError: The frame is not a JSON object with a known ``type`` and an object ``data``.
+    """
+    try:
+        message = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ProtocolError("INVALID_JSON", f"the frame is not valid JSON: {err}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError(
+            "INVALID_JSON",
+            f'a frame must be a JSON object {{"type": ..., "data": ...}}, got {type(message).__name__}',
+        )
+    kind = message.get("type")
+    if kind not in CLIENT_TYPES:
+        raise ProtocolError(
+            "UNKNOWN_TYPE", f"unknown message type {kind!r}; valid types: {', '.join(CLIENT_TYPES)}"
+        )
+    data = message.get("data", {})
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ProtocolError(
+            "VALIDATION_ERROR", f'"data" of a {kind!r} frame must be an object, got {type(data).__name__}'
+        )
+    return kind, data
+
+
+def error_frame(err: ProtocolError) -> str:
+    data: dict[str, Any] = {"code": err.code, "message": err.message}
+    if err.exception:
+        data["exception"] = err.exception
+    return encode("error", data)
+
+
+def is_done(env: Any) -> bool:
+    """No agent is left to act: every agent is gone, terminated or truncated."""
+    agents = getattr(env, "agents", [])
+    return not agents or all(env.terminations[a] or env.truncations[a] for a in agents)
+
+
+def _finite_or_none(value: Any) -> float | None:
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def observation_payload(env: Any, acting: str | None) -> dict[str, Any]:
+    """OpenEnv's ``{"observation", "reward", "done"}`` after a reset (``acting`` None) or a step.
+
+    ``observation`` is the whole AEC bookkeeping, so a client can mirror the env exactly: the
+    selected ``agent`` and its ``prompt`` (None when that agent is no longer in ``agents``), ``agents``, ``rewards``,
+    ``cumulative_rewards``, ``terminations``, ``truncations``, ``infos``, ``turn``, ``task_id``,
+    ``success``. ``reward`` is the acting agent's reward for this step (None after a reset), and
+    ``done`` is true once no agent is left to act.
+    """
+    agents = list(env.agents)
+    selected = getattr(env, "agent_selection", None)
+    prompt = env.observe(selected)["prompt"] if selected in agents else None
+    observation = {
+        "agent": selected,
+        "prompt": prompt,
+        "agents": agents,
+        "rewards": {a: float(r) for a, r in env.rewards.items()},
+        "cumulative_rewards": {a: float(r) for a, r in env._cumulative_rewards.items()},
+        "terminations": {a: bool(v) for a, v in env.terminations.items()},
+        "truncations": {a: bool(v) for a, v in env.truncations.items()},
+        "infos": env.infos,
+        "turn": getattr(env, "turn", None),
+        "task_id": getattr(env, "task_id", None),
+        "success": bool(getattr(env, "success", False)),
+    }
+    reward = None
+    if acting is not None and acting in env.rewards:
+        reward = _finite_or_none(env.rewards[acting])
+    return {"observation": observation, "reward": reward, "done": is_done(env)}

@@ -1,0 +1,128 @@
+"""The sessions an ``llm-zoo serve`` process holds: one env each, expiring when left idle.
+
+A session belongs to the WebSocket connection that made (or attached to) it and is dropped when
+that connection ends, however it ends. A clone starts *detached*: it waits for a connection to
+``attach`` to it, and expires like any idle session if none does. Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_zoo.serve.protocol import ProtocolError
+
+__all__ = ["Session", "SessionStore"]
+
+
+@dataclass
+class Session:
+    """One env held for a client.
+
+    Attributes:
+        id: The session's id (unguessable: it is the only key to a detached clone).
+        env_id: The registered id the env was made from.
+        env: The env itself.
+        last_used: ``time.monotonic()`` of the last message that used it.
+        attached: A connection owns it (false for a clone nobody attached to yet).
+        busy: Calls running on it now; a busy session never expires.
+        closed: Expired or removed; the env is closed.
+        steps: ``step`` calls since the last reset (OpenEnv's ``step_count``).
+        kwargs: The constructor arguments the env was made with.
+    """
+
+    id: str
+    env_id: str
+    env: Any
+    last_used: float
+    attached: bool = True
+    busy: int = 0
+    closed: bool = False
+    steps: int = 0
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class SessionStore:
+    """The live sessions, bounded in number and idle time.
+
+    Args:
+        ttl_s: A session unused for this many seconds expires (its env is closed).
+        max_sessions: More sessions than this are refused with ``CAPACITY_REACHED``.
+        clock: The time source (tests pass a fake one).
+    """
+
+    def __init__(self, ttl_s: float, max_sessions: int, clock: Callable[[], float] = time.monotonic):
+        if not ttl_s > 0:
+            raise ValueError(f"session ttl must be > 0 seconds, got {ttl_s!r}")
+        if int(max_sessions) < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {max_sessions!r}")
+        self.ttl_s = float(ttl_s)
+        self.max_sessions = int(max_sessions)
+        self._clock = clock
+        self._sessions: dict[str, Session] = {}
+        #: Sessions made since the server started (clones included).
+        self.created = 0
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def add(self, env_id: str, env: Any, *, attached: bool, kwargs: dict[str, Any] | None = None) -> Session:
+        """Hold ``env`` in a new session (closing ``env`` when the server is full)."""
+        if len(self._sessions) >= self.max_sessions:
+            with contextlib.suppress(Exception):
+                env.close()
+            raise ProtocolError(
+                "CAPACITY_REACHED",
+                f"the server holds its maximum of {self.max_sessions} sessions; close one or retry later",
+            )
+        session = Session(
+            secrets.token_urlsafe(16),
+            env_id,
+            env,
+            self._clock(),
+            attached=attached,
+            kwargs=dict(kwargs or {}),
+        )
+        self._sessions[session.id] = session
+        self.created += 1
+        return session
+
+    def attach(self, session_id: Any) -> Session:
+        """Hand a detached session (a clone) to the connection asking for it."""
+        session = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        if session is None:
+            raise ProtocolError(
+                "SESSION_ERROR", f"no session {session_id!r}: it never existed, expired or was closed"
+            )
+        if session.attached:
+            raise ProtocolError("SESSION_ERROR", f"session {session_id!r} already belongs to a connection")
+        session.attached = True
+        session.last_used = self._clock()
+        return session
+
+    def touch(self, session: Session) -> None:
+        session.last_used = self._clock()
+
+    def remove(self, session_id: str) -> None:
+        """Close a session's env and forget it (no-op when it is already gone)."""
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            session.closed = True
+            with contextlib.suppress(Exception):  # a failing close must not take the server down
+                session.env.close()
+
+    def expire(self) -> list[str]:
+        """Remove every session idle for longer than the TTL; return their ids."""
+        now = self._clock()
+        stale = [s.id for s in self._sessions.values() if not s.busy and now - s.last_used > self.ttl_s]
+        for session_id in stale:
+            self.remove(session_id)
+        return stale
+
+    def close_all(self) -> None:
+        for session_id in list(self._sessions):
+            self.remove(session_id)

@@ -1,0 +1,255 @@
+"""``llm_zoo.remote``: an env on a server passes PettingZoo's and llm-zoo's checks and plays
+exactly as in-process (same prompts, rewards and infos for the same seeds and actions)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import warnings
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+pytest.importorskip("websockets")
+
+from pettingzoo.test import api_test
+
+import llm_zoo
+from llm_zoo import remote
+from llm_zoo.serve import ServerProcess, ServerThread
+from llm_zoo.testing import check_env, play_episode
+from toy_envs import KeywordEnv
+
+llm_zoo.register(
+    "test/RemoteKeyword-v0", KeywordEnv, description="toy env for the remote tests", override=True
+)
+
+BUILTIN = ("PlanPath-v0", "Sokoban-v0", "Code-v0", "Math-v0")
+
+
+@pytest.fixture(scope="module")
+def server():
+    thread = ServerThread(session_ttl_s=120)
+    with thread as url:
+        yield thread, url
+
+
+def policy(agent: str, prompt: str) -> str:
+    """Answers that hit every branch: valid formats, near-misses, text depending on the prompt."""
+    return [
+        '#### ["R", "D", "R"]',
+        "```python\ndef solve(*a):\n    return a\n```",
+        "#### 42",
+        f"{agent}: no idea",
+        "",
+    ][len(prompt) % 5]
+
+
+def plain(trace: list) -> list:
+    return json.loads(json.dumps(trace))  # tuples in infos travel as lists
+
+
+@pytest.mark.parametrize("env_id", BUILTIN)
+def test_same_prompts_rewards_and_infos_as_in_process(server, env_id):
+    _, url = server
+    for seed in (0, 5):
+        local = play_episode(llm_zoo.make(env_id), policy, seed=seed)
+        env = remote.make(url, env_id)
+        try:
+            assert plain(play_episode(env, policy, seed=seed)) == plain(local)
+        finally:
+            env.close()
+
+
+@pytest.mark.parametrize("env_id", BUILTIN)
+def test_pettingzoo_api_test_passes_remotely(server, env_id):
+    _, url = server
+    env = remote.make(url, env_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        api_test(env, num_cycles=10)
+    env.close()
+
+
+@pytest.mark.parametrize("env_id", [*BUILTIN, "test/RemoteKeyword-v0"])
+def test_check_env_passes_remotely(server, env_id):
+    _, url = server
+
+    def factory(render_mode=None):
+        return remote.make(url, env_id, render_mode=render_mode)
+
+    check_env(factory, num_cycles=10, fuzz_count=30, seeds=(0, 1))
+
+
+def test_kwargs_reach_the_env_and_errors_keep_their_type(server):
+    _, url = server
+    env = remote.make(url, "PlanPath-v0", max_turns=1, rows=5, cols=5)
+    env.reset(seed=2)
+    local = llm_zoo.make("PlanPath-v0", max_turns=1, rows=5, cols=5)
+    local.reset(seed=2)
+    assert env.observe(env.agent_selection) == local.observe(local.agent_selection)
+    assert env.max_turns == 1 and env.task_id == local.task_id
+    with pytest.raises(llm_zoo.UnknownEnvError, match="Nope-v0"):
+        remote.make(url, "Nope-v0")
+    with pytest.raises(TypeError, match="bogus"):
+        remote.make(url, "PlanPath-v0", bogus=1)
+    for _agent in list(env.agents):  # one turn, then truncation
+        env.step("x")
+    with pytest.raises(ValueError, match="step after the end"):
+        env.step("more")
+    while env.agents:
+        env.step(None)
+    with pytest.raises(RuntimeError, match="step after the end"):
+        env.step(None)
+    env.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        env.reset()
+
+
+def test_clone_is_an_independent_session(server):
+    thread, url = server
+    before = len(thread.app.state.sessions)
+    env = remote.make(url, "test/RemoteKeyword-v0")
+    env.reset(seed=1)
+    env.step("apple")
+    twin = env.clone()
+    assert twin.session_id != env.session_id
+    twin.step("banana")
+    assert twin.terminations["bob"] and not env.terminations["bob"]
+    assert env.agent_selection == "bob" and env.rewards == {"alice": 1.0, "bob": 0.0}
+    env.step("nothing")
+    assert env.rewards["bob"] == 0.0 and twin.rewards["bob"] == 2.0
+    twin.close()
+    env.close()
+    assert len(thread.app.state.sessions) == before
+
+
+def test_a_dead_server_is_named_in_the_error():
+    process = ServerProcess()
+    with process as url:
+        env = remote.make(url, "PlanPath-v0", timeout_s=20)
+        env.reset(seed=0)
+        process.stop()
+        with pytest.raises(remote.RemoteEnvError, match=url.replace(".", r"\.")):
+            env.step("#### []")
+    with pytest.raises(remote.RemoteEnvError, match="cannot reach"):
+        remote.make(url, "PlanPath-v0", connect_timeout_s=5)
+
+
+@pytest.mark.parametrize("mode", ["tree", "independent"])
+def test_training_on_two_env_servers_matches_in_process(tiny_model_dir, tmp_path, one_torch_thread, mode):
+    """A 2-step run with its envs on 2 servers: the same samples, rewards and adapters as in-process."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    import dataclasses
+
+    import toy_envs_trainer  # noqa: F401  (registers test/Scripted-v0 here, so the servers have it)
+    from llm_zoo_train import env_servers
+    from llm_zoo_train.samples import read_jsonl
+    from llm_zoo_train.trainer import Trainer
+    from train_helpers import toy_config
+
+    def run(name, servers):
+        overrides = [
+            "--training.max_steps",
+            "2",
+            "--eval.num_episodes",
+            "2",
+            "--rollout.save_rollouts",
+            "true",
+            "--rollout.envs_per_step",
+            "4",
+            "--rollout.mode",
+            mode,
+        ]
+        config = toy_config(tiny_model_dir, tmp_path / name, overrides)
+        config.env.servers = servers
+        trainer = Trainer(config)
+        try:
+            trainer.train()
+        finally:
+            env_servers.configure([])
+        samples = [
+            dataclasses.asdict(s)
+            for step in (1, 2)
+            for s in read_jsonl(tmp_path / name / "rollouts" / f"step_{step:06d}.jsonl")
+        ]
+        adapters = {n: trainer.policy.adapter_state_dict(n) for n in trainer.plan.adapters}
+        return samples, adapters, trainer.history
+
+    first, second = ServerThread(), ServerThread()
+    with first as url_a, second as url_b:
+        remote_samples, remote_adapters, remote_history = run("remote", [url_a, url_b])
+        left = {len(first.app.state.sessions), len(second.app.state.sessions)}
+        made = [first.app.state.sessions.created, second.app.state.sessions.created]
+    local_samples, local_adapters, local_history = run("local", [])
+    assert left == {0}  # every episode's session was closed
+    assert min(made) > 0 and abs(made[0] - made[1]) <= max(made) // 2, made  # spread over both
+    assert len(remote_samples) == len(local_samples) > 0
+    for remote_sample, local_sample in zip(remote_samples, local_samples, strict=True):
+        assert plain(remote_sample) == plain(local_sample)
+    assert {s["reward"] for s in local_samples} != {0.0}
+    for name, weights in local_adapters.items():
+        assert all(torch.equal(weights[k], remote_adapters[name][k]) for k in weights), name
+    for remote_record, local_record in zip(remote_history, local_history, strict=True):
+        assert {k: v for k, v in remote_record.items() if not k.startswith("time/")} == {
+            k: v for k, v in local_record.items() if not k.startswith("time/")
+        }
+
+
+def test_env_servers_skip_a_dead_server_and_name_them_all_when_none_answers(server):
+    from llm_zoo_train import env_servers
+
+    _, url = server
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    servers = env_servers.EnvServers([dead, url], retries=0, backoff_s=0.0)
+    for _ in range(3):  # every env lands on the live server, whichever comes first in turn
+        env = servers.make("test/RemoteKeyword-v0")
+        assert env.url == url
+        env.close()
+    with pytest.raises(remote.RemoteEnvError, match=r"no env server could make .*127\.0\.0\.1"):
+        env_servers.EnvServers([dead], retries=1, backoff_s=0.0).make("test/RemoteKeyword-v0")
+
+
+def test_env_servers_config_is_checked():
+    from llm_zoo_train import env_servers
+    from llm_zoo_train.config import ConfigError, configure_env_servers
+
+    for bad in (["localhost:8000"], ["http://"], [8000], "http://a:1"):
+        with pytest.raises(ConfigError, match=r"env\.servers"):
+            configure_env_servers(bad)
+    try:
+        configure_env_servers(["http://10.0.0.2:8000"])
+        assert env_servers.map_envs(lambda x: x * 2, [1, 2, 3]) == [2, 4, 6]
+    finally:
+        configure_env_servers([])
+
+
+def test_an_episode_moves_to_a_failover_server_when_its_server_dies(server):
+    _, spare = server
+    local = llm_zoo.make("Sokoban-v0")
+    local.reset(seed=3)
+    process = ServerProcess()
+    with process as doomed:
+        env = remote.make(doomed, "Sokoban-v0", timeout_s=20, failover=[spare])
+        env.reset(seed=3)
+        unseeded = remote.make(doomed, "PlanPath-v0", timeout_s=20, failover=[spare])
+        unseeded.reset()
+        trace = []
+        for turn, agent in enumerate(env.agent_iter()):
+            if turn == 2:
+                process.stop()  # mid-episode
+            observation, _, termination, truncation, _ = last = env.last()
+            assert plain(last) == plain(local.last())
+            action = None if termination or truncation else policy(agent, observation["prompt"])
+            env.step(action)
+            local.step(action)
+            trace.append((plain(env.rewards), plain(env.infos)))
+            assert trace[-1] == (plain(local.rewards), plain(local.infos))
+        assert env.url == spare and doomed in env.failover
+        with pytest.raises(remote.RemoteEnvError, match=f"{doomed}.*without a seed"):
+            unseeded.step("#### []")
+    assert len(trace) >= 4

@@ -1,0 +1,295 @@
+"""``llm-zoo serve``: OpenEnv's client plays every built-in env; bad input gets a protocol error
+naming the problem and leaves no session behind."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+websockets_client = pytest.importorskip("websockets.sync.client")
+
+import llm_zoo  # noqa: E402
+from llm_zoo.serve import ServerProcess, ServerThread  # noqa: E402
+from toy_envs import KeywordEnv  # noqa: E402
+
+llm_zoo.register(
+    "test/ServeKeyword-v0", KeywordEnv, description="toy env for the server tests", override=True
+)
+
+BUILTIN = ("PlanPath-v0", "Sokoban-v0", "Code-v0", "Math-v0")
+
+
+@pytest.fixture(scope="module")
+def thread_server():
+    thread = ServerThread(session_ttl_s=60, max_sessions=16, max_message_bytes=1 << 20)
+    with thread as url:
+        yield thread, url
+
+
+def wait_for_no_sessions(thread, timeout_s: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while len(thread.app.state.sessions) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return len(thread.app.state.sessions)
+
+
+def ws(url: str, path: str = "/ws"):
+    connection = websockets_client.connect(
+        url.replace("http://", "ws://") + path, open_timeout=10, max_size=None
+    )
+    return connection.__enter__()  # the same with websockets' current and future connect()
+
+
+def ask(conn, kind: str, data: dict | None = None) -> dict:
+    conn.send(json.dumps({"type": kind, "data": data or {}}))
+    return json.loads(conn.recv(timeout=60))
+
+
+def scripted(agent: str, turn: int) -> str:
+    return f"{agent} answer {turn}: #### [1, 2]"
+
+
+def in_process_rewards(env_id: str, seed: int) -> list:
+    env = llm_zoo.make(env_id)
+    env.reset(seed=seed)
+    rewards = []
+    for turn, agent in enumerate(env.agent_iter()):
+        _, _, termination, truncation, _ = env.last()
+        if termination or truncation:
+            env.step(None)
+            continue
+        env.step(scripted(agent, turn))
+        rewards.append((agent, env.rewards[agent]))
+    return rewards
+
+
+@pytest.mark.parametrize("env_id", BUILTIN)
+def test_openenv_client_plays_each_builtin_env(thread_server, env_id):
+    generic = pytest.importorskip("openenv.core.generic_client")
+    thread, url = thread_server
+    played = []
+    with generic.GenericEnvClient(base_url=f"{url}/envs/{env_id}").sync() as client:
+        result = client.reset(seed=3)
+        turn = 0
+        while not result.done:
+            agent = result.observation["agent"]
+            assert result.observation["prompt"]
+            result = client.step({"text": scripted(agent, turn)})
+            played.append((agent, result.reward))
+            turn += 1
+        state = client.state()
+    assert played == in_process_rewards(env_id, 3)
+    assert state["step_count"] == len(played) and state["env_id"] == env_id
+    assert wait_for_no_sessions(thread) == 0
+
+
+def test_unknown_env_and_bad_kwargs_name_the_problem_and_leave_no_session(thread_server):
+    thread, url = thread_server
+    with ws(url) as conn:
+        reply = ask(conn, "make", {"env_id": "Nope-v0"})
+        assert reply["type"] == "error" and reply["data"]["code"] == "FACTORY_ERROR"
+        assert "Nope-v0" in reply["data"]["message"] and "PlanPath-v0" in reply["data"]["message"]
+        reply = ask(conn, "make", {"env_id": "PlanPath-v0", "kwargs": {"bogus": 1}})
+        assert reply["data"]["code"] == "FACTORY_ERROR" and "bogus" in reply["data"]["message"]
+        reply = ask(conn, "make", {"env_id": "PlanPath-v0", "kwargs": {"rows": "many"}})
+        assert reply["type"] == "error" and "rows" in reply["data"]["message"]
+        assert len(thread.app.state.sessions) == 0
+        reply = ask(conn, "reset", {"seed": 0})  # nothing made: say so
+        assert reply["data"]["code"] == "SESSION_ERROR" and "make" in reply["data"]["message"]
+    with ws(url, "/envs/Nope-v0/ws") as conn:
+        reply = ask(conn, "reset", {"seed": 0})
+        assert reply["data"]["code"] == "FACTORY_ERROR" and "Nope-v0" in reply["data"]["message"]
+    assert wait_for_no_sessions(thread) == 0
+
+
+def test_malformed_frames_get_errors_and_the_session_goes_on(thread_server):
+    _, url = thread_server
+    with ws(url, "/envs/test/ServeKeyword-v0/ws") as conn:
+        assert ask(conn, "reset", {"seed": 1})["type"] == "observation"
+        conn.send("{not json")
+        assert json.loads(conn.recv(timeout=10))["data"]["code"] == "INVALID_JSON"
+        conn.send("[1, 2]")
+        assert json.loads(conn.recv(timeout=10))["data"]["code"] == "INVALID_JSON"
+        conn.send(b"\xff\xfe binary")
+        assert json.loads(conn.recv(timeout=10))["data"]["code"] == "INVALID_JSON"
+        reply = ask(conn, "jump")
+        assert reply["data"]["code"] == "UNKNOWN_TYPE" and "step" in reply["data"]["message"]
+        for bad in ({}, {"text": 3}, {"action": "x"}, {"text": "apple", "agent": "bob"}):
+            reply = ask(conn, "step", bad)
+            assert reply["data"]["code"] == "VALIDATION_ERROR", bad
+        assert ask(conn, "reset", {"seed": "zero"})["data"]["code"] == "VALIDATION_ERROR"
+        assert ask(conn, "observe", {"agent": "carol"})["data"]["code"] == "VALIDATION_ERROR"
+        reply = ask(conn, "step", {"text": "apple"})  # the session still works
+        assert reply["type"] == "observation" and reply["data"]["reward"] == 1.0
+
+
+def test_step_after_the_end_is_refused(thread_server):
+    _, url = thread_server
+    with ws(url, "/envs/test/ServeKeyword-v0/ws") as conn:
+        ask(conn, "reset", {"seed": 0})
+        ask(conn, "step", {"text": "apple"})
+        reply = ask(conn, "step", {"text": "banana"})
+        assert reply["data"]["done"] is True
+        reply = ask(conn, "step", {"text": "more"})
+        assert reply["type"] == "error" and reply["data"]["code"] == "EXECUTION_ERROR"
+        assert "step after the end" in reply["data"]["message"]
+        while ask(conn, "state")["data"]["agents"]:  # PettingZoo's dead steps empty the agents
+            assert ask(conn, "step", {"text": None})["type"] == "observation"
+        reply = ask(conn, "step", {"text": None})
+        assert reply["data"]["code"] == "EXECUTION_ERROR" and "step after the end" in reply["data"]["message"]
+        assert ask(conn, "reset", {"seed": 0})["type"] == "observation"
+
+
+def test_oversized_frame_and_body_are_refused_and_leave_no_session(thread_server):
+    thread, url = thread_server
+    huge = "x" * (100 << 20)  # 100 MB
+    conn = ws(url)
+    try:
+        assert ask(conn, "make", {"env_id": "test/ServeKeyword-v0"})["type"] == "session"
+        with pytest.raises(Exception) as caught:
+            conn.send(json.dumps({"type": "step", "data": {"text": huge}}))
+            conn.recv(timeout=30)
+        assert (
+            "1009" in str(caught.value)
+            or "too big" in str(caught.value).lower()
+            or isinstance(caught.value, OSError)
+        )
+    finally:
+        conn.close()
+    assert wait_for_no_sessions(thread) == 0
+    # A 100 MB HTTP body: refused from its Content-Length, before the server reads it.
+    host, port = url.rsplit("/", 1)[-1].split(":")
+    conn_http = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn_http.putrequest("POST", "/envs/PlanPath-v0/reset")
+        conn_http.putheader("Content-Type", "application/json")
+        conn_http.putheader("Content-Length", str(len(huge)))
+        conn_http.endheaders()
+        conn_http.send(huge[: 1 << 16].encode())
+        response = conn_http.getresponse()
+        assert response.status == 413
+        assert "exceeds" in json.loads(response.read())["detail"]
+    finally:
+        conn_http.close()
+    assert wait_for_no_sessions(thread) == 0
+
+
+def test_dropped_connection_leaves_no_session(thread_server):
+    thread, url = thread_server
+    conn = ws(url)
+    assert ask(conn, "make", {"env_id": "test/ServeKeyword-v0"})["type"] == "session"
+    assert ask(conn, "reset", {"seed": 0})["type"] == "observation"
+    assert ask(conn, "clone")["type"] == "session"  # a detached clone, never attached
+    assert len(thread.app.state.sessions) == 2
+    conn.socket.shutdown(socket.SHUT_RDWR)  # no close frame: the client vanished
+    conn.socket.close()
+    deadline = time.monotonic() + 10
+    while len(thread.app.state.sessions) > 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(thread.app.state.sessions) == 1  # the clone waits for its TTL
+    thread.app.state.sessions.close_all()
+
+
+def test_sessions_expire_after_their_ttl():
+    thread = ServerThread(session_ttl_s=0.3)
+    with thread as url, ws(url) as conn:
+        assert ask(conn, "make", {"env_id": "test/ServeKeyword-v0"})["type"] == "session"
+        assert ask(conn, "clone")["type"] == "session"
+        assert len(thread.app.state.sessions) == 2
+        assert wait_for_no_sessions(thread, timeout_s=5) == 0
+        reply = ask(conn, "reset", {"seed": 0})
+        assert reply["data"]["code"] == "SESSION_ERROR" and "expired" in reply["data"]["message"]
+
+
+def test_capacity_is_bounded():
+    thread = ServerThread(max_sessions=1)
+    with thread as url, ws(url) as first, ws(url) as second:
+        assert ask(first, "make", {"env_id": "test/ServeKeyword-v0"})["type"] == "session"
+        reply = ask(second, "make", {"env_id": "test/ServeKeyword-v0"})
+        assert reply["data"]["code"] == "CAPACITY_REACHED"
+        assert ask(first, "clone")["data"]["code"] == "CAPACITY_REACHED"
+
+
+def test_http_endpoints(thread_server):
+    _, url = thread_server
+    with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
+        assert json.loads(response.read())["status"] == "healthy"
+    body = json.dumps({"seed": 4}).encode()
+    with urllib.request.urlopen(
+        urllib.request.Request(f"{url}/envs/PlanPath-v0/reset", data=body), timeout=30
+    ) as r:
+        payload = json.loads(r.read())
+    env = llm_zoo.make("PlanPath-v0")
+    env.reset(seed=4)
+    assert payload["observation"]["prompt"] == env.observe(env.agent_selection)["prompt"]
+    assert payload["done"] is False and payload["reward"] is None
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(f"{url}/step", data=b'{"action": {}}'), timeout=10)
+    assert refused.value.code == 400 and "/ws" in json.loads(refused.value.read())["detail"]
+    with urllib.request.urlopen(f"{url}/schema", timeout=10) as response:
+        assert "text" in json.loads(response.read())["action"]["properties"]
+
+
+def test_cli_serve_in_a_child_process():
+    with ServerProcess("--session-ttl", "30") as url:
+        assert url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(f"{url}/envs", timeout=10) as response:
+            assert "Code-v0" in json.loads(response.read())["envs"]
+
+
+def test_openenv_reset_passes_constructor_arguments(thread_server):
+    _, url = thread_server
+    with ws(url, "/envs/PlanPath-v0/ws") as conn:
+        steps = []
+        for max_turns in (1, 2, 2):
+            reply = ask(conn, "reset", {"seed": 0, "env_kwargs": {"max_turns": max_turns}})
+            count = 0
+            while not reply["data"]["done"]:
+                reply = ask(conn, "step", {"text": "no move"})
+                count += 1
+            steps.append(count)
+        assert steps == [2, 4, 4]  # one step per agent per turn
+        reply = ask(conn, "reset", {"seed": 0, "env_kwargs": {"max_turns": 0}})
+        assert reply["data"]["code"] == "FACTORY_ERROR" and "max_turns" in reply["data"]["message"]
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": src},
+    )
+
+
+def test_the_server_stack_is_imported_only_when_serving():
+    done = _python(
+        "import sys, llm_zoo, llm_zoo.remote, llm_zoo.serve, llm_zoo.cli\n"
+        "heavy = [m for m in ('starlette', 'uvicorn', 'websockets') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_serve_without_the_extra_says_how_to_install_it():
+    done = _python(
+        "import sys; sys.modules['uvicorn'] = None\n"
+        "from llm_zoo.cli import main\n"
+        "sys.exit(main(['serve', '--port', '0']))\n"
+    )
+    assert done.returncode == 2
+    assert "pip install 'llm-zoo[serve]'" in done.stderr
