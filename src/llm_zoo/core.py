@@ -27,6 +27,10 @@ Contract (see ``DESIGN.md``):
   ``global_reward``, ``success``, ``turn``, ``format_ok`` and ``feedback``, plus env-specific keys.
 * A *turn* is one action by every agent, in the order of ``possible_agents``. After ``max_turns``
   turns every agent is truncated.
+* An agent may finish before the others: a subclass sets ``terminations[agent] = True`` (in
+  ``_act`` or after ``super().step``). The base class then selects it once more in its turn, to be
+  stepped with ``None`` as the AEC API requires, and moves on to the next agent left; a turn is
+  then one action by every agent still playing. No bookkeeping is needed in the subclass.
 * :meth:`TextAECEnv.clone` returns an independent copy, the tree rollout branches on it.
 * All randomness comes from ``self.rng``, seeded by ``reset(seed=...)``; the global RNGs are never
   touched, so ``reset(seed=s)`` always yields the same episode.
@@ -251,6 +255,10 @@ class TextAECEnv(AECEnv):
         agent = self.agent_selection
         if self.terminations[agent] or self.truncations[agent]:
             self._was_dead_step(action)
+            if self.agents and self.agent_selection not in self.agents:
+                # PettingZoo's helper leaves the removed agent selected when no other agent is dead
+                # (an agent that finished before the others): move on to the next one left.
+                self.agent_selection = self._next_agent(agent)
             return
         text = action if isinstance(action, str) else ("" if action is None else str(action))
         outcome = self._act(agent, text)
@@ -275,7 +283,7 @@ class TextAECEnv(AECEnv):
                 self.infos[other].update(success=self.success, turn=self.turn)
 
         self._last_action_turn = self.turn + 1
-        is_last_role = agent == self.possible_agents[-1]
+        is_last_role = agent == self._last_live_agent(agent)
         if is_last_role:
             self.turn += 1
         if outcome.terminated:
@@ -346,8 +354,28 @@ class TextAECEnv(AECEnv):
             raise RuntimeError(f"{type(self).__name__}.{method}() before reset(): call env.reset() first")
 
     def _next_agent(self, agent: str) -> str:
+        """The agent after ``agent`` in turn order among those still in ``agents``.
+
+        A dead agent still in ``agents`` is selected in its turn, to be stepped with ``None`` (the
+        AEC API's way to remove it); one already removed is skipped.
+        """
         order = self.possible_agents
-        return order[(order.index(agent) + 1) % len(order)]
+        start = order.index(agent)
+        for offset in range(1, len(order) + 1):
+            candidate = order[(start + offset) % len(order)]
+            if candidate in self.agents:
+                return candidate
+        return agent
+
+    def _last_live_agent(self, acting: str) -> str:
+        """The last agent in turn order that still plays, counting ``acting`` (which has just
+        acted, even if its action ended its own part): its action completes the turn."""
+        live = [
+            a
+            for a in self.possible_agents
+            if a == acting or (a in self.agents and not (self.terminations[a] or self.truncations[a]))
+        ]
+        return live[-1]
 
 
 def class_attribute_problem(cls: type) -> str:
