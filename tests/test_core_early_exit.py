@@ -71,7 +71,9 @@ def test_clones_of_an_env_with_a_dead_agent_play_on_alone(kwargs):
 @pytest.mark.parametrize("kwargs", VARIANTS)
 @pytest.mark.parametrize("lookahead", [-1, 0])
 def test_tree_rollout_runs_an_env_whose_agent_quits_without_bookkeeping(kwargs, lookahead):
-    engine = ScriptedEngine(script=lambda prompt, adapter, index: "map" if adapter == "scout_lora" else "build")
+    engine = ScriptedEngine(
+        script=lambda prompt, adapter, index: "map" if adapter == "scout_lora" else "build"
+    )
     samples = tree_rollout(
         SCOUT_QUITS_ENV_ID,
         {"max_turns": 3, **kwargs},
@@ -92,25 +94,32 @@ def test_tree_rollout_runs_an_env_whose_agent_quits_without_bookkeeping(kwargs, 
     scout_prompts = [p for call in engine.calls for p in call.prompts if "you are the scout" in p]
     assert scout_prompts and all("turn 0:" in p for p in scout_prompts)  # never after it quit
     (result, _) = evaluation_rollout(
-        SCOUT_QUITS_ENV_ID, {"max_turns": 3, **kwargs}, [1, 2], engine, ADAPTERS, SamplingParams(temperature=0)
+        SCOUT_QUITS_ENV_ID,
+        {"max_turns": 3, **kwargs},
+        [1, 2],
+        engine,
+        ADAPTERS,
+        SamplingParams(temperature=0),
     )
     assert result.turns == 3 and result.success
 
 
 def test_tree_rollout_with_the_tiny_model_and_an_agent_that_quits(tiny_model_dir, one_torch_thread):
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from llm_zoo_train.engines.hf import HFEngine
 
-    import torch
-
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     torch.manual_seed(0)
     lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), lora, adapter_name="scout_lora")
-    model.add_adapter("builder_lora", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), lora, adapter_name="scout_lora"
+    )
+    model.add_adapter(
+        "builder_lora", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     engine = HFEngine(model, tokenizer, max_batch_size=8)
     samples = tree_rollout(
         SCOUT_QUITS_ENV_ID,
