@@ -33,7 +33,9 @@ Contract (see ``DESIGN.md``):
   then one action by every agent still playing. No bookkeeping is needed in the subclass.
 * :meth:`TextAECEnv.clone` returns an independent copy, the tree rollout branches on it.
 * All randomness comes from ``self.rng``, seeded by ``reset(seed=...)``; the global RNGs are never
-  touched, so ``reset(seed=s)`` always yields the same episode.
+  touched, so ``reset(seed=s)`` always yields the same episode. A seed is ``None`` or an integer
+  >= 0, as in Gymnasium; anything else is refused with :class:`~llm_zoo.arguments.EnvArgumentError`,
+  as are ``observe`` of an unknown agent and wrong constructor arguments (:mod:`llm_zoo.arguments`).
 """
 
 from __future__ import annotations
@@ -47,9 +49,12 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv
 
+from llm_zoo.arguments import check_agent, check_int, check_number, check_seed
+
 __all__ = [
     "MAX_ACTION_CHARS",
     "MAX_PROMPT_CHARS",
+    "MAX_TURNS",
     "RENDER_MODES",
     "Outcome",
     "TextAECEnv",
@@ -62,6 +67,9 @@ __all__ = [
 MAX_ACTION_CHARS = 65_536
 #: Upper bound of the declared observation space.
 MAX_PROMPT_CHARS = 1_000_000
+#: Most ``max_turns`` an env accepts: far beyond any episode a model plays, it catches typos such
+#: as ``10**9``.
+MAX_TURNS = 10_000
 
 #: The render modes :meth:`TextAECEnv.render` implements: ``"ansi"`` returns the picture of the
 #: state, ``"human"`` prints it.
@@ -123,8 +131,9 @@ class TextAECEnv(AECEnv):
     :meth:`_render_state`. Constructor keyword arguments common to every env:
 
     Args:
-        max_turns: Number of turns (one action by every role) before every agent is truncated.
-        alpha: Weight of the global (team) reward in each agent's reward.
+        max_turns: Number of turns (one action by every role) before every agent is truncated,
+            an integer in ``[1, MAX_TURNS]``.
+        alpha: Weight of the global (team) reward in each agent's reward, a finite number.
         render_mode: ``None``, ``"ansi"`` (``render()`` returns the picture of the state) or
             ``"human"`` (``render()`` prints it and returns ``None``).
     """
@@ -161,8 +170,8 @@ class TextAECEnv(AECEnv):
         problem = class_attribute_problem(type(self))
         if problem:
             raise TypeError(problem)
-        if int(max_turns) < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns!r}")
+        max_turns = check_int("max_turns", max_turns, low=1, high=MAX_TURNS)
+        alpha = check_number("alpha", alpha)
         modes = list(self.metadata["render_modes"])
         if render_mode is not None and render_mode not in modes:
             raise ValueError(
@@ -212,6 +221,7 @@ class TextAECEnv(AECEnv):
         return self.action_spaces[agent]
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        seed = check_seed(seed)
         if seed is not None or not self._seeded:
             self.rng = np.random.default_rng(seed)
             self._seeded = True
@@ -236,6 +246,7 @@ class TextAECEnv(AECEnv):
 
     def observe(self, agent: str) -> dict[str, str]:
         self._require_reset("observe")
+        check_agent(agent, self.possible_agents)
         prompt = self._prompt(agent)
         feedback = self._feedback.get(agent, "")
         if feedback:

@@ -54,6 +54,7 @@ __all__ = [
     "DatasetError",
     "MathProblem",
     "ProblemSet",
+    "UnknownProblemError",
     "build_problem_set",
     "generated_problem",
     "load_math_records",
@@ -71,6 +72,14 @@ WORD_SHARE = 0.25
 
 class DatasetError(ValueError):
     """A dataset file or record cannot be read; the message names the file and the record."""
+
+
+class UnknownProblemError(KeyError, ValueError):
+    """No problem has the id asked for. A ``KeyError`` (a lookup by id) and a ``ValueError`` (a
+    wrong ``reset`` option), whose message is shown as written (``KeyError`` would quote it)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True)
@@ -184,7 +193,7 @@ class ProblemSet:
         examples = ", ".join(repr(p.id) for p in self.fixed[:5])
         if self.levels:
             examples += (", " if examples else "") + f"'gen-L{self.levels[0]}-<seed>'"
-        raise KeyError(f"unknown problem id {problem_id!r}; ids look like {examples}")
+        raise UnknownProblemError(f"unknown problem id {problem_id!r}; ids look like {examples}")
 
     def ids(self) -> list[str] | None:
         """Every problem id when the set is finite (a fixed list, or the generated test split)."""

@@ -119,6 +119,7 @@ from typing import Any
 
 import numpy as np
 
+from llm_zoo.arguments import MAX_MEMORY_MB, MAX_TIMEOUT_S, check_int, check_number, check_options
 from llm_zoo.call_harness import call_text, literal, value_text
 from llm_zoo.core import MAX_ACTION_CHARS, Outcome, TextAECEnv
 from llm_zoo.data.code import TestCase, load_code_problems
@@ -150,6 +151,9 @@ INVALID_TEST_SCORE = -0.5
 MAX_TIMEOUTS = 2
 #: Programs longer than this are refused.
 MAX_PROGRAM_CHARS = MAX_ACTION_CHARS
+#: Most ``max_tests``: every generated test runs once per program, and a tester answer is at most
+#: 65,536 characters anyway (about 1,000 of the shortest tests).
+MAX_TESTS = 1000
 _SHOWN_CHARS = 400  # per input / output in prompts
 _SHOWN_DISAGREEMENTS = 5
 _CHUNK = 8  # tests run per batch call; time-outs are counted between batches
@@ -192,10 +196,11 @@ class CodeEnv(TextAECEnv):
         dataset_format: Format of ``dataset`` records; ``None`` sniffs it.
         max_turns: Turns (coder then tester) before truncation.
         alpha: Weight of the global reward in each agent's reward.
-        timeout: Wall-clock (and CPU) seconds per test run.
-        memory_mb: Address-space limit of a test run.
-        max_tests: Most generated tests kept from one tester answer.
-        max_hidden_tests: Use only the first N hidden tests of each problem (``None``: all).
+        timeout: Wall-clock (and CPU) seconds per test run, in ``(0, MAX_TIMEOUT_S]`` (600).
+        memory_mb: Address-space limit of a test run, MiB, in ``[1, MAX_MEMORY_MB]`` (65,536).
+        max_tests: Most generated tests kept from one tester answer, in ``[1, MAX_TESTS]`` (1,000).
+        max_hidden_tests: Use only the first N hidden tests of each problem (``None``: all; else an
+            integer >= 1).
         render_mode: ``None`` or ``"ansi"``.
     """
 
@@ -219,10 +224,11 @@ class CodeEnv(TextAECEnv):
         super().__init__(max_turns=max_turns, alpha=alpha, render_mode=render_mode)
         if split not in ("train", "test", "all"):
             raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
-        if timeout <= 0 or memory_mb <= 0 or max_tests < 1:
-            raise ValueError("timeout and memory_mb must be > 0 and max_tests >= 1")
-        if max_hidden_tests is not None and max_hidden_tests < 1:
-            raise ValueError(f"max_hidden_tests must be None or >= 1, got {max_hidden_tests!r}")
+        check_number("timeout", timeout, low=0, high=MAX_TIMEOUT_S, low_open=True, unit="seconds")
+        check_int("memory_mb", memory_mb, low=1, high=MAX_MEMORY_MB)
+        check_int("max_tests", max_tests, low=1, high=MAX_TESTS)
+        if max_hidden_tests is not None:
+            check_int("max_hidden_tests", max_hidden_tests, low=1)
         if isinstance(dataset, str) and dataset == "builtin":
             problems = load_code_problems("builtin", split=None if split == "all" else split)
         else:
@@ -241,7 +247,14 @@ class CodeEnv(TextAECEnv):
     # ------------------------------------------------------------------ episode state
 
     def _new_episode(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
-        options = options or {}
+        options = check_options(
+            options,
+            {
+                "problem_id": "play the problem with this id",
+                "problem_index": "play the problem at this position",
+            },
+            type(self).__name__,
+        )
         if "problem_id" in options:
             by_id = {p.id: p for p in self.problems}
             if options["problem_id"] not in by_id:

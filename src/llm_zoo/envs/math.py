@@ -105,6 +105,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from llm_zoo.arguments import MAX_TIMEOUT_S, check_number, check_options
 from llm_zoo.core import Outcome, TextAECEnv
 from llm_zoo.data.math import MathProblem, ProblemSet, build_problem_set
 from llm_zoo.envs.math_options import (
@@ -203,7 +204,7 @@ class MathEnv(TextAECEnv):
         alpha: Weight of the global reward in each agent's reward.
         render_mode: ``None`` or ``"ansi"``.
         checker: The answer checker; default: the process-wide shared one.
-        code_timeout_s: Wall-clock limit on the tool agent's program.
+        code_timeout_s: Wall-clock limit on the tool agent's program, seconds, in ``(0, 600]``.
         agents: Turn order: ``("reasoner", "tool_agent")``, ``("tool_agent", "reasoner")`` or
             ``("reasoner",)`` (the reasoner alone).
         prompt_style: ``"full"`` or ``"compact"`` (short prompts for small models).
@@ -236,8 +237,9 @@ class MathEnv(TextAECEnv):
         code_parser: str = "strict",
     ):
         super().__init__(max_turns=max_turns, alpha=alpha, render_mode=render_mode)
-        if code_timeout_s <= 0:
-            raise ValueError(f"code_timeout_s must be > 0, got {code_timeout_s!r}")
+        check_number(
+            "code_timeout_s", code_timeout_s, low=0, high=MAX_TIMEOUT_S, low_open=True, unit="seconds"
+        )
         check_choice("agents", tuple(agents) if not isinstance(agents, str) else agents, AGENT_ORDERS)
         check_choice("prompt_style", prompt_style, PROMPT_STYLES)
         check_choice("answer_parser", answer_parser, ANSWER_PARSERS)
@@ -257,7 +259,8 @@ class MathEnv(TextAECEnv):
     # ------------------------------------------------------------------ rules
 
     def _new_episode(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
-        problem_id = (options or {}).get("problem_id")
+        options = check_options(options, {"problem_id": "play the problem with this id"}, type(self).__name__)
+        problem_id = options.get("problem_id")
         self.problem = (
             self.problem_set.sample(rng) if problem_id is None else self.problem_set.get(problem_id)
         )
