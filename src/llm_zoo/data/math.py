@@ -27,12 +27,18 @@ such iterables, e.g. a ``DatasetDict``):
 ``format="auto"`` picks ``math`` when records have a ``solution`` and a ``level`` / ``type`` /
 ``subject``, ``gsm8k`` when the answer contains ``####``, ``aime`` when keys are the capitalised
 ``ID``/``Problem``/``Answer`` or there is a ``year``, and ``generic`` otherwise. A record that does
-not fit its format raises :class:`DatasetError` naming the file and the record.
+not fit its format, whose question or gold answer is not one string or finite number (``[1, 2]``,
+``{"a": 1}``, ``true``), or whose id another record already has raises :class:`DatasetError` naming
+the file and the record (its index, counted from 0 without blank lines, and its id).
+
+A file is parsed once per process (:func:`llm_zoo.data.files.cached_load`, keyed by its resolved
+path, size and modification time); envs made on it share one immutable :class:`ProblemSet`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from llm_zoo.data import math_generator
-from llm_zoo.data.files import base_suffix, object_file_message, read_text
+from llm_zoo.data.files import base_suffix, cached_load, object_file_message, read_text
 from llm_zoo.parsing import ParseError, extract_boxed
 
 __all__ = [
@@ -260,17 +266,30 @@ def build_problem_set(
             f"unknown dataset {dataset!r}: use one of {', '.join(map(repr, BUILTIN_DATASETS))}, a path to a "
             ".jsonl/.json/.parquet (or .jsonl.gz/.json.gz) file, or a list / datasets.Dataset of records"
         )
+    if isinstance(dataset, (str, os.PathLike)):
+        # One ProblemSet per file, split and levels, shared by every env made on it.
+        return cached_load(dataset, _file_problem_set, split, levels, format)
     if isinstance(dataset, Sequence) and dataset and all(isinstance(p, MathProblem) for p in dataset):
         problems = list(dataset)
     else:
         problems = load_math_records(dataset, format=format, split=split)
+    return _selected(problems, split, levels, _name(dataset))
+
+
+def _file_problem_set(path: str, split: str, levels: tuple[int, ...] | None, format: str) -> ProblemSet:
+    return _selected(load_math_records(path, format=format), split, levels, path)
+
+
+def _selected(
+    problems: Sequence[MathProblem], split: str, levels: tuple[int, ...] | None, origin: str
+) -> ProblemSet:
+    """The :class:`ProblemSet` of ``problems`` in ``split`` (or without one) and of ``levels``."""
     problems = [p for p in problems if p.split is None or p.split == split]
     if levels is not None:
         problems = [p for p in problems if p.difficulty in levels]
     if not problems:
-        raise DatasetError(
-            f"no problems left in {_name(dataset)} for split={split!r}, difficulty={difficulty!r}"
-        )
+        shown = None if levels is None else list(levels)
+        raise DatasetError(f"no problems left in {origin} for split={split!r}, difficulty={shown!r}")
     return ProblemSet(problems)
 
 
@@ -337,8 +356,7 @@ def load_math_records(source: Any, *, format: str = "auto", split: str | None = 
     if format not in FORMATS:
         raise ValueError(f"unknown dataset format {format!r}; valid formats: {', '.join(FORMATS)}")
     if isinstance(source, (str, os.PathLike)):
-        name = os.fspath(source)
-        return problems_from_records(read_records(name), format=format, origin=name)
+        return list(cached_load(source, _parse_file, format))  # parsed once per process
     if isinstance(source, Mapping):
         if split is None or split not in source:
             raise DatasetError(
@@ -353,18 +371,35 @@ def load_math_records(source: Any, *, format: str = "auto", split: str | None = 
     return problems_from_records(source, format=format, origin=_name(source))
 
 
+def _parse_file(path: str, format: str) -> tuple[MathProblem, ...]:
+    return tuple(problems_from_records(read_records(path), format=format, origin=path))
+
+
 def problems_from_records(
     records: Iterable[Any], *, format: str = "auto", origin: str = "records"
 ) -> list[MathProblem]:
-    """Convert records of a public format (see the module docstring) to problems."""
+    """Convert records of a public format (see the module docstring) to problems.
+
+    Raises :class:`DatasetError` naming the record (index, and id when it has one) when it does not
+    fit the format, its question or answer is not one string or number (``[1, 2]``, ``{"a": 1}``,
+    ``true``), or its id is already used by another record.
+    """
     problems = []
     chosen = format
+    first_index: dict[str, int] = {}
     for index, record in enumerate(records):
         if not isinstance(record, Mapping):
             raise DatasetError(f"{origin}: record {index} is a {type(record).__name__}, not a dict")
         if chosen == "auto":
             chosen = _detect(record)
-        problems.append(_CONVERTERS[chosen](record, index, origin))
+        problem = _CONVERTERS[chosen](record, index, origin)
+        if problem.id in first_index:
+            raise DatasetError(
+                f"{origin}: record {index} has the id {problem.id!r} of record {first_index[problem.id]}; "
+                "ids must be unique"
+            )
+        first_index[problem.id] = index
+        problems.append(problem)
     if not problems:
         raise DatasetError(f"{origin}: no records")
     return problems
@@ -394,12 +429,41 @@ def _detect(record: Mapping[str, Any]) -> str:
 
 def _text_field(keys: dict[str, Any], names: Sequence[str], index: int, origin: str) -> str:
     for name in names:
-        value = keys.get(name)
-        if value is not None and str(value).strip():
-            return str(value).strip()
+        text = _scalar(keys, name, index, origin)
+        if text:
+            return text
     raise DatasetError(
-        f"{origin}: record {index} has no {' / '.join(map(repr, names))} field (or it is empty)"
+        f"{origin}: record {index}{_id_note(keys)} has no {' / '.join(map(repr, names))} field (or it is empty)"
     )
+
+
+def _scalar(keys: dict[str, Any], name: str, index: int, origin: str) -> str:
+    """``keys[name]`` as stripped text, ``""`` when absent; a value that is not one string or one
+    finite number (a list, an object, a bool: JSON would make ``"[1, 2]"`` or ``"True"`` the gold
+    answer) raises :class:`DatasetError`."""
+    value = keys.get(name)
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value.strip()
+    if (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, (bool, np.bool_))
+        and math.isfinite(value)
+    ):
+        return str(value)
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    raise DatasetError(
+        f"{origin}: record {index}{_id_note(keys)}: {name!r} is {shown} (a {type(value).__name__}); it must be "
+        'one string or one finite number (write a set or a tuple answer as text, e.g. "(1, 2)")'
+    )
+
+
+def _id_note(keys: dict[str, Any]) -> str:
+    for name in _ID_FIELDS:
+        if isinstance(keys.get(name), (str, int)) and keys[name] != "":
+            return f" (id {keys[name]!r})"
+    return ""
 
 
 def _level(value: Any, index: int, origin: str) -> int | None:
@@ -415,10 +479,14 @@ def _level(value: Any, index: int, origin: str) -> int | None:
     return int(match.group())
 
 
-def _record_id(keys: dict[str, Any], prefix: str, index: int) -> str:
-    for name in ("id", "unique_id", "problem_id"):
-        if keys.get(name) not in (None, ""):
-            return str(keys[name])
+_ID_FIELDS = ("id", "unique_id", "problem_id")
+
+
+def _record_id(keys: dict[str, Any], prefix: str, index: int, origin: str) -> str:
+    for name in _ID_FIELDS:
+        text = _scalar(keys, name, index, origin)
+        if text:
+            return text
     return f"{prefix}-{index}"
 
 
@@ -426,7 +494,7 @@ def _from_math(record: Mapping[str, Any], index: int, origin: str) -> MathProble
     keys = _lower_keys(record)
     question = _text_field(keys, ("problem",), index, origin)
     solution = str(keys.get("solution") or "")
-    answer = str(keys.get("answer") or "").strip()
+    answer = _scalar(keys, "answer", index, origin)
     if not answer:
         try:
             answer = extract_boxed(solution)
@@ -438,7 +506,7 @@ def _from_math(record: Mapping[str, Any], index: int, origin: str) -> MathProble
                 ) from None
             answer = bare[-1]
     return MathProblem(
-        id=_record_id(keys, "MATH", index), question=question, answer=answer, source="MATH",
+        id=_record_id(keys, "MATH", index, origin), question=question, answer=answer, source="MATH",
         difficulty=_level(keys.get("level"), index, origin),
         topic=str(keys.get("type") or keys.get("subject") or ""), split=_split(keys), solution=solution,
     )  # fmt: skip
@@ -455,7 +523,7 @@ def _from_gsm8k(record: Mapping[str, Any], index: int, origin: str) -> MathProbl
     if not answer:
         raise DatasetError(f"{origin}: record {index} has nothing after '####'")
     return MathProblem(
-        id=_record_id(keys, "GSM8K", index), question=question, answer=answer, source="GSM8K",
+        id=_record_id(keys, "GSM8K", index, origin), question=question, answer=answer, source="GSM8K",
         split=_split(keys), solution=solution.strip(),
     )  # fmt: skip
 
@@ -478,7 +546,7 @@ def _generic(record: Mapping[str, Any], index: int, origin: str, source: str = "
         answer = str(int(answer))  # "073" -> "73"
     prefix = {"custom": "custom", "word": "word", "AIME": "AIME"}[source]
     return MathProblem(
-        id=_record_id(keys, prefix, index), question=question, answer=answer, source=source,
+        id=_record_id(keys, prefix, index, origin), question=question, answer=answer, source=source,
         difficulty=_level(keys.get("difficulty", keys.get("level")), index, origin),
         topic=str(keys.get("topic") or ""), split=_split(keys), solution=str(keys.get("solution") or ""),
     )  # fmt: skip
