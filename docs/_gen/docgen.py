@@ -34,6 +34,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo", "llm_zoo"),
     ("llm_zoo.core", "llm_zoo.core"),
     ("llm_zoo.registry", "llm_zoo.registry"),
+    ("llm_zoo.arguments", "llm_zoo.arguments"),
     ("llm_zoo.testing", "llm_zoo.testing"),
     ("llm_zoo.parsing", "llm_zoo.parsing"),
     ("llm_zoo.sandbox", "llm_zoo.sandbox"),
