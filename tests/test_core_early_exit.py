@@ -14,6 +14,7 @@ from pettingzoo.test import api_test
 import llm_zoo
 from llm_zoo_train.engines.base import SamplingParams
 from llm_zoo_train.rollout import evaluation_rollout, tree_rollout
+from tiny_model import tiny_lora_engine
 from toy_envs_early import SCOUT_QUITS_ENV_ID, ScoutQuitsEnv
 from toy_envs_trainer import ScriptedEngine
 
@@ -105,22 +106,8 @@ def test_tree_rollout_runs_an_env_whose_agent_quits_without_bookkeeping(kwargs, 
 
 
 def test_tree_rollout_with_the_tiny_model_and_an_agent_that_quits(tiny_model_dir, one_torch_thread):
-    torch = pytest.importorskip("torch")
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from llm_zoo_train.engines.hf import HFEngine
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    torch.manual_seed(0)
-    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(tiny_model_dir), lora, adapter_name="scout_lora"
-    )
-    model.add_adapter(
-        "builder_lora", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    )
-    engine = HFEngine(model, tokenizer, max_batch_size=8)
+    pytest.importorskip("torch")
+    engine = tiny_lora_engine(tiny_model_dir, ["scout_lora", "builder_lora"], max_batch_size=8)
     samples = tree_rollout(
         SCOUT_QUITS_ENV_ID,
         {"max_turns": 2, "scout_last": True},

@@ -201,7 +201,8 @@ def test_math_refuses_duplicate_ids_naming_both_records():
     records = math_records(4)
     records[3]["id"] = "p1"
     with pytest.raises(
-        DatasetError, match=re.escape("mine: record 3 has the id 'p1' of record 1; ids must be unique")
+        DatasetError,
+        match=re.escape("mine: record 3: duplicate id 'p1', already used by record 1; ids must be unique"),
     ):
         problems_from_records(records, origin="mine")
 

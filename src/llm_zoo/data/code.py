@@ -101,7 +101,7 @@ from llm_zoo.data.code_formats import (
     from_llm_zoo,
 )
 from llm_zoo.data.code_problem import CallSpec, CodeDatasetError, CodeProblem, TestCase
-from llm_zoo.data.files import base_suffix, cached_load, object_file_message, read_text
+from llm_zoo.data.files import base_suffix, cached_load, duplicate_id, object_file_message, read_text
 
 __all__ = [
     "CODE_CONTESTS_DIFFICULTY",
@@ -284,12 +284,9 @@ def _convert(records: Iterable[tuple[int, Any]], format: str | None, origin: str
             continue
         if not problem.statement.strip():
             raise CodeDatasetError(f"{where} (id {problem.id!r}): the statement is empty")
-        if problem.id in first_index:
-            raise CodeDatasetError(
-                f"{where}: duplicate id {problem.id!r}, already used by record {first_index[problem.id]}; "
-                "ids must be unique"
-            )
-        first_index[problem.id] = index
+        duplicate = duplicate_id(first_index, problem.id, index)
+        if duplicate:
+            raise CodeDatasetError(f"{where}: {duplicate}")
         problems.append(problem)
     return problems
 

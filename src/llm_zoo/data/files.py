@@ -28,6 +28,7 @@ __all__ = [
     "base_suffix",
     "cached_load",
     "clear_cache",
+    "duplicate_id",
     "object_file_message",
     "read_text",
 ]
@@ -74,6 +75,16 @@ def cached_load(path: str | os.PathLike[str], load: Callable[..., T], *args: Has
             while len(_cache) > MAX_CACHED_FILES:
                 _cache.popitem(last=False)
         return value
+
+
+def duplicate_id(first_index: dict[str, int], problem_id: str, index: int) -> str:
+    """Note that record ``index`` has ``problem_id``; return why it cannot (``""`` when it can):
+    ``"duplicate id 'x', already used by record 3; ids must be unique"``. ``first_index`` maps the
+    ids seen so far to their records; the loaders keep one per source."""
+    if problem_id in first_index:
+        return f"duplicate id {problem_id!r}, already used by record {first_index[problem_id]}; ids must be unique"
+    first_index[problem_id] = index
+    return ""
 
 
 def clear_cache() -> None:

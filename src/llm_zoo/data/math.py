@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from llm_zoo.data import math_generator
-from llm_zoo.data.files import base_suffix, cached_load, object_file_message, read_text
+from llm_zoo.data.files import base_suffix, cached_load, duplicate_id, object_file_message, read_text
 from llm_zoo.parsing import ParseError, extract_boxed
 
 __all__ = [
@@ -393,12 +393,9 @@ def problems_from_records(
         if chosen == "auto":
             chosen = _detect(record)
         problem = _CONVERTERS[chosen](record, index, origin)
-        if problem.id in first_index:
-            raise DatasetError(
-                f"{origin}: record {index} has the id {problem.id!r} of record {first_index[problem.id]}; "
-                "ids must be unique"
-            )
-        first_index[problem.id] = index
+        duplicate = duplicate_id(first_index, problem.id, index)
+        if duplicate:
+            raise DatasetError(f"{origin}: record {index}: {duplicate}")
         problems.append(problem)
     if not problems:
         raise DatasetError(f"{origin}: no records")
