@@ -128,12 +128,13 @@ class TextAECEnv(AECEnv):
     the four rule methods. A subclass's ``metadata`` is completed with the base class's
     ``render_modes`` and ``is_parallelizable`` when it omits them, and ``"human"`` is added to
     ``render_modes`` wherever ``"ansi"`` is (unless the subclass renders by itself): both come from
-    :meth:`_render_state`. Constructor keyword arguments common to every env:
+    :meth:`_render_state`. Constructor keyword arguments common to every env (``max_turns`` an
+    integer in ``[1, MAX_TURNS]``, ``alpha`` a finite number; others are refused with
+    :class:`~llm_zoo.arguments.EnvArgumentError`):
 
     Args:
-        max_turns: Number of turns (one action by every role) before every agent is truncated,
-            an integer in ``[1, MAX_TURNS]``.
-        alpha: Weight of the global (team) reward in each agent's reward, a finite number.
+        max_turns: Number of turns (one action by every role) before every agent is truncated.
+        alpha: Weight of the global (team) reward in each agent's reward.
         render_mode: ``None``, ``"ansi"`` (``render()`` returns the picture of the state) or
             ``"human"`` (``render()`` prints it and returns ``None``).
     """
@@ -360,24 +361,6 @@ class TextAECEnv(AECEnv):
             "task_id": self.task_id,
         }
 
-    def _require_reset(self, method: str) -> None:
-        if not self._has_reset:
-            raise RuntimeError(f"{type(self).__name__}.{method}() before reset(): call env.reset() first")
-
-    def _next_agent(self, agent: str) -> str:
-        """The agent after ``agent`` in turn order among those still in ``agents``.
-
-        A dead agent still in ``agents`` is selected in its turn, to be stepped with ``None`` (the
-        AEC API's way to remove it); one already removed is skipped.
-        """
-        order = self.possible_agents
-        start = order.index(agent)
-        for offset in range(1, len(order) + 1):
-            candidate = order[(start + offset) % len(order)]
-            if candidate in self.agents:
-                return candidate
-        return agent
-
     def _last_live_agent(self, acting: str) -> str:
         """The last agent in turn order that still plays, counting ``acting`` (which has just
         acted, even if its action ended its own part): its action completes the turn."""
@@ -387,6 +370,17 @@ class TextAECEnv(AECEnv):
             if a == acting or (a in self.agents and not (self.terminations[a] or self.truncations[a]))
         ]
         return live[-1]
+
+    def _require_reset(self, method: str) -> None:
+        if not self._has_reset:
+            raise RuntimeError(f"{type(self).__name__}.{method}() before reset(): call env.reset() first")
+
+    def _next_agent(self, agent: str) -> str:
+        """The agent after ``agent`` in turn order among those still in ``agents`` (``agent`` if it
+        is the only one). A dead agent still in ``agents`` is selected in its turn, to be stepped
+        with ``None`` (the AEC API's way to remove it); one already removed is skipped."""
+        order = [a for a in self.possible_agents if a == agent or a in self.agents]
+        return order[(order.index(agent) + 1) % len(order)]
 
 
 def class_attribute_problem(cls: type) -> str:
