@@ -43,7 +43,6 @@ def make(env_id, **kwargs):
             "rows must be an integer in [1, 256] (the board is in every prompt), got True (a bool)",
         ),
         ("PlanPath-v0", {"wall_ratio": "0.2"}, "wall_ratio must be a number in [0, 1), got '0.2'"),
-        ("PlanPath-v0", {"shaping_gamma": 2}, "shaping_gamma must be a number in [0, 1], got 2"),
         ("PlanPath-v0", {"tool_timeout_s": True}, "tool_timeout_s must be a number in (0, 600], got True"),
         (
             "Sokoban-v0",

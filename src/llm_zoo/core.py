@@ -49,7 +49,7 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv
 
-from llm_zoo.arguments import check_agent, check_int, check_number, check_seed
+from llm_zoo.arguments import check_agent, check_int, check_number, check_options, check_seed
 
 __all__ = [
     "MAX_ACTION_CHARS",
@@ -146,6 +146,10 @@ class TextAECEnv(AECEnv):
     }
     #: The agents, in the order they act within a turn.
     roles: ClassVar[tuple[str, ...]] = ()
+    #: The ``reset`` options that pick the task -> what each does, or ``None`` (no check). With a
+    #: dict, ``reset`` refuses another env's task option (``problem_id`` where levels are generated)
+    #: and a typo of one of these (:func:`llm_zoo.arguments.check_options`).
+    reset_options: ClassVar[dict[str, str] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -223,6 +227,8 @@ class TextAECEnv(AECEnv):
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         seed = check_seed(seed)
+        if self.reset_options is not None:
+            check_options(options, self.reset_options, type(self).__name__)
         if seed is not None or not self._seeded:
             self.rng = np.random.default_rng(seed)
             self._seeded = True

@@ -119,7 +119,7 @@ from typing import Any
 
 import numpy as np
 
-from llm_zoo.arguments import MAX_MEMORY_MB, MAX_TIMEOUT_S, check_int, check_number, check_options
+from llm_zoo.arguments import MAX_MEMORY_MB, MAX_TIMEOUT_S, check_int, check_number
 from llm_zoo.call_harness import call_text, literal, value_text
 from llm_zoo.core import MAX_ACTION_CHARS, Outcome, TextAECEnv
 from llm_zoo.data.code import TestCase, load_code_problems
@@ -206,6 +206,10 @@ class CodeEnv(TextAECEnv):
 
     metadata = {"render_modes": ["ansi"], "name": "code_v0", "is_parallelizable": True}
     roles = ("coder", "unit_tester")
+    reset_options = {
+        "problem_id": "play the problem with this id",
+        "problem_index": "play the problem at this position",
+    }
 
     def __init__(
         self,
@@ -247,14 +251,7 @@ class CodeEnv(TextAECEnv):
     # ------------------------------------------------------------------ episode state
 
     def _new_episode(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
-        options = check_options(
-            options,
-            {
-                "problem_id": "play the problem with this id",
-                "problem_index": "play the problem at this position",
-            },
-            type(self).__name__,
-        )
+        options = options or {}
         if "problem_id" in options:
             by_id = {p.id: p for p in self.problems}
             if options["problem_id"] not in by_id:

@@ -44,7 +44,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from llm_zoo.arguments import MAX_MEMORY_MB, MAX_TIMEOUT_S, check_int, check_number, check_options
+from llm_zoo.arguments import MAX_MEMORY_MB, MAX_TIMEOUT_S, check_int, check_number
 from llm_zoo.core import Outcome, TextAECEnv
 from llm_zoo.parsing import ParseError, extract_code_block, extract_moves
 from llm_zoo.sandbox import run_python
@@ -273,9 +273,8 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
     roles: ClassVar[tuple[str, ...]] = ("tool_agent", "plan_agent")
     #: Name of the puzzle used in the prompts.
     puzzle_name: ClassVar[str] = "puzzle"
-    #: The keys ``reset(options=...)`` takes -> what they do; any other key is refused (a
-    #: generated puzzle has no problem ids: the seed picks the level).
-    reset_options: ClassVar[dict[str, str]] = {
+    #: A generated puzzle has no problem ids: the seed picks the level (see TextAECEnv).
+    reset_options: ClassVar[dict[str, str] | None] = {
         "board": "a board (text) to play instead of the one generated from the seed; there are no problem ids"
     }
 
@@ -352,7 +351,7 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
 
     def _new_episode(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
         self.last_tool_run = None
-        self._new_puzzle(rng, check_options(options, self.reset_options, type(self).__name__))
+        self._new_puzzle(rng, options)
 
     def _global_reward(self) -> float:
         return 1.0 if self._is_solved() else 0.0

@@ -105,7 +105,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from llm_zoo.arguments import MAX_TIMEOUT_S, check_number, check_options
+from llm_zoo.arguments import MAX_TIMEOUT_S, check_number
 from llm_zoo.core import Outcome, TextAECEnv
 from llm_zoo.data.math import MathProblem, ProblemSet, build_problem_set
 from llm_zoo.envs.math_options import (
@@ -218,6 +218,7 @@ class MathEnv(TextAECEnv):
         "is_parallelizable": True,
     }
     roles = ("reasoner", "tool_agent")
+    reset_options = {"problem_id": "play the problem with this id"}
 
     def __init__(
         self,
@@ -259,8 +260,7 @@ class MathEnv(TextAECEnv):
     # ------------------------------------------------------------------ rules
 
     def _new_episode(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
-        options = check_options(options, {"problem_id": "play the problem with this id"}, type(self).__name__)
-        problem_id = options.get("problem_id")
+        problem_id = (options or {}).get("problem_id")
         self.problem = (
             self.problem_set.sample(rng) if problem_id is None else self.problem_set.get(problem_id)
         )

@@ -345,8 +345,8 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
         rows: Grid height, in ``[1, MAX_GRID_SIDE]`` (256: the board is in every prompt).
         cols: Grid width, in ``[1, MAX_GRID_SIDE]``; at least 2 cells in all.
         wall_ratio: Probability of each cell being a wall, in ``[0, 1)``.
-        shaping_lambda: Weight ``lambda`` of the potential-based shaping term (a finite number).
-        shaping_gamma: Discount ``gamma`` of the shaping term, in ``[0, 1]``.
+        shaping_lambda: Weight ``lambda`` of the potential-based shaping term.
+        shaping_gamma: Discount ``gamma`` of the shaping term.
         max_turns: Turns before truncation.
         alpha: Weight of the global reward in each agent's reward.
         render_mode: ``None`` or ``"ansi"``.
@@ -382,8 +382,6 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
         move_parser: str = "strict",
     ):
         check_grid_params(rows, cols, wall_ratio)
-        check_number("shaping_lambda", shaping_lambda)
-        check_number("shaping_gamma", shaping_gamma, low=0.0, high=1.0)
         super().__init__(
             max_turns=max_turns,
             alpha=alpha,
