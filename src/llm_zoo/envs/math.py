@@ -204,7 +204,7 @@ class MathEnv(TextAECEnv):
         alpha: Weight of the global reward in each agent's reward.
         render_mode: ``None`` or ``"ansi"``.
         checker: The answer checker; default: the process-wide shared one.
-        code_timeout_s: Wall-clock limit on the tool agent's program, seconds, in ``(0, 600]``.
+        code_timeout_s: Wall-clock limit on the tool agent's program.
         agents: Turn order: ``("reasoner", "tool_agent")``, ``("tool_agent", "reasoner")`` or
             ``("reasoner",)`` (the reasoner alone).
         prompt_style: ``"full"`` or ``"compact"`` (short prompts for small models).
