@@ -38,7 +38,6 @@ path, size and modification time); envs made on it share one immutable :class:`P
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -51,6 +50,15 @@ import numpy as np
 
 from llm_zoo.data import math_generator
 from llm_zoo.data.files import base_suffix, cached_load, duplicate_id, object_file_message, read_text
+from llm_zoo.data.math_fields import (
+    DatasetError,
+    level_of,
+    lower_keys,
+    record_id,
+    scalar_text,
+    split_of,
+    text_field,
+)
 from llm_zoo.parsing import ParseError, extract_boxed
 
 __all__ = [
@@ -74,10 +82,6 @@ BUILTIN_DATASETS = ("builtin", "generated", "word")
 SPLITS = ("train", "test")
 #: In the ``"builtin"`` set, the probability that a draw is a word problem.
 WORD_SHARE = 0.25
-
-
-class DatasetError(ValueError):
-    """A dataset file or record cannot be read; the message names the file and the record."""
 
 
 class UnknownProblemError(KeyError, ValueError):
@@ -409,12 +413,8 @@ def _name(source: Any) -> str:
     return f"dataset {name!r}" if name else f"{type(source).__name__} of records"
 
 
-def _lower_keys(record: Mapping[str, Any]) -> dict[str, Any]:
-    return {str(k).lower(): v for k, v in record.items()}
-
-
 def _detect(record: Mapping[str, Any]) -> str:
-    keys = _lower_keys(record)
+    keys = lower_keys(record)
     if "solution" in keys and "problem" in keys and ({"level", "type", "subject"} & set(keys)):
         return "math"
     if "####" in str(keys.get("answer", "")):
@@ -424,74 +424,11 @@ def _detect(record: Mapping[str, Any]) -> str:
     return "generic"
 
 
-def _text_field(keys: dict[str, Any], names: Sequence[str], index: int, origin: str) -> str:
-    for name in names:
-        text = _scalar(keys, name, index, origin)
-        if text:
-            return text
-    raise DatasetError(
-        f"{origin}: record {index}{_id_note(keys)} has no {' / '.join(map(repr, names))} field (or it is empty)"
-    )
-
-
-def _scalar(keys: dict[str, Any], name: str, index: int, origin: str) -> str:
-    """``keys[name]`` as stripped text, ``""`` when absent; a value that is not one string or one
-    finite number (a list, an object, a bool: JSON would make ``"[1, 2]"`` or ``"True"`` the gold
-    answer) raises :class:`DatasetError`."""
-    value = keys.get(name)
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value.strip()
-    if (
-        isinstance(value, (int, float, np.integer, np.floating))
-        and not isinstance(value, (bool, np.bool_))
-        and math.isfinite(value)
-    ):
-        return str(value)
-    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-    raise DatasetError(
-        f"{origin}: record {index}{_id_note(keys)}: {name!r} is {shown} (a {type(value).__name__}); it must be "
-        'one string or one finite number (write a set or a tuple answer as text, e.g. "(1, 2)")'
-    )
-
-
-def _id_note(keys: dict[str, Any]) -> str:
-    for name in _ID_FIELDS:
-        if isinstance(keys.get(name), (str, int)) and keys[name] != "":
-            return f" (id {keys[name]!r})"
-    return ""
-
-
-def _level(value: Any, index: int, origin: str) -> int | None:
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    match = re.search(r"\d+", str(value))
-    if match is None:
-        if "?" in str(value) or not str(value).strip():
-            return None  # MATH has a few "Level ?" records
-        raise DatasetError(f"{origin}: record {index} has an unreadable level {value!r}")
-    return int(match.group())
-
-
-_ID_FIELDS = ("id", "unique_id", "problem_id")
-
-
-def _record_id(keys: dict[str, Any], prefix: str, index: int, origin: str) -> str:
-    for name in _ID_FIELDS:
-        text = _scalar(keys, name, index, origin)
-        if text:
-            return text
-    return f"{prefix}-{index}"
-
-
 def _from_math(record: Mapping[str, Any], index: int, origin: str) -> MathProblem:
-    keys = _lower_keys(record)
-    question = _text_field(keys, ("problem",), index, origin)
+    keys = lower_keys(record)
+    question = text_field(keys, ("problem",), index, origin)
     solution = str(keys.get("solution") or "")
-    answer = _scalar(keys, "answer", index, origin)
+    answer = scalar_text(keys, "answer", index, origin)
     if not answer:
         try:
             answer = extract_boxed(solution)
@@ -503,16 +440,16 @@ def _from_math(record: Mapping[str, Any], index: int, origin: str) -> MathProble
                 ) from None
             answer = bare[-1]
     return MathProblem(
-        id=_record_id(keys, "MATH", index, origin), question=question, answer=answer, source="MATH",
-        difficulty=_level(keys.get("level"), index, origin),
-        topic=str(keys.get("type") or keys.get("subject") or ""), split=_split(keys), solution=solution,
+        id=record_id(keys, "MATH", index, origin), question=question, answer=answer, source="MATH",
+        difficulty=level_of(keys.get("level"), index, origin),
+        topic=str(keys.get("type") or keys.get("subject") or ""), split=split_of(keys), solution=solution,
     )  # fmt: skip
 
 
 def _from_gsm8k(record: Mapping[str, Any], index: int, origin: str) -> MathProblem:
-    keys = _lower_keys(record)
-    question = _text_field(keys, ("question",), index, origin)
-    full = _text_field(keys, ("answer",), index, origin)
+    keys = lower_keys(record)
+    question = text_field(keys, ("question",), index, origin)
+    full = text_field(keys, ("answer",), index, origin)
     if "####" not in full:
         raise DatasetError(f"{origin}: record {index} has no '#### <answer>' at the end of its answer")
     solution, _, final = full.rpartition("####")
@@ -520,14 +457,14 @@ def _from_gsm8k(record: Mapping[str, Any], index: int, origin: str) -> MathProbl
     if not answer:
         raise DatasetError(f"{origin}: record {index} has nothing after '####'")
     return MathProblem(
-        id=_record_id(keys, "GSM8K", index, origin), question=question, answer=answer, source="GSM8K",
-        split=_split(keys), solution=solution.strip(),
+        id=record_id(keys, "GSM8K", index, origin), question=question, answer=answer, source="GSM8K",
+        split=split_of(keys), solution=solution.strip(),
     )  # fmt: skip
 
 
 def _from_aime(record: Mapping[str, Any], index: int, origin: str) -> MathProblem:
     problem = _generic(record, index, origin, "AIME")
-    year = _lower_keys(record).get("year")
+    year = lower_keys(record).get("year")
     topic = f"AIME {year}" if year not in (None, "") else problem.topic
     return MathProblem(
         id=problem.id, question=problem.question, answer=problem.answer, source="AIME",
@@ -536,22 +473,17 @@ def _from_aime(record: Mapping[str, Any], index: int, origin: str) -> MathProble
 
 
 def _generic(record: Mapping[str, Any], index: int, origin: str, source: str = "custom") -> MathProblem:
-    keys = _lower_keys(record)
-    question = _text_field(keys, ("question", "problem"), index, origin)
-    answer = _text_field(keys, ("answer",), index, origin)
+    keys = lower_keys(record)
+    question = text_field(keys, ("question", "problem"), index, origin)
+    answer = text_field(keys, ("answer",), index, origin)
     if re.fullmatch(r"[+-]?\d+", answer):
         answer = str(int(answer))  # "073" -> "73"
     prefix = {"custom": "custom", "word": "word", "AIME": "AIME"}[source]
     return MathProblem(
-        id=_record_id(keys, prefix, index, origin), question=question, answer=answer, source=source,
-        difficulty=_level(keys.get("difficulty", keys.get("level")), index, origin),
-        topic=str(keys.get("topic") or ""), split=_split(keys), solution=str(keys.get("solution") or ""),
+        id=record_id(keys, prefix, index, origin), question=question, answer=answer, source=source,
+        difficulty=level_of(keys.get("difficulty", keys.get("level")), index, origin),
+        topic=str(keys.get("topic") or ""), split=split_of(keys), solution=str(keys.get("solution") or ""),
     )  # fmt: skip
-
-
-def _split(keys: dict[str, Any]) -> str | None:
-    value = keys.get("split")
-    return str(value) if value not in (None, "") else None
 
 
 _CONVERTERS = {"math": _from_math, "gsm8k": _from_gsm8k, "aime": _from_aime, "generic": _generic}
