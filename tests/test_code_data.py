@@ -26,7 +26,6 @@ from llm_zoo.data.code import (
     load_code_problems,
     sniff_format,
 )
-from llm_zoo.data.files import clear_cache
 
 FIXTURES = Path(__file__).parent / "fixtures" / "code"
 
@@ -163,7 +162,6 @@ def test_parquet_without_pyarrow_names_the_package(monkeypatch):
             raise ImportError("no pyarrow here")
         return real_import(name, *args, **kwargs)
 
-    clear_cache()  # the file may have been parsed, with pyarrow, by an earlier test
     monkeypatch.setattr(builtins, "__import__", no_pyarrow)
     with pytest.raises(CodeDatasetError, match=r"code_contests.parquet.*pyarrow"):
         load_code_problems(FIXTURES / "code_contests.parquet")

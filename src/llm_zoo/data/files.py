@@ -51,7 +51,8 @@ def cached_load(path: str | os.PathLike[str], load: Callable[..., T], *args: Has
     keeps its size and modification time; it is shared by every caller, so ``load`` must return
     something immutable (a tuple of frozen records). A file that changes while it is read is not
     cached, errors are not cached, and a path that cannot be stat'ed is simply loaded (``load``
-    then reports it). ``args`` are part of the key (e.g. the dataset format).
+    then reports it). ``args`` are part of the key (e.g. the dataset format). Warnings the loader
+    gives (a record skipped) come with the first parse only.
     """
     resolved = os.path.realpath(os.fspath(path))
     try:
