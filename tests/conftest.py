@@ -15,6 +15,18 @@ def tiny_model_dir(tmp_path_factory):
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
 
 
+@pytest.fixture(autouse=True)
+def fresh_dataset_cache():
+    """Every test parses dataset files anew (llm_zoo.data.files.cached_load keeps them per
+    process): a test that expects a loader's warning, or breaks a loader on purpose, must not get
+    a file an earlier test has parsed."""
+    from llm_zoo.data.files import clear_cache
+
+    clear_cache()
+    yield
+    clear_cache()
+
+
 @pytest.fixture
 def one_torch_thread():
     """One torch thread for the test: on a shared 2-core machine more threads make the tiny model

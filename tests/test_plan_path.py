@@ -203,10 +203,10 @@ def test_configurable_sizes_play_to_success(rows, cols, wall_ratio):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"rows": 0}, "at least 2 cells"),
+        ({"rows": 0}, r"rows must be an integer in \[1, 256\]"),
         ({"rows": 1, "cols": 1}, "at least 2 cells"),
-        ({"cols": -3}, "at least 2 cells"),
-        ({"rows": 2.5}, "integers"),
+        ({"cols": -3}, r"cols must be an integer in \[1, 256\]"),
+        ({"rows": 2.5}, "rows must be an integer"),
         ({"wall_ratio": 1.0}, "wall_ratio"),
         ({"wall_ratio": -0.1}, "wall_ratio"),
         ({"max_turns": 0}, "max_turns"),

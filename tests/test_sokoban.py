@@ -175,11 +175,11 @@ def test_configurable_sizes_play_to_success(rows, cols, num_boxes):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"rows": 4}, "at least 5 x 5"),
-        ({"cols": 0}, "at least 5 x 5"),
-        ({"num_boxes": 0}, "num_boxes must be >= 1"),
+        ({"rows": 4}, r"rows must be an integer in \[5, 64\] \(walls included\)"),
+        ({"cols": 0}, r"cols must be an integer in \[5, 64\]"),
+        ({"num_boxes": 0}, "num_boxes must be an integer >= 1"),
         ({"rows": 5, "cols": 5, "num_boxes": 5}, "do not fit"),
-        ({"rows": 6.0}, "integers"),
+        ({"rows": 6.0}, "rows must be an integer"),
         ({"max_search_states": 0}, "max_search_states"),
         ({"alpha": 1.0, "render_mode": "rgb_array"}, "render_mode"),
     ],

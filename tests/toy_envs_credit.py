@@ -23,8 +23,8 @@ class EarlyExitEnv(TextAECEnv):
     reply contains ``"build"``. ``global = 1`` once the scout has reported a map and the builder's
     latest reply builds (``success``). Non-empty replies only; an empty one earns ``-0.5``.
 
-    Dead agents: after the scout's step(None) the builder is selected (the PettingZoo helper
-    leaves the removed agent selected when no other agent is dead, so the env moves on itself).
+    Dead agents: no bookkeeping here; after the scout's step(None) :class:`TextAECEnv` selects
+    the builder.
     """
 
     metadata = {"render_modes": ["ansi"], "name": "early_exit_v0", "is_parallelizable": True}
@@ -59,21 +59,8 @@ class EarlyExitEnv(TextAECEnv):
         agent = self.agent_selection
         was_dead = self.terminations.get(agent, False) or self.truncations.get(agent, False)
         super().step(action)  # a dead agent's step: PettingZoo's _was_dead_step (None only)
-        if was_dead:
-            if self.agents and self.agent_selection not in self.agents:
-                self.agent_selection = self._next_agent(agent)
-            return
-        if agent == "scout" and not self.truncations.get("scout", False):
+        if not was_dead and agent == "scout" and not self.truncations.get("scout", False):
             self.terminations["scout"] = True  # the scout's job is done; the builder goes on
-
-    def _next_agent(self, agent):
-        order = self.possible_agents
-        start = order.index(agent)
-        for offset in range(1, len(order) + 1):
-            candidate = order[(start + offset) % len(order)]
-            if candidate in self.agents:
-                return candidate
-        return agent
 
 
 llm_zoo.register(

@@ -27,9 +27,15 @@ Contract (see ``DESIGN.md``):
   ``global_reward``, ``success``, ``turn``, ``format_ok`` and ``feedback``, plus env-specific keys.
 * A *turn* is one action by every agent, in the order of ``possible_agents``. After ``max_turns``
   turns every agent is truncated.
+* An agent may finish before the others: a subclass sets ``terminations[agent] = True`` (in
+  ``_act`` or after ``super().step``). The base class then selects it once more in its turn, to be
+  stepped with ``None`` as the AEC API requires, and moves on to the next agent left; a turn is
+  then one action by every agent still playing. No bookkeeping is needed in the subclass.
 * :meth:`TextAECEnv.clone` returns an independent copy, the tree rollout branches on it.
 * All randomness comes from ``self.rng``, seeded by ``reset(seed=...)``; the global RNGs are never
-  touched, so ``reset(seed=s)`` always yields the same episode.
+  touched, so ``reset(seed=s)`` always yields the same episode. A seed is ``None`` or an integer
+  >= 0, as in Gymnasium; anything else is refused with :class:`~llm_zoo.arguments.EnvArgumentError`,
+  as are ``observe`` of an unknown agent and wrong constructor arguments (:mod:`llm_zoo.arguments`).
 """
 
 from __future__ import annotations
@@ -43,9 +49,12 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv
 
+from llm_zoo.arguments import check_agent, check_int, check_number, check_options, check_seed
+
 __all__ = [
     "MAX_ACTION_CHARS",
     "MAX_PROMPT_CHARS",
+    "MAX_TURNS",
     "RENDER_MODES",
     "Outcome",
     "TextAECEnv",
@@ -59,6 +68,9 @@ __all__ = [
 MAX_ACTION_CHARS = 65_536
 #: Upper bound of the declared observation space.
 MAX_PROMPT_CHARS = 1_000_000
+#: Most ``max_turns`` an env accepts: far beyond any episode a model plays, it catches typos such
+#: as ``10**9``.
+MAX_TURNS = 10_000
 
 #: The render modes :meth:`TextAECEnv.render` implements: ``"ansi"`` returns the picture of the
 #: state, ``"human"`` prints it.
@@ -117,7 +129,9 @@ class TextAECEnv(AECEnv):
     the four rule methods. A subclass's ``metadata`` is completed with the base class's
     ``render_modes`` and ``is_parallelizable`` when it omits them, and ``"human"`` is added to
     ``render_modes`` wherever ``"ansi"`` is (unless the subclass renders by itself): both come from
-    :meth:`_render_state`. Constructor keyword arguments common to every env:
+    :meth:`_render_state`. Constructor keyword arguments common to every env (``max_turns`` an
+    integer in ``[1, MAX_TURNS]``, ``alpha`` a finite number; others are refused with
+    :class:`~llm_zoo.arguments.EnvArgumentError`):
 
     Args:
         max_turns: Number of turns (one action by every role) before every agent is truncated.
@@ -133,6 +147,10 @@ class TextAECEnv(AECEnv):
     }
     #: The agents, in the order they act within a turn.
     roles: ClassVar[tuple[str, ...]] = ()
+    #: The ``reset`` options that pick the task -> what each does, or ``None`` (no check). With a
+    #: dict, ``reset`` refuses another env's task option (``problem_id`` where levels are generated)
+    #: and a typo of one of these (:func:`llm_zoo.arguments.check_options`).
+    reset_options: ClassVar[dict[str, str] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -158,8 +176,8 @@ class TextAECEnv(AECEnv):
         problem = class_attribute_problem(type(self))
         if problem:
             raise TypeError(problem)
-        if int(max_turns) < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns!r}")
+        max_turns = check_int("max_turns", max_turns, low=1, high=MAX_TURNS)
+        alpha = check_number("alpha", alpha)
         modes = list(self.metadata["render_modes"])
         if render_mode is not None and render_mode not in modes:
             raise ValueError(
@@ -209,6 +227,9 @@ class TextAECEnv(AECEnv):
         return self.action_spaces[agent]
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        seed = check_seed(seed)
+        if self.reset_options is not None:
+            check_options(options, self.reset_options, type(self).__name__)
         if seed is not None or not self._seeded:
             self.rng = np.random.default_rng(seed)
             self._seeded = True
@@ -233,6 +254,7 @@ class TextAECEnv(AECEnv):
 
     def observe(self, agent: str) -> dict[str, str]:
         self._require_reset("observe")
+        check_agent(agent, self.possible_agents)
         prompt = self._prompt(agent)
         feedback = self._feedback.get(agent, "")
         if feedback:
@@ -252,6 +274,10 @@ class TextAECEnv(AECEnv):
         agent = self.agent_selection
         if self.terminations[agent] or self.truncations[agent]:
             self._was_dead_step(action)
+            if self.agents and self.agent_selection not in self.agents:
+                # PettingZoo's helper leaves the removed agent selected when no other agent is dead
+                # (an agent that finished before the others): move on to the next one left.
+                self.agent_selection = self._next_agent(agent)
             return
         text = action if isinstance(action, str) else ("" if action is None else _as_text(action))
         cut_from = len(text) if len(text) > MAX_ACTION_CHARS else 0
@@ -283,7 +309,7 @@ class TextAECEnv(AECEnv):
                 self.infos[other].update(success=self.success, turn=self.turn)
 
         self._last_action_turn = self.turn + 1
-        is_last_role = agent == self.possible_agents[-1]
+        is_last_role = agent == self._last_live_agent(agent)
         if is_last_role:
             self.turn += 1
         if outcome.terminated:
@@ -349,12 +375,25 @@ class TextAECEnv(AECEnv):
             "task_id": self.task_id,
         }
 
+    def _last_live_agent(self, acting: str) -> str:
+        """The last agent in turn order that still plays, counting ``acting`` (which has just
+        acted, even if its action ended its own part): its action completes the turn."""
+        live = [
+            a
+            for a in self.possible_agents
+            if a == acting or (a in self.agents and not (self.terminations[a] or self.truncations[a]))
+        ]
+        return live[-1]
+
     def _require_reset(self, method: str) -> None:
         if not self._has_reset:
             raise RuntimeError(f"{type(self).__name__}.{method}() before reset(): call env.reset() first")
 
     def _next_agent(self, agent: str) -> str:
-        order = self.possible_agents
+        """The agent after ``agent`` in turn order among those still in ``agents`` (``agent`` if it
+        is the only one). A dead agent still in ``agents`` is selected in its turn, to be stepped
+        with ``None`` (the AEC API's way to remove it); one already removed is skipped."""
+        order = [a for a in self.possible_agents if a == agent or a in self.agents]
         return order[(order.index(agent) + 1) % len(order)]
 
 

@@ -72,8 +72,12 @@ This module never runs ``pickle.loads`` on downloaded data: it uses an unpickler
 built, requires the result to be a ``str`` and parses that with ``json``. Decompressed payloads
 over :data:`MAX_DECOMPRESSED_BYTES` are refused.
 
-Errors: a missing file, an unreadable record or a record lacking a field raises
-:class:`CodeDatasetError` naming the file, the record index and, when known, its id.
+Errors: a missing file, an unreadable record, a record lacking a field, a problem with an empty
+statement and an id used twice raise :class:`CodeDatasetError` naming the file, the record index
+(records counted from 0, blank lines of a ``.jsonl`` file skipped) and, when known, its id.
+
+A file is parsed once per process (:func:`llm_zoo.data.files.cached_load`, keyed by its resolved
+path, size and modification time): every env made on it shares the same problems.
 """
 
 from __future__ import annotations
@@ -97,7 +101,7 @@ from llm_zoo.data.code_formats import (
     from_llm_zoo,
 )
 from llm_zoo.data.code_problem import CallSpec, CodeDatasetError, CodeProblem, TestCase
-from llm_zoo.data.files import base_suffix, object_file_message, read_text
+from llm_zoo.data.files import base_suffix, cached_load, duplicate_id, object_file_message, read_text
 
 __all__ = [
     "CODE_CONTESTS_DIFFICULTY",
@@ -235,38 +239,55 @@ def load_code_problems(
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown dataset format {format!r}; choose one of {sorted(FORMATS)}")
     if isinstance(source, (str, os.PathLike)):
-        origin = str(source)
-        records: Iterable[tuple[int, Any]] = read_records(source)
-    elif isinstance(source, Mapping):
+        # Parsed once per process: every env made on the file shares the problems.
+        return list(cached_load(source, _parse_file, format))
+    if isinstance(source, Mapping):
         raise CodeDatasetError(
             f"got a mapping with keys {sorted(map(str, source))[:8]} (a DatasetDict?); pass one split, "
             "e.g. dataset['test'], or a list of records"
         )
-    elif isinstance(source, Iterable):
-        origin = type(source).__name__
-        records = enumerate(source)
-    else:
+    if not isinstance(source, Iterable):
         raise TypeError(
             f"dataset must be 'builtin', a file path or an iterable of records, got {type(source).__name__}"
         )
+    return _convert(enumerate(source), format, type(source).__name__)
+
+
+def _parse_file(path: str, format: str | None) -> tuple[CodeProblem, ...]:
+    return tuple(_convert(read_records(path), format, path))
+
+
+def _convert(records: Iterable[tuple[int, Any]], format: str | None, origin: str) -> list[CodeProblem]:
+    """The problems of ``(index, record)`` pairs; records that cannot be judged are skipped.
+
+    Raises :class:`CodeDatasetError` naming the record (index and id) for a record that does not
+    fit its format, a problem with an empty statement, and an id used twice.
+    """
     problems = []
+    first_index: dict[str, int] = {}
     for index, record in records:
-        if isinstance(record, CodeProblem):
-            problems.append(record)
-            continue
         where = f"{origin}, record {index}"
-        record = _as_record(record, where)
-        if format is None:
+        if isinstance(record, CodeProblem):
+            problem: CodeProblem | None = record
+        else:
+            record = _as_record(record, where)
+            if format is None:
+                try:
+                    format = sniff_format(record)
+                except CodeDatasetError as err:
+                    raise CodeDatasetError(f"{where}: {err}") from None
             try:
-                format = sniff_format(record)
+                problem = FORMATS[format](record)
             except CodeDatasetError as err:
-                raise CodeDatasetError(f"{where}: {err}") from None
-        try:
-            problem = FORMATS[format](record)
-        except CodeDatasetError as err:
-            raise CodeDatasetError(f"{where}{_id_note(record)}: {err}") from None
-        if problem is not None:
-            problems.append(problem)
+                raise CodeDatasetError(f"{where}{_id_note(record)}: {err}") from None
+        if problem is None:
+            continue
+        if not problem.statement.strip():
+            raise CodeDatasetError(f"{where} (id {problem.id!r}): the statement is empty")
+        duplicate = duplicate_id(first_index, problem.id, index)
+        if duplicate:
+            raise CodeDatasetError(f"{where}: {duplicate}")
+        problems.append(problem)
     return problems
 
 

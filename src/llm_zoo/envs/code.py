@@ -137,6 +137,7 @@ from typing import Any
 
 import numpy as np
 
+from llm_zoo.arguments import MAX_MEMORY_MB, MAX_TIMEOUT_S, check_int, check_number
 from llm_zoo.call_harness import call_text, literal, value_text
 from llm_zoo.core import MAX_ACTION_CHARS, Outcome, TextAECEnv
 from llm_zoo.data.code import TestCase, load_code_problems
@@ -174,6 +175,9 @@ MAX_CACHED_OUTPUT_CHARS = 4_000_000
 CACHED_STDERR_CHARS = 2_000
 #: Programs longer than this are refused.
 MAX_PROGRAM_CHARS = MAX_ACTION_CHARS
+#: Most ``max_tests``: every generated test runs once per program, and a tester answer is at most
+#: 65,536 characters anyway (about 1,000 of the shortest tests).
+MAX_TESTS = 1000
 _SHOWN_CHARS = 400  # per input / output in prompts
 _SHOWN_DISAGREEMENTS = 5
 _CHUNK = 8  # tests run per batch call; time-outs are counted between batches
@@ -217,15 +221,20 @@ class CodeEnv(TextAECEnv):
         dataset_format: Format of ``dataset`` records; ``None`` sniffs it.
         max_turns: Turns (coder then tester) before truncation.
         alpha: Weight of the global reward in each agent's reward.
-        timeout: Wall-clock (and CPU) seconds per test run.
-        memory_mb: Address-space limit of a test run.
-        max_tests: Most generated tests kept from one tester answer.
-        max_hidden_tests: Use only the first N hidden tests of each problem (``None``: all).
+        timeout: Wall-clock (and CPU) seconds per test run, in ``(0, MAX_TIMEOUT_S]`` (600).
+        memory_mb: Address-space limit of a test run, MiB, in ``[1, MAX_MEMORY_MB]`` (65,536).
+        max_tests: Most generated tests kept from one tester answer, in ``[1, MAX_TESTS]`` (1,000).
+        max_hidden_tests: Use only the first N hidden tests of each problem (``None``: all; else an
+            integer >= 1).
         render_mode: ``None`` or ``"ansi"``.
     """
 
     metadata = {"render_modes": ["ansi"], "name": "code_v0", "is_parallelizable": True}
     roles = ("coder", "unit_tester")
+    reset_options = {
+        "problem_id": "play the problem with this id",
+        "problem_index": "play the problem at this position",
+    }
 
     def __init__(
         self,
@@ -244,10 +253,11 @@ class CodeEnv(TextAECEnv):
         super().__init__(max_turns=max_turns, alpha=alpha, render_mode=render_mode)
         if split not in ("train", "test", "all", IMPOSSIBLE_SPLIT):
             raise ValueError(f"split must be 'train', 'test', 'all' or 'impossible', got {split!r}")
-        if timeout <= 0 or memory_mb <= 0 or max_tests < 1:
-            raise ValueError("timeout and memory_mb must be > 0 and max_tests >= 1")
-        if max_hidden_tests is not None and max_hidden_tests < 1:
-            raise ValueError(f"max_hidden_tests must be None or >= 1, got {max_hidden_tests!r}")
+        check_number("timeout", timeout, low=0, high=MAX_TIMEOUT_S, low_open=True, unit="seconds")
+        check_int("memory_mb", memory_mb, low=1, high=MAX_MEMORY_MB)
+        check_int("max_tests", max_tests, low=1, high=MAX_TESTS)
+        if max_hidden_tests is not None:
+            check_int("max_hidden_tests", max_hidden_tests, low=1)
         if split == IMPOSSIBLE_SPLIT:  # every problem of the dataset, its hidden tests contradicted
             every = load_code_problems(dataset, format=dataset_format) if dataset != "builtin" else None
             problems = impossible_problems(every if every is not None else load_code_problems("builtin"))

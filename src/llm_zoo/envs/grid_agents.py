@@ -61,6 +61,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
+from llm_zoo.arguments import MAX_MEMORY_MB, MAX_TIMEOUT_S, check_int, check_number
 from llm_zoo.core import Outcome, TextAECEnv
 from llm_zoo.parsing import ParseError, extract_code_block, extract_moves
 from llm_zoo.sandbox import run_python
@@ -318,8 +319,10 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
         max_turns: Turns (a tool answer then a plan answer) before truncation.
         alpha: Weight of the global reward in each agent's reward.
         render_mode: ``None`` or ``"ansi"``.
-        tool_timeout_s: Wall-clock (and CPU) seconds the tool agent's program may run.
-        tool_memory_mb: Memory limit of the tool agent's program, in MiB.
+        tool_timeout_s: Wall-clock (and CPU) seconds the tool agent's program may run, in
+            ``(0, MAX_TIMEOUT_S]`` (600).
+        tool_memory_mb: Memory limit of the tool agent's program, in MiB, in ``[64, MAX_MEMORY_MB]``
+            (65,536).
         agents: The agents, in turn order: ``("tool_agent", "plan_agent")`` or ``("plan_agent",)``
             (the plan agent alone).
         prompt_style: ``"full"`` or ``"compact"`` (short prompts for small models).
@@ -329,6 +332,10 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
     roles: ClassVar[tuple[str, ...]] = ("tool_agent", "plan_agent")
     #: Name of the puzzle used in the prompts.
     puzzle_name: ClassVar[str] = "puzzle"
+    #: A generated puzzle has no problem ids: the seed picks the level (see TextAECEnv).
+    reset_options: ClassVar[dict[str, str] | None] = {
+        "board": "a board (text) to play instead of the one generated from the seed; there are no problem ids"
+    }
 
     def __init__(
         self,
@@ -343,10 +350,10 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
         move_parser: str = "strict",
     ):
         super().__init__(max_turns=max_turns, alpha=alpha, render_mode=render_mode)
-        if not float(tool_timeout_s) > 0:
-            raise ValueError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}")
-        if int(tool_memory_mb) < 64:
-            raise ValueError(f"tool_memory_mb must be >= 64, got {tool_memory_mb!r}")
+        tool_timeout_s = check_number(
+            "tool_timeout_s", tool_timeout_s, low=0, high=MAX_TIMEOUT_S, low_open=True
+        )
+        tool_memory_mb = check_int("tool_memory_mb", tool_memory_mb, low=64, high=MAX_MEMORY_MB)
         if isinstance(agents, str) or tuple(agents) not in AGENT_SETS:
             choices = " or ".join(str(list(a)) for a in AGENT_SETS)
             raise ValueError(f"agents must be {choices}, got {agents!r}")

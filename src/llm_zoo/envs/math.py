@@ -105,6 +105,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from llm_zoo.arguments import MAX_TIMEOUT_S, check_number
 from llm_zoo.core import Outcome, TextAECEnv
 from llm_zoo.data.math import MathProblem, ProblemSet, build_problem_set
 from llm_zoo.envs.math_options import (
@@ -217,6 +218,7 @@ class MathEnv(TextAECEnv):
         "is_parallelizable": True,
     }
     roles = ("reasoner", "tool_agent")
+    reset_options = {"problem_id": "play the problem with this id"}
 
     def __init__(
         self,
@@ -236,8 +238,9 @@ class MathEnv(TextAECEnv):
         code_parser: str = "strict",
     ):
         super().__init__(max_turns=max_turns, alpha=alpha, render_mode=render_mode)
-        if code_timeout_s <= 0:
-            raise ValueError(f"code_timeout_s must be > 0, got {code_timeout_s!r}")
+        check_number(
+            "code_timeout_s", code_timeout_s, low=0, high=MAX_TIMEOUT_S, low_open=True, unit="seconds"
+        )
         check_choice("agents", tuple(agents) if not isinstance(agents, str) else agents, AGENT_ORDERS)
         check_choice("prompt_style", prompt_style, PROMPT_STYLES)
         check_choice("answer_parser", answer_parser, ANSWER_PARSERS)

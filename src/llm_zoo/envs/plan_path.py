@@ -12,8 +12,10 @@ Level
     ``wall_ratio`` (0.22). A start S and a goal G are drawn among the free cells, distinct; the
     grid is drawn again until breadth-first search finds a path from S to G, so every level is
     solvable. Parameters that make that impossible (fewer than two cells, ``wall_ratio`` outside
-    ``[0, 1)``) raise ``ValueError`` at construction; if 1000 draws in a row fail (extreme wall
-    ratios) ``reset`` raises ``ValueError`` naming the parameters.
+    ``[0, 1)``), a side over ``MAX_GRID_SIDE`` (256) or an argument of the wrong type (``rows=True``,
+    ``rows="3"``) raise :class:`~llm_zoo.arguments.EnvArgumentError` (a ``ValueError``) at
+    construction; if 1000 draws in a row fail (extreme wall ratios) ``reset`` raises ``ValueError``
+    naming the parameters.
 
 Observation
     ``{"prompt": str}``: the role, the rules, the turn, the grid, and the exact answer format.
@@ -86,7 +88,9 @@ Termination
 
 Options
     ``reset(options={"board": text})`` plays the given grid (same legend, one S and one G) instead
-    of a generated one; a board that breaks these rules or has no path raises ``ValueError``.
+    of a generated one; a board that breaks these rules or has no path raises ``ValueError``. A
+    task option it does not take (``problem_id``, ``problem_index``: generated levels have no ids)
+    is refused; other keys are ignored, as PettingZoo expects.
 
     Constructor options for small models (the defaults give the behaviour described above; see
     :mod:`llm_zoo.envs.grid_agents`):
@@ -130,11 +134,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from llm_zoo.arguments import EnvArgumentError, check_int, check_number
 from llm_zoo.envs.grid_agents import MAX_MOVE_COST, MOVES, MovesResult, ToolPlanEnv, count, oracle_answer
 
 __all__ = [
     "GOAL_REWARD",
     "INVALID_MOVE_PENALTY",
+    "MAX_GRID_SIDE",
     "OPTIMAL_PATH_BONUS",
     "VALID_MOVE_PENALTY",
     "PlanPathEnv",
@@ -194,14 +200,21 @@ class PlanPathState:
         return self  # immutable
 
 
+#: Largest ``rows`` and ``cols``. The board is in every prompt: 256 x 257 = 65,792 characters,
+#: beyond any model's useful context already; drawing a 256 x 256 level takes about 0.2 s and 10 MB
+#: (1024 x 1024: 5 s and 170 MB), and ``rows=10**9`` would ask for gigabytes.
+MAX_GRID_SIDE = 256
+
+
 def check_grid_params(rows: int, cols: int, wall_ratio: float) -> None:
-    """Raise ``ValueError`` unless a solvable grid of these parameters can exist."""
-    if not (isinstance(rows, (int, np.integer)) and isinstance(cols, (int, np.integer))):
-        raise ValueError(f"rows and cols must be integers, got rows={rows!r}, cols={cols!r}")
-    if rows < 1 or cols < 1 or rows * cols < 2:
-        raise ValueError(f"the grid needs at least 2 cells (rows, cols >= 1), got {rows} x {cols}")
-    if not 0.0 <= wall_ratio < 1.0:
-        raise ValueError(f"wall_ratio must be in [0, 1), got {wall_ratio!r}")
+    """Raise :class:`~llm_zoo.arguments.EnvArgumentError` (a ``ValueError`` and a ``TypeError``)
+    unless a solvable grid of these parameters can exist and fits :data:`MAX_GRID_SIDE`."""
+    why = "the board is in every prompt"
+    rows = check_int("rows", rows, low=1, high=MAX_GRID_SIDE, why=why)
+    cols = check_int("cols", cols, low=1, high=MAX_GRID_SIDE, why=why)
+    if rows * cols < 2:
+        raise EnvArgumentError(f"the grid needs at least 2 cells (rows, cols >= 1), got {rows} x {cols}")
+    check_number("wall_ratio", wall_ratio, low=0.0, high=1.0, high_open=True)
 
 
 def apply_move(grid: Sequence[str], position: Cell, move: str) -> tuple[Cell, bool]:
@@ -344,8 +357,8 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
     """Grid path planning for a tool agent and a plan agent; documented in the module docstring.
 
     Args:
-        rows: Grid height (>= 1).
-        cols: Grid width (>= 1; at least 2 cells in all).
+        rows: Grid height, in ``[1, MAX_GRID_SIDE]`` (256: the board is in every prompt).
+        cols: Grid width, in ``[1, MAX_GRID_SIDE]``; at least 2 cells in all.
         wall_ratio: Probability of each cell being a wall, in ``[0, 1)``.
         shaping_lambda: Weight ``lambda`` of the potential-based shaping term.
         max_turns: Turns before truncation.
@@ -393,8 +406,7 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
             move_parser=move_parser,
         )
         self.rows, self.cols, self.wall_ratio = int(rows), int(cols), float(wall_ratio)
-        if not 0.0 <= float(shaping_lambda) < float("inf"):
-            raise ValueError(f"shaping_lambda must be a finite number >= 0, got {shaping_lambda!r}")
+        check_number("shaping_lambda", shaping_lambda, low=0.0)
         self.shaping_lambda = float(shaping_lambda)
         self.level: PlanPathLevel
 

@@ -16,9 +16,10 @@ Level
     by a forward move or push, so every state found is solvable; the level is a state of highest
     score (gym-sokoban's: switches between pulled boxes times the boxes' total distance from their
     goals) among those with at least one box off every goal, ties broken at random. Parameters
-    that cannot work (``rows, cols < 5``, ``num_boxes < 1``, too many boxes for the room) raise
-    ``ValueError`` at construction; if 100 rooms in a row yield no level, ``reset`` raises
-    ``ValueError`` naming the parameters.
+    that cannot work (``rows, cols < 5``, ``num_boxes < 1``, too many boxes for the room), a side
+    over ``MAX_ROOM_SIDE`` (64) or an argument of the wrong type (``rows=True``, ``rows="6"``) raise
+    :class:`~llm_zoo.arguments.EnvArgumentError` (a ``ValueError``) at construction; if 100 rooms
+    in a row yield no level, ``reset`` raises ``ValueError`` naming the parameters.
 
 Observation
     ``{"prompt": str}``: the role, the rules, the turn, the board, and the exact answer format.
@@ -84,6 +85,8 @@ Options
     ``reset(options={"board": text})`` plays the given board (same symbols, one player, as many
     goals as boxes) instead of a generated one; a board that breaks these rules raises
     ``ValueError``. Its solvability is not checked.
+    A task option it does not take (``problem_id``, ``problem_index``: generated levels have no
+    ids) is refused; other keys are ignored, as PettingZoo expects.
 
 Version history
     v0: initial.
@@ -103,6 +106,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from llm_zoo.arguments import EnvArgumentError, check_int
 from llm_zoo.envs.grid_agents import MAX_MOVE_COST, MOVES, MovesResult, ToolPlanEnv, count, oracle_answer
 
 __all__ = [
@@ -110,6 +114,8 @@ __all__ = [
     "BOX_OFF_GOAL_PENALTY",
     "BOX_ON_GOAL_REWARD",
     "INVALID_MOVE_PENALTY",
+    "MAX_ROOM_SIDE",
+    "MAX_SEARCH_STATES",
     "VALID_MOVE_PENALTY",
     "SokobanEnv",
     "SokobanLevel",
@@ -175,17 +181,24 @@ class SokobanState:
         return self  # immutable
 
 
+#: Largest ``rows`` and ``cols`` of a generated room (walls included). gym-sokoban's rooms are 10 x
+#: 10; a 64 x 64 room's board is 4,160 characters of every prompt and takes about 0.2 s to
+#: generate with one box.
+MAX_ROOM_SIDE = 64
+#: Largest ``max_search_states``: 1,000,000 states of a 64 x 64 room with 4 boxes took 35 s and
+#: 270 MB (peak) to search; every reset runs that search once.
+MAX_SEARCH_STATES = 1_000_000
+
+
 def check_room_params(rows: int, cols: int, num_boxes: int) -> None:
-    """Raise ``ValueError`` unless levels of these parameters can be generated."""
-    if not all(isinstance(v, (int, np.integer)) for v in (rows, cols, num_boxes)):
-        raise ValueError(f"rows, cols and num_boxes must be integers, got {rows!r}, {cols!r}, {num_boxes!r}")
-    if rows < 5 or cols < 5:
-        raise ValueError(f"the room must be at least 5 x 5 (walls included), got {rows} x {cols}")
-    if num_boxes < 1:
-        raise ValueError(f"num_boxes must be >= 1, got {num_boxes}")
+    """Raise :class:`~llm_zoo.arguments.EnvArgumentError` (a ``ValueError`` and a ``TypeError``)
+    unless levels of these parameters can be generated within :data:`MAX_ROOM_SIDE`."""
+    rows = check_int("rows", rows, low=5, high=MAX_ROOM_SIDE, why="walls included")
+    cols = check_int("cols", cols, low=5, high=MAX_ROOM_SIDE, why="walls included")
+    num_boxes = check_int("num_boxes", num_boxes, low=1)
     interior = (rows - 2) * (cols - 2)
     if 2 * num_boxes + 1 > interior:
-        raise ValueError(
+        raise EnvArgumentError(
             f"{num_boxes} boxes do not fit a {rows} x {cols} room ({interior} inner cells; "
             "need 2 * num_boxes + 1 at most)"
         )
@@ -408,11 +421,12 @@ class SokobanEnv(ToolPlanEnv[SokobanState]):
     """Sokoban for a tool agent and a plan agent; documented in the module docstring.
 
     Args:
-        rows: Room height, walls included (>= 5).
-        cols: Room width, walls included (>= 5).
-        num_boxes: Boxes (and goals) per level.
+        rows: Room height, walls included, in ``[5, MAX_ROOM_SIDE]`` (64).
+        cols: Room width, walls included, in ``[5, MAX_ROOM_SIDE]``.
+        num_boxes: Boxes (and goals) per level, >= 1; ``2 * num_boxes + 1`` must fit the inner cells.
         max_search_states: Bound on the backward search that picks each level (larger rooms with
-            several boxes get harder levels from a larger bound, and take longer to generate).
+            several boxes get harder levels from a larger bound, and take longer to generate), in
+            ``[1, MAX_SEARCH_STATES]`` (1,000,000).
         max_turns: Turns before truncation.
         alpha: Weight of the global reward in each agent's reward.
         render_mode: ``None`` or ``"ansi"``.
@@ -448,8 +462,7 @@ class SokobanEnv(ToolPlanEnv[SokobanState]):
             tool_timeout_s=tool_timeout_s,
             tool_memory_mb=tool_memory_mb,
         )
-        if int(max_search_states) < 1:
-            raise ValueError(f"max_search_states must be >= 1, got {max_search_states!r}")
+        check_int("max_search_states", max_search_states, low=1, high=MAX_SEARCH_STATES)
         self.rows, self.cols, self.num_boxes = int(rows), int(cols), int(num_boxes)
         self.max_search_states = int(max_search_states)
         self.level: SokobanLevel
