@@ -149,7 +149,7 @@ def test_defaults_are_unchanged():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"agents": ("tool_agent",)}, "agents must be one of"),
+        ({"agents": ("tool_agent", "tool_agent")}, "agents must be one of"),
         ({"agents": "reasoner"}, "agents must be one of"),
         ({"prompt_style": "tiny"}, "prompt_style must be one of 'full', 'compact'"),
         ({"answer_parser": "loose"}, "answer_parser must be one of"),
@@ -207,6 +207,39 @@ def test_the_reasoner_alone_answers_once_per_turn():
     prompt = env.observe("reasoner")["prompt"]
     assert "printed" not in prompt and "teammate" not in prompt
     env.step(f"{env.problem.answer}")
+    assert env.success and all(env.truncations.values())
+    env.close()
+
+
+TOOL_ALONE = {"agents": ("tool_agent",), "prompt_style": "compact", "code_parser": "lenient"}
+
+
+def test_the_tool_agent_alone_is_scored_by_its_program_printed_answer():
+    env = make(**TOOL_ALONE)
+    env.reset(seed=6)
+    assert env.possible_agents == ["tool_agent"]
+    team = make(**SMALL_MODEL)
+    team.reset(seed=6)
+    # the same prompt as the team's tool agent on its first turn: only the teammate is missing
+    assert env.observe("tool_agent")["prompt"] == team.observe("tool_agent")["prompt"]
+    env.step(f"print({env.problem.answer!r})")
+    info = env.infos["tool_agent"]
+    assert (info["correct"], info["role_reward"], info["global_reward"]) == (True, 1.0, 1.0)
+    assert env.success and all(env.truncations.values())
+    env.reset(seed=6)
+    env.step("print(-123456789)")
+    assert env.infos["tool_agent"]["global_reward"] == 0.0 and not env.success
+    env.close()
+    team.close()
+
+
+def test_the_tool_agent_alone_with_full_prompts_is_not_told_of_a_teammate():
+    env = llm_zoo.make("Math-v0", dataset="generated", difficulty=1, max_turns=2, agents=("tool_agent",))
+    env.reset(seed=1)
+    assert "teammate" not in env.observe("tool_agent")["prompt"]
+    env.step("no code")
+    assert env.infos["tool_agent"]["role_reward"] == FORMAT_PENALTY and not env.success
+    env.step(f"```python\nprint({env.problem.answer!r})\n```")
     assert env.success and all(env.truncations.values())
     env.close()
 
