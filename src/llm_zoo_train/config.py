@@ -171,6 +171,14 @@ class RolloutConfig:
     agent would act again), 0: the immediate global (no look-ahead, no extra generation), n > 0:
     at most n. Tree mode generates the look-ahead; independent mode reads it from each episode's
     own next actions. See docs/training/team-credit.md."""
+    team_credit_samples: int = 1
+    """Tree mode: look-ahead replicates per candidate, their team outcomes averaged (an estimate of
+    the team outcome instead of one draw; costs this many times the look-ahead's generation). 1:
+    one sample. Independent mode: must be 1."""
+    team_credit_teammate: Literal["sampled", "greedy"] = "sampled"
+    """Tree mode: how look-ahead teammates answer: sampled at rollout.temperature, or greedily (the
+    team outcome under their most likely play; needs team_credit_samples 1). Independent mode:
+    must be sampled."""
     save_rollouts: bool = False
     """Write every step's samples to output_dir/rollouts/step_NNNNNN.jsonl (replayable)."""
     replay_path: str | None = None
