@@ -244,7 +244,7 @@ def tree_rollout(
                 lookahead,
                 samples=credit_samples,
                 teammate=teammate,
-            )  # fmt: skip
+            )
             if lookahead != 0
             else [None] * len(branch_states)
         )
