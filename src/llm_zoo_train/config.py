@@ -347,6 +347,12 @@ class EvalConfig:
     evaluation tasks never repeat training tasks by seed."""
     eval_on_start: bool = True
     """Evaluate before the first training step (the 'before' success rate)."""
+    distinct_problems: bool = False
+    """Evaluate on distinct held-out problems: the env's finite problem list (Math-v0's test split,
+    deduplicated by content; Code-v0's problems), each once - all of them when num_episodes is at
+    least their number, else num_episodes drawn without replacement with a seed from eval.seed.
+    False: episode i draws its task from seed eval.seed + i (with replacement). See
+    llm_zoo_train.eval_tasks."""
 
 
 @dataclass

@@ -356,9 +356,17 @@ def evaluation_rollout(
     engine: Engine,
     agent_adapters: Mapping[str, str | None],
     sampling: SamplingParams,
+    problem_ids: Sequence[str] | None = None,
 ) -> list[EpisodeResult]:
-    """One episode per seed, one action per step (greedy when ``sampling.temperature == 0``)."""
-    envs = [make_env(env_id, env_kwargs, seed, agent_adapters) for seed in seeds]
+    """One episode per seed, one action per step (greedy when ``sampling.temperature == 0``);
+    with ``problem_ids`` (one per seed) episode ``i`` plays problem ``problem_ids[i]``."""
+    if problem_ids is not None and len(problem_ids) != len(seeds):
+        raise ValueError(f"one problem id per seed: {len(problem_ids)} ids for {len(seeds)} seeds")
+    chosen = [None] * len(seeds) if problem_ids is None else [{"problem_id": p} for p in problem_ids]
+    envs = [
+        make_env(env_id, env_kwargs, seed, agent_adapters, options)
+        for seed, options in zip(seeds, chosen, strict=True)
+    ]
     results = [
         EpisodeResult(
             env_index=i,
