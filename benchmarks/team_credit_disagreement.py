@@ -114,6 +114,7 @@ def measure(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
                 credited = [look.credited_global for look in looks]
                 tokens[rule] += sum(look.tokens for look in looks)
             seconds[rule] += time.perf_counter() - start
+            print(f"  step {step} {rule}: {time.perf_counter() - start:.1f} s", flush=True)
             pairs = list(zip(own, credited, strict=True))
             groups[rule] += [pairs[i : i + k] for i in range(0, len(pairs), k)]
         for env in envs:
