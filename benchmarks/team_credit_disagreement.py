@@ -130,7 +130,7 @@ def measure(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
             f"{rule:>12}: disagree {row['disagreements']}/{row['candidates']} (failed credited "
             f"{row['credited_failed']}, correct withheld {row['withheld_correct']}); pairs misordered "
             f"{row['pairs_misordered']}, tied {row['pairs_tied']} of {row['pairs']}; groups flipped "
-            f"{row['groups_flipped']}/{row['groups']}; look-ahead {row['lookahead_seconds']:.1f} s",
+            f"{row['groups_flipped']}/{row['groups']}, spurious {row['groups_spurious']}; look-ahead {row['lookahead_seconds']:.1f} s",
             flush=True,
         )
     return {

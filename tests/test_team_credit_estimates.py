@@ -105,8 +105,10 @@ def test_disagreement_counts_on_known_groups():
     counts = credit_disagreements([[(1, 0.0), (0, 1.0), (1, 1.0), (0, 0.0)], [(0, 0.25), (1, 0.75)]])
     assert counts == {
         "candidates": 6, "credited_failed": 1, "withheld_correct": 1, "disagreements": 2, "pairs": 5,
-        "pairs_misordered": 1, "pairs_tied": 2, "groups": 2, "groups_flipped": 1,
+        "pairs_misordered": 1, "pairs_tied": 2, "groups": 2, "groups_flipped": 1, "groups_spurious": 0,
     }  # fmt: skip
+    spurious = credit_disagreements([[(0, 0.0), (0, 1.0)], [(1, 1.0), (1, 1.0)]])
+    assert (spurious["groups_spurious"], spurious["groups_flipped"]) == (1, 0)
     assert credit_disagreements([])["candidates"] == 0
 
 

@@ -332,11 +332,13 @@ def credit_disagreements(groups: Sequence[Sequence[tuple[float, float]]]) -> dic
         and one wrong candidate: ``pairs``, ``pairs_misordered`` (the wrong one credited more) and
         ``pairs_tied`` (credited equally: no signal); ``groups`` and ``groups_flipped``: groups
         where some candidate's credited global lies on the other side of the group mean than its
-        own correctness (its advantage's global part has the wrong sign).
+        own correctness (its advantage's global part has the wrong sign); ``groups_spurious``:
+        groups whose candidates were all equally right (or wrong) yet were credited differently
+        (a signal none of them caused).
     """
     counts = dict.fromkeys(
         ("candidates", "credited_failed", "withheld_correct", "disagreements", "pairs", "pairs_misordered",
-         "pairs_tied", "groups", "groups_flipped"), 0,
+         "pairs_tied", "groups", "groups_flipped", "groups_spurious"), 0,
     )  # fmt: skip
     for group in groups:
         counts["groups"] += 1
@@ -349,6 +351,9 @@ def credit_disagreements(groups: Sequence[Sequence[tuple[float, float]]]) -> dic
             counts["withheld_correct"] += int(credited < 0.5 <= own)
             flipped |= (own - own_mean) * (credited - credit_mean) < 0
         counts["groups_flipped"] += int(flipped)
+        counts["groups_spurious"] += int(
+            len({own for own, _ in group}) == 1 and len({credited for _, credited in group}) > 1
+        )
         for own_i, credited_i in group:
             for own_j, credited_j in group:
                 if own_i >= 0.5 > own_j:
