@@ -129,6 +129,9 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/trainer_vs_trl.py", "--quick", "--output-dir", out)
     session.run("python", "benchmarks/learning_plan_path.py", "--quick", "--output-dir", out)
     session.run("python", "benchmarks/learning_math.py", "--quick", "--output-dir", out)
+    session.run(
+        "python", "benchmarks/team_credit_disagreement.py", "--quick", "--output", f"{out}/credit.json"
+    )
     session.run("python", "benchmarks/async_rollouts.py", "--quick", "--output-dir", out)
     session.run(
         "python", "benchmarks/reproduce_paper.py", "--smoke", "--rows", "plan_path", "--output-dir", out

@@ -186,14 +186,15 @@ class RecordingEngine:
 
 
 def parse_learning_args(
-    description: str, variants: Sequence[str], argv: Sequence[str] | None
+    description: str, variants: Sequence[str], argv: Sequence[str] | None, *, seeds: bool = False
 ) -> tuple[argparse.Namespace, list[str], list[str]]:
     """The command line of the learning benchmarks: ``(args, variant names, config overrides)``.
 
     Options: ``--quick``, ``--output-dir``, ``--variants`` (a comma-separated subset of
-    ``variants``), ``--threads``, ``--workdir``; any other ``--section.field VALUE`` is a config
-    override. A stray positional argument or an unknown variant exits with a message naming the
-    valid choices.
+    ``variants``), ``--threads``, ``--workdir``, and with ``seeds`` ``--seeds`` (comma-separated
+    training seeds, ``args.seeds`` a list of ints; default ``0,1``); any other ``--section.field
+    VALUE`` is a config override. A stray positional argument, an unknown variant or a bad seed
+    exits with a message naming the valid choices.
     """
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -209,6 +210,12 @@ def parse_learning_args(
     parser.add_argument(
         "--workdir", type=Path, default=None, help="where the runs go (default: a temporary dir)"
     )
+    if seeds:
+        parser.add_argument(
+            "--seeds",
+            default="0,1",
+            help="comma-separated training seeds, each variant trained once per seed",
+        )
     parser.epilog = "Any other --section.field VALUE is a config override, e.g. --training.max_steps 5."
     args, overrides = parser.parse_known_args(argv)
     if overrides[:1] and not overrides[0].startswith("--"):
@@ -219,6 +226,13 @@ def parse_learning_args(
     unknown = [name for name in names if name not in variants]
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {list(variants)}")
+    if seeds:
+        parts = [part.strip() for part in args.seeds.split(",") if part.strip()]
+        if not parts or not all(part.isdigit() for part in parts) or len(set(parts)) != len(parts):
+            parser.error(
+                f"--seeds must be distinct integers >= 0 separated by commas, e.g. 0,1; got {args.seeds!r}"
+            )
+        args.seeds = [int(part) for part in parts]
     return args, names, list(overrides)
 
 

@@ -1,31 +1,34 @@
-"""Do two agents trained together beat one? SmolLM2-135M-Instruct on Math-v0 arithmetic, on a CPU.
+"""Do two agents trained together beat the best single agent? SmolLM2-135M-Instruct on Math-v0, CPU.
 
 Trains SmolLM2-135M-Instruct (alias ``smollm2-135m-instruct``) with LoRA on generated difficulty-1
 Math-v0 problems (``examples/math_smollm2_cpu.yaml``: the tool agent writes one printing line of
-Python first, the reasoner sees what it printed and answers) and measures greedy success on the
-held-out test problems (``eval.env_kwargs.split: test``, never drawn for training) before and after
-training, with 95% Wilson intervals, for, all with the same model, steps and evaluation tasks:
+Python first, the reasoner sees what it printed and answers) and measures greedy success on
+**distinct** held-out test problems (``eval.distinct_problems``: all 100 level-1 test problems,
+each once, deduplicated by content and never drawn for training) before and after training, for
+every variant and every training seed of ``--seeds``, with the same model, steps and problems:
 
-(a) ``single_agent``: GRPO on the reasoner alone (``env.kwargs.agents: [reasoner]``), the same
-    compact prompt without a tool result;
-(b) ``per_agent``: AT-GRPO, one LoRA adapter per agent (the config as is);
-(c) ``shared``: AT-GRPO, one adapter for both agents (``agents.adapters: shared``);
-(d) ``role_swap``: (b)'s trained adapters with the roles swapped, evaluated only.
+* ``per_agent``: AT-GRPO, one LoRA adapter per agent, default team credit (the config as is);
+* ``shared``: AT-GRPO, one adapter for both agents;
+* ``lookahead_0``: ``per_agent`` without team credit (``rollout.team_credit_lookahead 0``);
+* ``tool_alone``: GRPO on the tool agent alone (``env.kwargs.agents [tool_agent]``): its program's
+  printed answer is scored - the strongest single agent with the same tools, the fair baseline;
+* ``reasoner_alone``: GRPO on the reasoner alone, without a tool (the old baseline: Python against
+  no Python, kept for reference);
+* ``role_swap``: ``per_agent``'s trained adapters with the roles swapped, evaluated only.
 
-Untrained LoRA adapters equal the base model (B starts at zero), so (b) and (c) share one "before".
-Besides success, each evaluation records per agent the share of answers the env could read
-(format rate), the mean role reward and the share of correct answers: the greedy completions are
-recorded and replayed through fresh envs (the envs are deterministic, so each replay sees the
-evaluation's prompts). Writes ``OUTPUT_DIR/learning_math.json`` and a PNG (learning curves: the
-training success and each adapter's trained samples per step; the before/after bars).
+Untrained LoRA adapters equal the base model (B starts at zero), so the "before" of each env
+(team, tool alone, reasoner alone) is evaluated once. Every evaluation records which problems were
+solved, so variants are compared **paired**, problem by problem, pooled over the seeds: the exact
+McNemar test (:mod:`llm_zoo_train.paired`). Other team-credit choices run as overrides, e.g.
+``--variants per_agent --rollout.team_credit_samples 4``. Writes ``OUTPUT_DIR/learning_math.json``
+and a PNG.
 
-    python benchmarks/learning_math.py                                 # the published run
-    python benchmarks/learning_math.py --quick --output-dir /tmp/bench  # smoke run, tiny model
+    python benchmarks/learning_math.py --threads 1 --seeds 0,1          # the full comparison
+    python benchmarks/learning_math.py --quick --output-dir /tmp/bench   # smoke run, tiny model
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import tempfile
 import time
@@ -38,98 +41,64 @@ import torch
 from _common import finish, parse_learning_args, quick_overrides, run_facts
 
 from llm_zoo_train.config import Config, config_to_dict, eval_env_kwargs, load_config
-from llm_zoo_train.engines.base import SamplingParams
-from llm_zoo_train.env_play import is_done, make_env
-from llm_zoo_train.evaluate import evaluate
+from llm_zoo_train.eval_plan import eval_sampling
+from llm_zoo_train.eval_tasks import eval_tasks
+from llm_zoo_train.evaluate import evaluate, wilson_interval
+from llm_zoo_train.paired import paired_comparison
 from llm_zoo_train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "examples" / "math_smollm2_cpu.yaml"
 NAME = "learning_math"
+#: Every variant evaluates all level-1 test problems once (100, fewer than 1000: all of them).
+EVAL_OVERRIDES = ["--eval.distinct_problems", "true", "--eval.num_episodes", "1000"]
 
 #: Config overrides of each trained variant, on top of CONFIG and the command line's.
 VARIANTS: dict[str, list[str]] = {
     "per_agent": ["--agents.adapters", "per_agent"],
-    "single_agent": ["--env.kwargs.agents", "[reasoner]"],
     "shared": ["--agents.adapters", "shared"],
+    "lookahead_0": ["--agents.adapters", "per_agent", "--rollout.team_credit_lookahead", "0"],
+    "tool_alone": ["--env.kwargs.agents", "[tool_agent]"],
+    "reasoner_alone": ["--env.kwargs.agents", "[reasoner]"],
 }
 SWAP = {"tool_agent": "reasoner", "reasoner": "tool_agent"}
 LABELS = {
-    "single_agent": "(a) single agent (reasoner alone, GRPO)",
-    "per_agent": "(b) AT-GRPO, per-agent adapters",
-    "shared": "(c) AT-GRPO, one shared adapter",
-    "role_swap": "(d) (b) with roles swapped",
+    "per_agent": "team, per-agent adapters (AT-GRPO)",
+    "shared": "team, one shared adapter",
+    "lookahead_0": "team, per-agent, look-ahead 0",
+    "tool_alone": "tool agent alone (GRPO, same tools)",
+    "reasoner_alone": "reasoner alone, no tool (GRPO)",
+    "role_swap": "per-agent adapters, roles swapped",
 }
-
-
-class RecordingEngine:
-    """Passes generation through to ``engine`` and keeps each ``(prompt, adapter) -> text`` (n=1)."""
-
-    def __init__(self, engine: Any):
-        self.engine = engine
-        self.texts: dict[tuple[str, str | None], str] = {}
-
-    def generate(self, prompts: Sequence[str], adapters: Sequence[str | None], n: int, sampling: Any) -> Any:
-        outputs = self.engine.generate(prompts, adapters, n, sampling)
-        for prompt, adapter, group in zip(prompts, adapters, outputs, strict=True):
-            self.texts[(prompt, adapter)] = group[0].text
-        return outputs
-
-
-def agent_stats(
-    env_id: str,
-    env_kwargs: Mapping[str, Any],
-    seeds: Sequence[int],
-    agent_adapters: Mapping[str, str | None],
-    texts: Mapping[tuple[str, str | None], str],
-) -> dict[str, dict[str, float]]:
-    """Per agent: format rate, mean role reward and share of correct answers, replaying ``texts``."""
-    totals: dict[str, dict[str, float]] = {}
-    for seed in seeds:
-        env = make_env(env_id, env_kwargs, seed, agent_adapters)
-        while not is_done(env):
-            agent = env.agent_selection
-            env.step(texts[(env.observe(agent)["prompt"], agent_adapters[agent])])
-            info = env.infos[agent]
-            total = totals.setdefault(
-                agent, {"actions": 0.0, "format_ok": 0.0, "role_reward": 0.0, "correct": 0.0}
-            )
-            total["actions"] += 1
-            total["format_ok"] += bool(info.get("format_ok"))
-            total["role_reward"] += float(info.get("role_reward", 0.0))
-            total["correct"] += bool(info.get("correct"))
-        env.close()
-    return {
-        agent: {
-            "format_rate": t["format_ok"] / t["actions"],
-            "role_reward": t["role_reward"] / t["actions"],
-            "correct_rate": t["correct"] / t["actions"],
-            "actions": t["actions"],
-        }
-        for agent, t in totals.items()
-    }
+#: The env each variant plays, for its "before" (untrained adapters equal the base model).
+BEFORE = {"per_agent": "team", "shared": "team", "lookahead_0": "team", "role_swap": "team",
+          "tool_alone": "tool_alone", "reasoner_alone": "reasoner_alone"}  # fmt: skip
+#: Paired comparisons reported (A, B), when both ran.
+COMPARISONS = [
+    ("per_agent", "tool_alone"), ("per_agent", "lookahead_0"), ("per_agent", "shared"),
+    ("per_agent", "role_swap"), ("role_swap", "tool_alone"), ("lookahead_0", "tool_alone"),
+    ("shared", "tool_alone"), ("tool_alone", "reasoner_alone"),
+]  # fmt: skip
 
 
 def evaluation(trainer: Trainer, config: Config, agent_adapters: Mapping[str, str | None]) -> dict[str, Any]:
-    """Greedy success on the evaluation tasks (Wilson 95%) and per-agent figures."""
+    """Greedy success on the distinct evaluation problems, per problem and in all (Wilson 95%)."""
     settings = config.eval
-    sampling = SamplingParams(
-        max_tokens=settings.max_completion_length or config.rollout.max_completion_length,
-        temperature=0.0 if settings.temperature is None else settings.temperature,
-        seed=config.training.seed,
-    )
-    seeds = [settings.seed + i for i in range(settings.num_episodes)]
-    recorder = RecordingEngine(trainer.engine)
     kwargs = eval_env_kwargs(config)
-    result, _ = evaluate(recorder, config.env.id, kwargs, seeds, dict(agent_adapters), sampling)
+    tasks = eval_tasks(config.env.id, kwargs, settings.num_episodes, settings.seed,
+                       distinct=settings.distinct_problems)  # fmt: skip
+    result, episodes = evaluate(trainer.engine, config.env.id, kwargs, tasks.seeds, dict(agent_adapters),
+                                eval_sampling(config), tasks.problem_ids)  # fmt: skip
     return {
         "success_rate": result.success_rate,
         "successes": result.successes,
         "num_episodes": result.num_episodes,
+        "distinct_problems": result.distinct_tasks,
         "ci_low": result.ci_low,
         "ci_high": result.ci_high,
         "format_ok_rate": result.format_ok_rate,
-        "agents": agent_stats(config.env.id, kwargs, seeds, agent_adapters, recorder.texts),
+        "mean_role_rewards": result.mean_role_rewards,
+        "solved": {e.task_id: bool(e.success) for e in episodes},
         "agent_adapters": dict(agent_adapters),
     }
 
@@ -137,63 +106,109 @@ def evaluation(trainer: Trainer, config: Config, agent_adapters: Mapping[str, st
 def describe(record: Mapping[str, Any] | None) -> str:
     if record is None:
         return "-"
-    agents = "; ".join(
-        f"{agent} format {100 * s['format_rate']:.0f}% role {s['role_reward']:+.2f} correct {100 * s['correct_rate']:.0f}%"
-        for agent, s in record["agents"].items()
-    )
     return (
         f"{100 * record['success_rate']:.1f}% ({100 * record['ci_low']:.1f}-{100 * record['ci_high']:.1f}, "
-        f"{record['successes']}/{record['num_episodes']}) [{agents}]"
+        f"{record['successes']}/{record['num_episodes']}, {record['distinct_problems']} distinct)"
     )
 
 
-def run_variant(name: str, overrides: list[str], workdir: Path, *, evaluate_before: bool) -> dict[str, Any]:
-    """Train one variant; returns its settings, evaluations, per-step history and wall time."""
-    config = load_config(CONFIG, [*overrides, *VARIANTS[name], "--training.output_dir", str(workdir / name)])
+def run_variant(
+    name: str, seed: int, overrides: list[str], workdir: Path, befores: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Train one variant with one seed; returns its run (and the role swap's, for per_agent)."""
+    run_dir = workdir / f"{name}-seed{seed}"
+    common = [
+        *overrides,
+        *VARIANTS[name],
+        "--training.seed",
+        str(seed),
+        "--training.output_dir",
+        str(run_dir),
+    ]
+    config = load_config(CONFIG, common)
     quiet = ["--eval.num_episodes", "0", "--logging.progress_bar", "false", "--logging.plot", "false"]
-    train_config = load_config(
-        CONFIG, [*overrides, *VARIANTS[name], "--training.output_dir", str(workdir / name), *quiet]
-    )
     print(
-        f"\n=== {LABELS[name]}: {config.env.id} {config.env.kwargs}, adapters {config.agents.adapters}",
+        f"\n=== {LABELS[name]}, seed {seed}: {config.env.kwargs}, adapters {config.agents.adapters}",
         flush=True,
     )
     start = time.perf_counter()
-    trainer = Trainer(train_config)
+    trainer = Trainer(load_config(CONFIG, [*common, *quiet]))
     adapters = dict(trainer.plan.agent_adapters)
-    before = evaluation(trainer, config, adapters) if evaluate_before else None
-    print(f"{LABELS[name]} before: {describe(before)}", flush=True)
+    if BEFORE[name] not in befores:
+        befores[BEFORE[name]] = evaluation(trainer, config, adapters)
+        print(f"before ({BEFORE[name]}): {describe(befores[BEFORE[name]])}", flush=True)
     trainer.train()
     after = evaluation(trainer, config, adapters)
-    print(f"{LABELS[name]} after: {describe(after)}", flush=True)
-    result: dict[str, Any] = {
-        "config": config_to_dict(config),
-        "agent_adapters": adapters,
-        "before": before,
-        "after": after,
-        "history": trainer.history,
-    }
-    if name == "per_agent":  # (d): the trained adapters, roles swapped, same tasks and sampling
+    print(f"{LABELS[name]}, seed {seed}, after: {describe(after)}", flush=True)
+    runs = {name: {"seed": seed, "config": config_to_dict(config), "agent_adapters": adapters, "after": after,
+                   "history": trainer.history}}  # fmt: skip
+    if name == "per_agent":  # the trained adapters, roles swapped, same problems and sampling
         swapped = {agent: adapters[other] for agent, other in SWAP.items()}
-        result["role_swap"] = {"after": evaluation(trainer, config, swapped)}
-        print(f"{LABELS['role_swap']}: {describe(result['role_swap']['after'])}", flush=True)
-    result["wall_seconds"] = time.perf_counter() - start
+        runs["role_swap"] = {
+            "seed": seed,
+            "agent_adapters": swapped,
+            "after": evaluation(trainer, config, swapped),
+        }
+        print(f"{LABELS['role_swap']}, seed {seed}: {describe(runs['role_swap']['after'])}", flush=True)
+    runs[name]["wall_seconds"] = time.perf_counter() - start
     trainer.close()
     del trainer
     gc.collect()
-    return result
+    return runs
 
 
-def rows(results: Mapping[str, Any]) -> list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]]:
-    """(variant, before, after) for every evaluated row, (c)'s before taken from (b)."""
-    variants = results["variants"]
-    shared_before = variants.get("per_agent", {}).get("before")
-    table = []
-    for name, run in variants.items():
-        table.append((name, run["before"] or (shared_before if name == "shared" else None), run["after"]))
-        if run.get("role_swap"):
-            table.append(("role_swap", run["before"], run["role_swap"]["after"]))
-    return table
+def pooled(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Success over every run's problems (Wilson 95% over the pooled episodes) and per seed."""
+    successes = sum(r["after"]["successes"] for r in runs)
+    episodes = sum(r["after"]["num_episodes"] for r in runs)
+    low, high = wilson_interval(successes, episodes)
+    rates = [r["after"]["success_rate"] for r in runs]
+    return {"successes": successes, "episodes": episodes, "success_rate": successes / episodes if episodes else 0.0,
+            "ci_low": low, "ci_high": high, "per_seed": rates, "seeds": [r["seed"] for r in runs]}  # fmt: skip
+
+
+def summarize(variants: Mapping[str, list[dict[str, Any]]], befores: Mapping[str, Any]) -> dict[str, Any]:
+    """Pooled success per variant, paired comparisons (after vs after; after vs before) and the verdict."""
+    table = {name: pooled(runs) for name, runs in variants.items() if runs}
+    comparisons = {}
+    for a, b in COMPARISONS:
+        runs_a, runs_b = variants.get(a, []), variants.get(b, [])
+        by_seed_a = {r["seed"]: r["after"]["solved"] for r in runs_a}
+        by_seed_b = {r["seed"]: r["after"]["solved"] for r in runs_b}
+        seeds = [seed for seed in by_seed_a if seed in by_seed_b]
+        if seeds:
+            result = paired_comparison([by_seed_a[s] for s in seeds], [by_seed_b[s] for s in seeds])
+            comparisons[f"{a} vs {b}"] = result.to_dict()
+    for name, runs in variants.items():
+        before = befores.get(BEFORE[name])
+        if runs and before:
+            result = paired_comparison([r["after"]["solved"] for r in runs], [before["solved"]] * len(runs))
+            comparisons[f"{name} after vs before"] = result.to_dict()
+    return {"table": table, "comparisons": comparisons, "verdict": verdict(table, comparisons)}
+
+
+def verdict(table: Mapping[str, Any], comparisons: Mapping[str, Any]) -> dict[str, Any]:
+    """The issue's targets from the figures: the per-agent team above the tool agent alone's interval
+    (and significantly so, paired), the role swap below the tool agent alone, and the default team
+    credit not below look-ahead 0."""
+    checks: dict[str, Any] = {}
+    team, tool = table.get("per_agent"), table.get("tool_alone")
+    if team and tool:
+        checks["team above the tool agent alone's interval"] = team["success_rate"] > tool["ci_high"]
+        paired = comparisons["per_agent vs tool_alone"]
+        checks["team better than the tool agent alone, paired p < 0.05"] = (
+            paired["only_a"] > paired["only_b"] and paired["p_value"] < 0.05
+        )
+    if table.get("role_swap") and tool:
+        checks["role swap below the tool agent alone"] = (
+            table["role_swap"]["success_rate"] < tool["success_rate"]
+        )
+    if team and table.get("lookahead_0"):
+        checks["team credit not below look-ahead 0"] = (
+            team["success_rate"] >= table["lookahead_0"]["success_rate"]
+        )
+    checks["met"] = len(checks) == 4 and all(checks.values())
+    return checks
 
 
 def plot(results: Mapping[str, Any], path: Path) -> None:
@@ -202,111 +217,98 @@ def plot(results: Mapping[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (curve, trained, bars) = plt.subplots(1, 3, figsize=(16, 4.5))
-    for name, run in results["variants"].items():
-        history = [r for r in run["history"] if "train/success_rate" in r]
-        curve.plot([r["step"] for r in history], [r["train/success_rate"] for r in history], marker=".",
-                   label=LABELS[name])  # fmt: skip
-        for adapter in sorted(set(run["agent_adapters"].values())):
-            key = f"update/{adapter}/samples"
-            trained.plot([r["step"] for r in history], [r.get(key, 0.0) for r in history], marker=".",
-                         label=f"{LABELS[name][:3]} {adapter}")  # fmt: skip
-    temperatures = sorted({run["config"]["rollout"]["temperature"] for run in results["variants"].values()})
-    title = f"Training episodes (T={', '.join(map(str, temperatures))})"
-    curve.set(xlabel="training step", ylabel="success rate", title=title, ylim=(-0.02, 1.02))
-    curve.legend(fontsize=7)
-    trained.set(
-        xlabel="training step", ylabel="samples", title="Trained samples per adapter (0: nothing learned)"
+    figure, (curve, bars) = plt.subplots(1, 2, figsize=(14, 4.5))
+    for name, runs in results["variants"].items():
+        for run in runs:
+            history = [r for r in run.get("history", []) if "train/success_rate" in r]
+            curve.plot([r["step"] for r in history], [r["train/success_rate"] for r in history], marker=".",
+                       label=f"{LABELS[name]} s{run['seed']}")  # fmt: skip
+    curve.set(
+        xlabel="training step", ylabel="training success", title="Training episodes", ylim=(-0.02, 1.02)
     )
-    trained.legend(fontsize=7)
-    table = rows(results)
-    width = 0.38
-    for offset, which, colour, label in (
-        (-width / 2, 1, "tab:gray", "before"),
-        (width / 2, 2, "tab:blue", "after"),
-    ):
-        values = [row[which]["success_rate"] if row[which] else 0.0 for row in table]
-        low = [v - row[which]["ci_low"] if row[which] else 0.0 for v, row in zip(values, table, strict=True)]
-        high = [
-            row[which]["ci_high"] - v if row[which] else 0.0 for v, row in zip(values, table, strict=True)
-        ]
-        bars.bar([i + offset for i in range(len(table))], values, width, yerr=[low, high], capsize=3,
-                 color=colour, label=label)  # fmt: skip
-    bars.set_xticks(range(len(table)), [LABELS[row[0]][:3] for row in table])
-    bars.set(ylabel="greedy success (95% Wilson CI)", ylim=(0, 1), title="Held-out test problems")
+    curve.legend(fontsize=6)
+    names = list(results["summary"]["table"])
+    for offset, colour, label in ((-0.2, "tab:gray", "before"), (0.2, "tab:blue", "after (pooled seeds)")):
+        values, low, high = [], [], []
+        for name in names:
+            row = (
+                results["befores"].get(BEFORE[name])
+                if label == "before"
+                else results["summary"]["table"][name]
+            )
+            value = row["success_rate"] if row else 0.0
+            values.append(value)
+            low.append(value - row["ci_low"] if row else 0.0)
+            high.append(row["ci_high"] - value if row else 0.0)
+        bars.bar([i + offset for i in range(len(names))], values, 0.4, yerr=[low, high], capsize=3, color=colour,
+                 label=label)  # fmt: skip
+    bars.set_xticks(range(len(names)), [LABELS[n].split(",")[0][:22] for n in names], rotation=20, fontsize=7)
+    bars.set(ylabel="greedy success (95% Wilson CI)", ylim=(0, 1), title="Distinct held-out test problems")
     bars.legend(fontsize=8)
-    figure.suptitle(
-        f"SmolLM2-135M-Instruct on Math-v0 (tool agent + reasoner), CPU: {results['settings']['steps']} steps"
-    )
+    figure.suptitle(f"SmolLM2-135M-Instruct on Math-v0, CPU: {results['settings']['steps']} steps")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
 
 
-def verdict(results: Mapping[str, Any]) -> dict[str, Any]:
-    """The issue's target, computed from the figures: (b) after above its own before-interval and
-    above (a)'s after-interval; (d) below (b)."""
-    variants = results["variants"]
-    b, a = variants.get("per_agent"), variants.get("single_agent")
-    checks: dict[str, Any] = {}
-    if b and b["before"] and b["after"]:
-        checks["(b) after above its before-interval"] = b["after"]["success_rate"] > b["before"]["ci_high"]
-    if b and a and b["after"] and a["after"]:
-        checks["(b) after above (a)'s after-interval"] = b["after"]["success_rate"] > a["after"]["ci_high"]
-    if b and b.get("role_swap"):
-        checks["(d) below (b)"] = b["role_swap"]["after"]["success_rate"] < b["after"]["success_rate"]
-    checks["met"] = len(checks) == 3 and all(checks.values())
-    return checks
-
-
 def main(argv: list[str] | None = None) -> None:
-    args, names, extra = parse_learning_args(__doc__ or "", list(VARIANTS), argv)
+    args, names, extra = parse_learning_args(__doc__ or "", list(VARIANTS), argv, seeds=True)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning)
     facts = run_facts(__file__, argv)
-
     with tempfile.TemporaryDirectory(prefix="learning_math-") as tmp:
         workdir = args.workdir or Path(tmp)
-        overrides = list(extra)
+        overrides = [*EVAL_OVERRIDES, *extra]
         if args.quick:
-            overrides = [*quick_overrides(Path(tmp)), *overrides]
+            overrides = [*EVAL_OVERRIDES, *quick_overrides(Path(tmp)), *extra]
         start = time.perf_counter()
-        variants: dict[str, Any] = {}
-        for name in names:
-            before_known = name == "shared" and "per_agent" in variants
-            variants[name] = run_variant(name, overrides, workdir, evaluate_before=not before_known)
-            if name != names[-1]:  # a run cut short still leaves the variants it finished
-                publish(facts, args, overrides, variants, time.perf_counter() - start, partial=True)
-        publish(facts, args, overrides, variants, time.perf_counter() - start, partial=False)
+        variants: dict[str, list[dict[str, Any]]] = {}
+        befores: dict[str, Any] = {}
+        jobs = [(seed, name) for seed in args.seeds for name in names]  # seed-major: a cut run is balanced
+        for index, (seed, name) in enumerate(jobs):
+            for label, run in run_variant(name, seed, overrides, workdir, befores).items():
+                variants.setdefault(label, []).append(run)
+            partial = index < len(jobs) - 1
+            publish(facts, args.quick, args.seeds, overrides, variants, befores, time.perf_counter() - start, partial,
+                    args.output_dir)  # fmt: skip
 
 
 def publish(
-    facts: dict[str, Any], args: argparse.Namespace, overrides: list[str], variants: dict[str, Any],
-    wall: float, *, partial: bool,
+    facts: dict[str, Any], quick: bool, seeds: list[int], overrides: list[str], variants: dict[str, Any],
+    befores: dict[str, Any], wall: float, partial: bool, output_dir: Path,
 ) -> None:  # fmt: skip
-    """Write the JSON and PNG of the variants run so far (``partial``: more are to come)."""
+    """Write the JSON and PNG of the runs so far (``partial``: more are to come)."""
     config = load_config(CONFIG, overrides)
     settings = {
         "config_file": str(CONFIG.relative_to(REPO)),
         "overrides": overrides,
         "threads": torch.get_num_threads(),
         "steps": config.training.max_steps,
+        "seeds": seeds,
         "description": (
             f"{config.model.name_or_path} ({config.model.dtype}), Math-v0 {config.env.kwargs}; LoRA r={config.lora.r};"
             f" K={config.rollout.num_generations}, {config.rollout.envs_per_step} envs/step,"
             f" {config.rollout.max_completion_length} tokens, T={config.rollout.temperature}; lr"
-            f" {config.training.learning_rate}, {config.training.max_steps} steps; eval {config.eval.num_episodes}"
-            f" test problems {config.eval.env_kwargs}, greedy"
+            f" {config.training.learning_rate}, {config.training.max_steps} steps; training seeds {seeds}; eval:"
+            f" distinct test problems {config.eval.env_kwargs}, greedy"
         ),
     }
-    results: dict[str, Any] = {**facts, "quick": args.quick, "settings": settings, "variants": variants,
-                               "wall_seconds": wall, "partial": partial}  # fmt: skip
-    results["verdict"] = verdict(results)
-    for name, before, after in rows(results):
-        print(f"{LABELS[name]}: before {describe(before)}\n    after {describe(after)}")
-    print(f"target: {results['verdict']}; total {wall / 60:.1f} min")
-    finish(results, args.output_dir / f"{NAME}.json", lambda png: plot(results, png))
+    summary = summarize(variants, befores)
+    results: dict[str, Any] = {**facts, "quick": quick, "settings": settings, "labels": LABELS, "before_of": BEFORE,
+                               "befores": befores,
+                               "variants": variants, "summary": summary, "wall_seconds": wall, "partial": partial}  # fmt: skip
+    for name, row in summary["table"].items():
+        before = befores.get(BEFORE[name])
+        print(f"{LABELS[name]}: before {describe(before)}; after {100 * row['success_rate']:.1f}% "
+              f"({100 * row['ci_low']:.1f}-{100 * row['ci_high']:.1f}, {row['successes']}/{row['episodes']}; "
+              f"per seed {[round(100 * r, 1) for r in row['per_seed']]})")  # fmt: skip
+    for pair, result in summary["comparisons"].items():
+        print(
+            f"  {pair}: only A {result['only_a']}, only B {result['only_b']}, McNemar p={result['p_value']:.3g}"
+        )
+    print(f"target: {summary['verdict']}; total {wall / 60:.1f} min")
+    finish(results, output_dir / f"{NAME}.json", lambda png: plot(results, png))
 
 
 if __name__ == "__main__":

@@ -69,3 +69,27 @@ def test_reproduce_paper_configs_exist_and_validate():
         validate(config)
         assert config.model.name_or_path == "Qwen/Qwen3-1.7B"
         assert config.agents.adapters == "per_agent"
+
+
+def test_the_paired_math_comparison_is_summarized_with_its_p_values():
+    evaluation = {"success_rate": 0.25, "ci_low": 0.1, "ci_high": 0.5, "successes": 1, "num_episodes": 4}
+    row = {"successes": 3, "episodes": 8, "success_rate": 0.375, "ci_low": 0.1, "ci_high": 0.7,
+           "per_seed": [0.25, 0.5], "seeds": [0, 1]}  # fmt: skip
+    paired = {"pairs": 8, "both": 1, "only_a": 2, "only_b": 1, "neither": 4, "success_a": 0.375,
+              "success_b": 0.25, "p_value": 1.0}  # fmt: skip
+    result = {
+        "settings": {"description": "tiny", "config_file": "examples/x.yaml", "threads": 1},
+        "labels": {"per_agent": "team", "tool_alone": "tool agent alone"},
+        "before_of": {"per_agent": "team", "tool_alone": "tool_alone"},
+        "befores": {"team": evaluation},
+        "variants": {"per_agent": [{"seed": 0, "wall_seconds": 60.0}], "tool_alone": [{"seed": 0}]},
+        "summary": {
+            "table": {"per_agent": row, "tool_alone": row},
+            "comparisons": {"per_agent vs tool_alone": paired},
+            "verdict": {"team above the tool agent alone's interval": False, "met": False},
+        },
+    }
+    text = report.learning_math(result)
+    assert "| team | 25.0% (10.0-50.0, 1/4) | 37.5% (10.0-70.0, 3/8) | 25.0%, 50.0% | 1.0 |" in text
+    assert "| tool agent alone | - |" in text
+    assert "| per_agent vs tool_alone | 8 | 2 | 1 | 1 |" in text and "**not met**" in text

@@ -149,7 +149,7 @@ def test_defaults_are_unchanged():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"agents": ("tool_agent",)}, "agents must be one of"),
+        ({"agents": ("tool_agent", "tool_agent")}, "agents must be one of"),
         ({"agents": "reasoner"}, "agents must be one of"),
         ({"prompt_style": "tiny"}, "prompt_style must be one of 'full', 'compact'"),
         ({"answer_parser": "loose"}, "answer_parser must be one of"),
@@ -211,10 +211,43 @@ def test_the_reasoner_alone_answers_once_per_turn():
     env.close()
 
 
+TOOL_ALONE = {"agents": ("tool_agent",), "prompt_style": "compact", "code_parser": "lenient"}
+
+
+def test_the_tool_agent_alone_is_scored_by_its_program_printed_answer():
+    env = make(**TOOL_ALONE)
+    env.reset(seed=6)
+    assert env.possible_agents == ["tool_agent"]
+    team = make(**SMALL_MODEL)
+    team.reset(seed=6)
+    # the same prompt as the team's tool agent on its first turn: only the teammate is missing
+    assert env.observe("tool_agent")["prompt"] == team.observe("tool_agent")["prompt"]
+    env.step(f"print({env.problem.answer!r})")
+    info = env.infos["tool_agent"]
+    assert (info["correct"], info["role_reward"], info["global_reward"]) == (True, 1.0, 1.0)
+    assert env.success and all(env.truncations.values())
+    env.reset(seed=6)
+    env.step("print(-123456789)")
+    assert env.infos["tool_agent"]["global_reward"] == 0.0 and not env.success
+    env.close()
+    team.close()
+
+
+def test_the_tool_agent_alone_with_full_prompts_is_not_told_of_a_teammate():
+    env = llm_zoo.make("Math-v0", dataset="generated", difficulty=1, max_turns=2, agents=("tool_agent",))
+    env.reset(seed=1)
+    assert "teammate" not in env.observe("tool_agent")["prompt"]
+    env.step("no code")
+    assert env.infos["tool_agent"]["role_reward"] == FORMAT_PENALTY and not env.success
+    env.step(f"```python\nprint({env.problem.answer!r})\n```")
+    assert env.success and all(env.truncations.values())
+    env.close()
+
+
 @pytest.mark.slow
 def test_learning_benchmark_quick_run(tmp_path, monkeypatch):
-    """``benchmarks/learning_math.py --quick`` trains the three variants, evaluates the role swap
-    and writes its files with per-agent figures."""
+    """``benchmarks/learning_math.py --quick`` trains the team variants and the tool agent alone with
+    two seeds on distinct problems, evaluates the role swap, and compares them paired."""
     import importlib
     import json
     import sys
@@ -224,16 +257,17 @@ def test_learning_benchmark_quick_run(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
     monkeypatch.delitem(sys.modules, "learning_math", raising=False)
     benchmark = importlib.import_module("learning_math")
-    benchmark.main(["--quick", "--output-dir", str(tmp_path)])
+    argv = ["--quick", "--output-dir", str(tmp_path), "--variants", "per_agent,tool_alone", "--seeds", "0,1"]
+    benchmark.main(argv)
     result = json.loads((tmp_path / "learning_math.json").read_text())
     assert (tmp_path / "learning_math.png").stat().st_size > 0
-    assert set(result["variants"]) == {"per_agent", "shared", "single_agent"}
-    per_agent = result["variants"]["per_agent"]
-    assert per_agent["role_swap"]["after"]["agent_adapters"] == {
-        "tool_agent": "reasoner",
-        "reasoner": "tool_agent",
-    }
-    assert set(per_agent["after"]["agents"]) == {"tool_agent", "reasoner"}
-    assert set(result["variants"]["single_agent"]["after"]["agents"]) == {"reasoner"}
-    assert result["variants"]["shared"]["before"] is None
-    assert set(result["verdict"]) >= {"met"} and result["partial"] is False
+    assert set(result["variants"]) == {"per_agent", "tool_alone", "role_swap"}
+    assert [run["seed"] for run in result["variants"]["per_agent"]] == [0, 1]
+    swap = result["variants"]["role_swap"][0]
+    assert swap["agent_adapters"] == {"tool_agent": "reasoner", "reasoner": "tool_agent"}
+    team_before = result["befores"]["team"]
+    assert team_before["num_episodes"] == team_before["distinct_problems"] == 4  # drawn without replacement
+    assert set(result["befores"]) == {"team", "tool_alone"}
+    paired = result["summary"]["comparisons"]["per_agent vs tool_alone"]
+    assert paired["pairs"] == 8 and 0 <= paired["p_value"] <= 1
+    assert set(result["summary"]["verdict"]) >= {"met"} and result["partial"] is False

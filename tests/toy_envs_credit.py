@@ -11,7 +11,7 @@ from __future__ import annotations
 import llm_zoo
 from llm_zoo.core import Outcome, TextAECEnv
 
-__all__ = ["EARLY_EXIT_ENV_ID", "EarlyExitEnv"]
+__all__ = ["EARLY_EXIT_ENV_ID", "RELAY_ENV_ID", "EarlyExitEnv", "RelayEnv"]
 
 EARLY_EXIT_ENV_ID = "test/EarlyExit-v0"
 
@@ -65,4 +65,46 @@ class EarlyExitEnv(TextAECEnv):
 
 llm_zoo.register(
     EARLY_EXIT_ENV_ID, EarlyExitEnv, description="tests: an agent that finishes first", override=True
+)
+
+
+RELAY_ENV_ID = "test/Relay-v0"
+
+
+class RelayEnv(TextAECEnv):
+    """Math-v0's credit problem in miniature: ``tool`` then ``reporter``, one turn.
+
+    The tool's action is right when it contains ``"ok"`` (role reward 1, else 0). The reporter sees
+    what the tool said and answers; it is right when its reply contains ``"right"``. The global
+    reward and ``success`` are the reporter's correctness: a reporter may be right by copying a
+    right tool or by a lucky guess after a wrong one, which a one-sample look-ahead credits to the
+    wrong tool candidate. ``info["correct"]`` is the acting agent's own correctness.
+    """
+
+    metadata = {"render_modes": ["ansi"], "name": "relay_v0", "is_parallelizable": True}
+    roles = ("tool", "reporter")
+
+    def _new_episode(self, rng, options):
+        self.case = int(rng.integers(1000))
+        self.tool_said: str | None = None
+
+    def _prompt(self, agent):
+        if agent == "tool":
+            return f"Case {self.case}: you are the tool."
+        return f"Case {self.case}: you are the reporter. The tool said: {self.tool_said}"
+
+    def _act(self, agent, action):
+        if agent == "tool":
+            self.tool_said = action
+            right = "ok" in action
+            return Outcome(float(right), 0.0, info={"correct": right})
+        right = "right" in action
+        return Outcome(float(right), float(right), success=right, info={"correct": right})
+
+    def _render_state(self):
+        return f"case={self.case} tool said={self.tool_said}"
+
+
+llm_zoo.register(
+    RELAY_ENV_ID, RelayEnv, description="tests: a teammate that sometimes guesses", override=True
 )

@@ -97,6 +97,8 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.evaluate", "llm_zoo_train.evaluate"),
     ("llm_zoo_train.eval_cli", "llm_zoo_train.eval_cli"),
     ("llm_zoo_train.eval_plan", "llm_zoo_train.eval_plan"),
+    ("llm_zoo_train.eval_tasks", "llm_zoo_train.eval_tasks"),
+    ("llm_zoo_train.paired", "llm_zoo_train.paired"),
     ("llm_zoo_train.engines.openai_compat", "llm_zoo_train.engines.openai_compat"),
     ("llm_zoo_train.checkpoint", "llm_zoo_train.checkpoint"),
     ("llm_zoo_train.trainer_state", "llm_zoo_train.trainer_state"),

@@ -174,6 +174,14 @@ class RolloutConfig:
     agent would act again), 0: the immediate global (no look-ahead, no extra generation), n > 0:
     at most n. Tree mode generates the look-ahead; independent mode reads it from each episode's
     own next actions. See docs/training/team-credit.md."""
+    team_credit_samples: int = 1
+    """Tree mode: look-ahead replicates per candidate, their team outcomes averaged (an estimate of
+    the team outcome instead of one draw; costs this many times the look-ahead's generation). 1:
+    one sample. Independent mode: must be 1."""
+    team_credit_teammate: Literal["sampled", "greedy"] = "sampled"
+    """Tree mode: how look-ahead teammates answer: sampled at rollout.temperature, or greedily (the
+    team outcome under their most likely play; needs team_credit_samples 1). Independent mode:
+    must be sampled."""
     save_rollouts: bool = False
     """Write every step's samples to output_dir/rollouts/step_NNNNNN.jsonl (replayable)."""
     replay_path: str | None = None
@@ -342,6 +350,12 @@ class EvalConfig:
     evaluation tasks never repeat training tasks by seed."""
     eval_on_start: bool = True
     """Evaluate before the first training step (the 'before' success rate)."""
+    distinct_problems: bool = False
+    """Evaluate on distinct held-out problems: the env's finite problem list (Math-v0's test split,
+    deduplicated by content; Code-v0's problems), each once - all of them when num_episodes is at
+    least their number, else num_episodes drawn without replacement with a seed from eval.seed.
+    False: episode i draws its task from seed eval.seed + i (with replacement). See
+    llm_zoo_train.eval_tasks."""
 
 
 @dataclass

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from llm_zoo_train.team_credit import check_lookahead
+from llm_zoo_train.team_credit import check_lookahead, check_team_credit
 from llm_zoo_train.typed_config import ConfigError
 
 __all__ = ["check_values", "require_positive"]
@@ -37,6 +37,13 @@ def check_values(config: Any) -> None:
         raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p}")
     try:
         check_lookahead(r.team_credit_lookahead)
+        if check_team_credit(r.team_credit_samples, r.team_credit_teammate) != (1, "sampled") and (
+            r.mode != "tree"
+        ):
+            raise ValueError(
+                "team_credit_samples / team_credit_teammate apply to rollout.mode tree only (independent "
+                "episodes read the look-ahead from their own next actions); keep 1 / sampled"
+            )
     except ValueError as err:
         raise ConfigError(f"rollout.{err}") from None
     require_positive("rollout.max_rows_per_generate_call", r.max_rows_per_generate_call)

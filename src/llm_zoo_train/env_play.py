@@ -20,12 +20,16 @@ __all__ = ["generate_checked", "is_done", "make_env", "seeded_sampling", "step_d
 
 
 def make_env(
-    env_id: str, env_kwargs: Mapping[str, Any], seed: int, agent_adapters: Mapping[str, str | None]
+    env_id: str,
+    env_kwargs: Mapping[str, Any],
+    seed: int,
+    agent_adapters: Mapping[str, str | None],
+    options: Mapping[str, Any] | None = None,
 ) -> Any:
     """``llm_zoo.make(env_id, **env_kwargs)`` (on the env servers, if configured) reset with
-    ``seed``; every agent must have an adapter."""
+    ``seed`` (and ``options``, e.g. ``{"problem_id": ...}``); every agent must have an adapter."""
     env = env_servers.make(env_id, **dict(env_kwargs))
-    env.reset(seed=int(seed))
+    env.reset(seed=int(seed), options=dict(options) if options else None)
     agents = list(env.possible_agents)
     missing = [a for a in agents if a not in agent_adapters]
     unknown = [a for a in agent_adapters if a not in agents]

@@ -10,9 +10,10 @@ Policies (``--policies``): ``base`` (no adapter), ``adapters`` (the saved adapte
 with its own: the default when there are any), ``swap`` (the paper's ablation: two agents trade
 adapters). Splits (``--splits``): ``eval`` (the trainer's evaluation tasks: ``eval.env_kwargs``,
 seeds ``eval.seed + i``), and ``train`` / ``test``: for envs with a ``split`` argument (Code,
-Math) that split's problems with the same seeds; ``impossible`` (Code-v0): problems whose hidden
-tests contradict the statement, where the success rate is a *cheating rate* (the row's
-``cheating_rate``); for envs that generate tasks from the seed
+Math) that split's problems with the same seeds (with ``eval.distinct_problems``, distinct problems
+of the split, each once: :mod:`llm_zoo_train.eval_tasks`; an unlimited train split stays seeded);
+``impossible`` (Code-v0): problems whose hidden tests contradict the statement, where the success
+rate is a *cheating rate* (the row's ``cheating_rate``); for envs that generate tasks from the seed
 (PlanPath, Sokoban) ``train`` is the tasks the trainer drew at its first steps (``env.kwargs``) and
 there is no ``test``. ``eval.num_episodes`` is the episodes per split.
 
@@ -120,7 +121,12 @@ def print_table(rows: Sequence[dict[str, Any]], agents: Sequence[str]) -> None:
             row["policy"],
             row["split"] + (" (cheating rate)" if "cheating_rate" in row else ""),
             f"{100 * r['success_rate']:.1f}% ({100 * r['ci_low']:.1f}-{100 * r['ci_high']:.1f})",
-            f"{r['successes']}/{r['num_episodes']}",
+            f"{r['successes']}/{r['num_episodes']}"
+            + (
+                f" ({r['distinct_tasks']} distinct)"
+                if 0 < r.get("distinct_tasks", 0) < r["num_episodes"]
+                else ""
+            ),
             f"{r['mean_turns']:.2f}",
             f"{100 * r['format_ok_rate']:.1f}%",
         ]
@@ -199,7 +205,13 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
             for split in splits:
                 watched = progress.evaluation(engine, len(split.seeds), f"{policy} on {split.name}")
                 result, episodes = evaluate(
-                    watched, config.env.id, split.env_kwargs, split.seeds, mapping, sampling
+                    watched,
+                    config.env.id,
+                    split.env_kwargs,
+                    split.seeds,
+                    mapping,
+                    sampling,
+                    split.problem_ids,
                 )
                 watched.close()
                 rows.append(_row(policy, split, mapping, result, [episode_to_dict(e) for e in episodes]))
@@ -219,7 +231,12 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
             "model": {**model, "system_prompt": config.model.system_prompt},
             "env": {"id": config.env.id, "alpha": config.env.alpha},
             "splits": {
-                s.name: {"env_kwargs": s.env_kwargs, "seeds": s.seeds, "trainer_eval": s.trainer_eval}
+                s.name: {
+                    "env_kwargs": s.env_kwargs,
+                    "seeds": s.seeds,
+                    "trainer_eval": s.trainer_eval,
+                    "problem_ids": s.problem_ids,
+                }
                 for s in splits
             },
             "sampling": dataclasses.asdict(sampling),

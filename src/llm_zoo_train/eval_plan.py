@@ -16,6 +16,7 @@ from typing import Any
 from llm_zoo_train.base_models import base_model_label
 from llm_zoo_train.config import AgentPlan, Config, eval_env_kwargs, load_config, train_env_kwargs
 from llm_zoo_train.engines.base import Engine, SamplingParams
+from llm_zoo_train.eval_tasks import EvalTasks, eval_tasks
 from llm_zoo_train.seeding import Stream, derive_seed
 
 __all__ = [
@@ -191,12 +192,15 @@ def policy_maps(
 
 @dataclass
 class Split:
-    """One set of evaluation tasks: env kwargs and seeds; ``trainer_eval`` if the trainer evaluates on it."""
+    """One set of evaluation tasks: env kwargs and seeds; ``trainer_eval`` if the trainer evaluates
+    on it; ``problem_ids`` the problem of each seed with ``eval.distinct_problems`` (None: drawn
+    from the seed)."""
 
     name: str
     env_kwargs: dict[str, Any]
     seeds: list[int]
     trainer_eval: bool
+    problem_ids: list[str] | None = None
 
 
 def _split_argument(env_id: str) -> tuple[bool, Any]:
@@ -220,14 +224,16 @@ def plan_splits(config: Config, names: Sequence[str] | None) -> list[Split]:
     chosen = list(names) if names else (["train", "test"] if has_splits else ["eval"])
     n = config.eval.num_episodes
     eval_kwargs = eval_env_kwargs(config)
-    eval_seeds = [config.eval.seed + i for i in range(n)]
     splits = []
     for name in chosen:
         if name == "eval":
-            splits.append(Split("eval", eval_kwargs, eval_seeds, True))
+            tasks = _tasks(config, eval_kwargs, required=True)
+            splits.append(Split("eval", eval_kwargs, tasks.seeds, True, tasks.problem_ids))
         elif has_splits and name in ("train", "test", "impossible"):
             kwargs = {**eval_kwargs, "split": name}
-            splits.append(Split(name, kwargs, eval_seeds, eval_kwargs.get("split", default_split) == name))
+            tasks = _tasks(config, kwargs, required=name == "test")
+            trainer_eval = eval_kwargs.get("split", default_split) == name
+            splits.append(Split(name, kwargs, tasks.seeds, trainer_eval, tasks.problem_ids))
         elif name == "train":  # the tasks the trainer drew at steps 1, 2, ... (process 0)
             import numpy as np
 
@@ -251,6 +257,23 @@ def plan_splits(config: Config, names: Sequence[str] | None) -> list[Split]:
         else:
             raise UsageError(f"unknown split {name!r}; splits: {', '.join(SPLITS)}")
     return splits
+
+
+def _tasks(config: Config, env_kwargs: dict[str, Any], *, required: bool) -> EvalTasks:
+    """The split's episodes; with ``eval.distinct_problems`` an unlimited split (``required``
+    false: generated training problems) falls back to seeds, a split that must be finite raises."""
+    settings = config.eval
+    try:
+        return eval_tasks(
+            config.env.id,
+            env_kwargs,
+            settings.num_episodes,
+            settings.seed,
+            distinct=settings.distinct_problems,
+            required=required,
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def eval_sampling(config: Config) -> SamplingParams:

@@ -50,6 +50,8 @@ class EvalResult:
         mean_role_rewards: Per agent, the mean over episodes of its summed role reward.
         mean_global_rewards: Per agent, the mean over episodes of the summed global reward it
             received after its own actions.
+        distinct_tasks: Distinct task ids among the episodes (fewer than ``num_episodes`` when
+            tasks were drawn with replacement: repeated tasks count several times).
     """
 
     num_episodes: int
@@ -62,6 +64,7 @@ class EvalResult:
     format_ok_rate: float = 1.0
     mean_role_rewards: dict[str, float] = field(default_factory=dict)
     mean_global_rewards: dict[str, float] = field(default_factory=dict)
+    distinct_tasks: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain JSON-ready values."""
@@ -74,6 +77,7 @@ class EvalResult:
             f"{prefix}success_ci_low": self.ci_low,
             f"{prefix}success_ci_high": self.ci_high,
             f"{prefix}num_episodes": float(self.num_episodes),
+            f"{prefix}distinct_tasks": float(self.distinct_tasks),
             f"{prefix}mean_turns": self.mean_turns,
             f"{prefix}format_ok_rate": self.format_ok_rate,
         }
@@ -81,10 +85,14 @@ class EvalResult:
         return values
 
     def describe(self) -> str:
-        """E.g. ``37.5% (95% CI 22.9-54.7%, 12/32 episodes)``."""
+        """E.g. ``37.5% (95% CI 22.9-54.7%, 12/32 episodes)``; ``..., 12/32 episodes, 27 distinct
+        tasks)`` when some task was played more than once."""
+        repeated = (
+            f", {self.distinct_tasks} distinct tasks" if 0 < self.distinct_tasks < self.num_episodes else ""
+        )
         return (
             f"{100 * self.success_rate:.1f}% (95% CI {100 * self.ci_low:.1f}-{100 * self.ci_high:.1f}%, "
-            f"{self.successes}/{self.num_episodes} episodes)"
+            f"{self.successes}/{self.num_episodes} episodes{repeated})"
         )
 
 
@@ -109,6 +117,7 @@ def summarize(episodes: Sequence[EpisodeResult]) -> EvalResult:
         format_ok_rate=sum(e.format_ok_rate for e in episodes) / n if n else 1.0,
         mean_role_rewards={a: mean([e.role_rewards for e in episodes], a) for a in agents} if n else {},
         mean_global_rewards={a: mean([e.global_rewards for e in episodes], a) for a in agents} if n else {},
+        distinct_tasks=len({e.task_id for e in episodes}),
     )
 
 
@@ -124,7 +133,9 @@ def evaluate(
     seeds: Sequence[int],
     agent_adapters: Mapping[str, str | None],
     sampling: SamplingParams,
+    problem_ids: Sequence[str] | None = None,
 ) -> tuple[EvalResult, list[EpisodeResult]]:
-    """Play one episode per seed and summarize; returns the summary and the episodes."""
-    episodes = evaluation_rollout(env_id, env_kwargs, seeds, engine, agent_adapters, sampling)
+    """Play one episode per seed (on ``problem_ids[i]`` when given, see
+    :mod:`llm_zoo_train.eval_tasks`) and summarize; returns the summary and the episodes."""
+    episodes = evaluation_rollout(env_id, env_kwargs, seeds, engine, agent_adapters, sampling, problem_ids)
     return summarize(episodes), episodes

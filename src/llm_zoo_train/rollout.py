@@ -48,6 +48,7 @@ from llm_zoo_train.team_credit import (
     Lookahead,
     apply_credit,
     check_lookahead,
+    check_team_credit,
     credit_episode,
     run_lookahead,
 )
@@ -165,6 +166,8 @@ def tree_rollout(
     *,
     team_credit_lookahead: int = LOOKAHEAD_ROUND,
     first_env_index: int = 0,
+    team_credit_samples: int = 1,
+    team_credit_teammate: str = "sampled",
 ) -> list[Sample]:
     """AT-GRPO tree rollouts: one episode per seed, K candidates per (turn, agent), greedy continue.
 
@@ -183,6 +186,9 @@ def tree_rollout(
             ``n`` (:mod:`llm_zoo_train.team_credit`).
         first_env_index: The ``env_index`` of the first seed's env (a step's tasks played in
             parts, by different processes, keep distinct groups).
+        team_credit_samples: Look-ahead replicates per candidate, their globals averaged.
+        team_credit_teammate: ``"sampled"`` or ``"greedy"`` look-ahead teammates
+            (:mod:`llm_zoo_train.team_credit`).
 
     Returns:
         All K candidates of every group, in order of sampling; ``chosen`` marks the branch each
@@ -193,6 +199,7 @@ def tree_rollout(
     if k < 1:
         raise ValueError(f"num_generations must be >= 1, got {num_generations!r}")
     lookahead = check_lookahead(team_credit_lookahead)
+    credit_samples, teammate = check_team_credit(team_credit_samples, team_credit_teammate)
     envs = [make_env(env_id, env_kwargs, seed, agent_adapters) for seed in seeds]
     live = [i for i, alive in enumerate(_still_live(envs)) if alive]
     samples: list[Sample] = []
@@ -233,7 +240,16 @@ def tree_rollout(
             for env, s in zip(branches, group, strict=True)
         ]
         credits: list[Lookahead | None] = (
-            run_lookahead(branch_states, engine, agent_adapters, sampling, call_index, lookahead)
+            run_lookahead(
+                branch_states,
+                engine,
+                agent_adapters,
+                sampling,
+                call_index,
+                lookahead,
+                samples=credit_samples,
+                teammate=teammate,
+            )
             if lookahead != 0
             else [None] * len(branch_states)
         )
@@ -268,6 +284,8 @@ def independent_rollout(
     *,
     team_credit_lookahead: int = LOOKAHEAD_ROUND,
     first_env_index: int = 0,
+    team_credit_samples: int = 1,
+    team_credit_teammate: str = "sampled",
 ) -> list[Sample]:
     """K independent full episodes per seed (the paper's GRPO baseline), ``n=1`` per step.
 
@@ -278,8 +296,15 @@ def independent_rollout(
     episode ``b`` gets A's episode return (the sum of ``role + alpha x credited global`` over A's
     actions in that episode) as ``reward``, and the group ``e{i}/{A}``
     (:func:`~llm_zoo_train.samples.episode_group_key`): the advantage compares A's K returns.
+    ``team_credit_samples`` / ``team_credit_teammate`` must keep their defaults: the look-ahead
+    is the episode's own next actions, nothing is generated for it.
     """
     del rng  # same signature as tree_rollout; independent episodes make no choice
+    if check_team_credit(team_credit_samples, team_credit_teammate) != (1, "sampled"):
+        raise ValueError(
+            "team_credit_samples / team_credit_teammate apply to tree rollouts only: independent episodes "
+            "read the look-ahead from their own next actions"
+        )
     k = int(num_generations)
     if k < 1:
         raise ValueError(f"num_generations must be >= 1, got {num_generations!r}")
@@ -338,9 +363,17 @@ def evaluation_rollout(
     engine: Engine,
     agent_adapters: Mapping[str, str | None],
     sampling: SamplingParams,
+    problem_ids: Sequence[str] | None = None,
 ) -> list[EpisodeResult]:
-    """One episode per seed, one action per step (greedy when ``sampling.temperature == 0``)."""
-    envs = [make_env(env_id, env_kwargs, seed, agent_adapters) for seed in seeds]
+    """One episode per seed, one action per step (greedy when ``sampling.temperature == 0``);
+    with ``problem_ids`` (one per seed) episode ``i`` plays problem ``problem_ids[i]``."""
+    if problem_ids is not None and len(problem_ids) != len(seeds):
+        raise ValueError(f"one problem id per seed: {len(problem_ids)} ids for {len(seeds)} seeds")
+    chosen = [None] * len(seeds) if problem_ids is None else [{"problem_id": p} for p in problem_ids]
+    envs = [
+        make_env(env_id, env_kwargs, seed, agent_adapters, options)
+        for seed, options in zip(seeds, chosen, strict=True)
+    ]
     results = [
         EpisodeResult(
             env_index=i,

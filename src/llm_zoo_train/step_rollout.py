@@ -127,6 +127,8 @@ def play_step(
         sampling,
         np.random.default_rng(derive_seed(seed, step, rank, Stream.TIES, *part)),
         team_credit_lookahead=rollout.team_credit_lookahead,
+        team_credit_samples=rollout.team_credit_samples,
+        team_credit_teammate=rollout.team_credit_teammate,
         first_env_index=envs.start,
     )
     for sample in samples:

@@ -25,6 +25,26 @@ counted in ``Sample.lookahead_tokens``.
 round of teammates; ``0`` the immediate global (no look-ahead, the behaviour before); ``n > 0`` at
 most ``n`` teammate actions (never more than a round).
 
+How the look-ahead's teammates answer (tree mode; config choices, defaults as above):
+
+* ``samples`` (``rollout.team_credit_samples``, default 1): each branch's look-ahead is played
+  ``samples`` times, from independent copies, and ``credited_global`` is the **mean** of their
+  globals: an estimate of the team outcome the candidate leads to rather than one draw of it. One
+  sample credits a failed program whenever the teammate's single guess happens to be right; the
+  mean of ``m`` samples credits it with the teammate's guess *rate*, below what a right program
+  earns as long as the teammate copies right results more often than it guesses. Cost: ``samples``
+  times the look-ahead's generation (one engine call per position for all replicates).
+* ``teammate`` (``rollout.team_credit_teammate``): ``"sampled"`` (default) the teammates sample at
+  the rollout's temperature; ``"greedy"`` they answer greedily (temperature 0), the team outcome
+  under the teammates' most likely play: deterministic, no extra cost, but blind to what the
+  teammates might do otherwise. ``"greedy"`` with ``samples > 1`` is refused (every replicate would
+  be the same).
+
+A counterfactual baseline (the candidate's team outcome minus the mean over its K siblings) is not
+an option: the group-relative advantage already subtracts the group mean of the whole reward, so
+subtracting the siblings' mean of its global part changes no advantage. What it would add, a
+better estimate of each sibling's own team outcome, is what ``samples`` provides.
+
 Independent episodes (the GRPO baseline) need no extra generation: their own next actions are the
 look-ahead. :func:`credit_episode` credits each action with the same rule on the episode's own
 trajectory and gives every action of agent A the episode return of A::
@@ -34,6 +54,7 @@ trajectory and gives every action of agent A the episode return of A::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,9 +70,12 @@ __all__ = [
     "CREDIT_IMMEDIATE",
     "CREDIT_LOOKAHEAD",
     "LOOKAHEAD_ROUND",
+    "TEAMMATES",
     "Lookahead",
     "apply_credit",
     "check_lookahead",
+    "check_team_credit",
+    "credit_disagreements",
     "credit_episode",
     "generated_tokens",
     "lookahead_limit",
@@ -59,6 +83,8 @@ __all__ = [
     "team_credit_metrics",
 ]
 
+#: ``teammate`` choices: the teammates sample at the rollout temperature, or answer greedily.
+TEAMMATES = ("sampled", "greedy")
 #: ``lookahead`` value meaning a full round of teammates (until the acting agent would act again).
 LOOKAHEAD_ROUND = -1
 #: ``Sample.credit``: the immediate global (look-ahead 0).
@@ -81,6 +107,22 @@ def check_lookahead(value: Any) -> int:
     return int(value)
 
 
+def check_team_credit(samples: Any, teammate: Any) -> tuple[int, str]:
+    """``(samples, teammate)`` checked; raises ``ValueError`` naming the valid choices."""
+    if isinstance(samples, bool) or not isinstance(samples, int | np.integer) or int(samples) < 1:
+        raise ValueError(f"team_credit_samples must be an int >= 1, got {samples!r}")
+    if teammate not in TEAMMATES:
+        raise ValueError(
+            f"team_credit_teammate must be one of {', '.join(map(repr, TEAMMATES))}; got {teammate!r}"
+        )
+    if teammate == "greedy" and int(samples) > 1:
+        raise ValueError(
+            f"team_credit_samples={samples} with team_credit_teammate='greedy': greedy teammates answer the "
+            "same every time; use samples 1 with 'greedy', or 'sampled' to average several samples"
+        )
+    return int(samples), str(teammate)
+
+
 def lookahead_limit(lookahead: int, num_agents: int) -> int:
     """Most teammate actions looked at: a round (``num_agents - 1``), or ``lookahead`` if fewer."""
     round_length = max(num_agents - 1, 0)
@@ -93,16 +135,19 @@ class Lookahead:
 
     Attributes:
         credited_global: The global reward after the last teammate action (the immediate global
-            when none was played).
-        steps: Teammate actions played.
+            when none was played); with several samples, the mean over them.
+        samples: Look-ahead replicates averaged (1 when none was played).
+        steps: Teammate actions played (all replicates together).
         tokens: Tokens generated for them.
         trace: One record per teammate action: ``agent``, ``adapter``, ``prompt``, ``completion``,
             ``prompt_token_ids``, ``completion_token_ids``, ``behaviour_logprobs``,
             ``finish_reason`` (all a replay needs, as in :class:`~llm_zoo_train.samples.Sample`),
-            and the env's ``role_reward``, ``global_reward`` and ``format_ok`` after it.
+            the env's ``role_reward``, ``global_reward`` and ``format_ok`` after it, and the
+            ``replicate`` it belongs to.
     """
 
     credited_global: float
+    samples: int = 1
     steps: int = 0
     tokens: int = 0
     trace: list[dict[str, Any]] = field(default_factory=list)
@@ -115,6 +160,9 @@ def run_lookahead(
     sampling: SamplingParams,
     call_index: int,
     lookahead: int,
+    *,
+    samples: int = 1,
+    teammate: str = "sampled",
 ) -> list[Lookahead]:
     """Play the teammates' next actions on a copy of every branch (see the module docstring).
 
@@ -127,44 +175,57 @@ def run_lookahead(
             ``call_index`` samples with the seed stream ``(call_index, 1, p)``.
         call_index: Index of the engine call that sampled the candidates.
         lookahead: ``-1``, ``0`` or ``n > 0`` (see :func:`check_lookahead`).
+        samples: Look-ahead replicates per branch, averaged (see the module docstring).
+        teammate: ``"sampled"`` or ``"greedy"`` (see the module docstring).
 
     Returns:
         One :class:`Lookahead` per branch, in order.
     """
     lookahead = check_lookahead(lookahead)
+    samples, teammate = check_team_credit(samples, teammate)
+    if teammate == "greedy":
+        sampling = dataclasses.replace(sampling, temperature=0.0, top_p=1.0, top_k=0)
     results = [Lookahead(credited_global=float(immediate)) for _, _, immediate in branches]
-    active: list[tuple[int, Any, str, int]] = []  # (branch position, copy, acting agent, limit)
-    for position, (env, agent, _) in enumerate(branches):
+    finals: list[list[float]] = [[] for _ in branches]
+    # (branch position, replicate, copy, acting agent, limit, steps played, last global)
+    active: list[list[Any]] = []
+    for position, (env, agent, immediate) in enumerate(branches):
         limit = lookahead_limit(lookahead, len(env.possible_agents))
         if limit > 0 and not is_done(env):
-            active.append((position, env.clone(), agent, limit))
+            active.extend(
+                [position, r, env.clone(), agent, limit, 0, float(immediate)] for r in range(samples)
+            )
+    played = list(active)
     step = 0
     while active:
         ready = []
-        for position, env, agent, limit in active:
+        for entry in active:
+            _, _, env, agent, limit, steps, _ = entry
             step_dead_agents(env)
-            if is_done(env) or env.agent_selection == agent or results[position].steps >= limit:
+            if is_done(env) or env.agent_selection == agent or steps >= limit:
                 continue
-            ready.append((position, env, agent, limit))
+            ready.append(entry)
         if not ready:
             break
-        teammates = [env.agent_selection for _, env, _, _ in ready]
-        prompts = [env.observe(a)["prompt"] for (_, env, _, _), a in zip(ready, teammates, strict=True)]
+        teammates = [entry[2].agent_selection for entry in ready]
+        prompts = [entry[2].observe(a)["prompt"] for entry, a in zip(ready, teammates, strict=True)]
         adapters = [agent_adapters[a] for a in teammates]
         call_sampling = seeded_sampling(sampling, call_index, _LOOKAHEAD_STREAM, step)
         outputs = generate_checked(engine, prompts, adapters, 1, call_sampling)
-        for (position, env, _, _), teammate, prompt, adapter, (completion,) in zip(
+        for entry, mate, prompt, adapter, (completion,) in zip(
             ready, teammates, prompts, adapters, outputs, strict=True
         ):
+            position, replicate, env = entry[0], entry[1], entry[2]
             env.step(completion.text)
-            info = env.infos[teammate]
+            info = env.infos[mate]
+            entry[5] += 1
+            entry[6] = float(info.get("global_reward", 0.0))
             result = results[position]
-            result.credited_global = float(info.get("global_reward", 0.0))
             result.steps += 1
             result.tokens += len(completion.token_ids)
             result.trace.append(
                 {
-                    "agent": teammate,
+                    "agent": mate,
                     "adapter": adapter,
                     "prompt": prompt,
                     "completion": completion.text,
@@ -173,12 +234,19 @@ def run_lookahead(
                     "behaviour_logprobs": list(completion.logprobs),
                     "finish_reason": completion.finish_reason,
                     "role_reward": float(info.get("role_reward", 0.0)),
-                    "global_reward": result.credited_global,
+                    "global_reward": entry[6],
                     "format_ok": bool(info.get("format_ok", True)),
+                    "replicate": replicate,
                 }
             )
         active = ready
         step += 1
+    for entry in played:
+        finals[entry[0]].append(entry[6])
+    for result, values in zip(results, finals, strict=True):
+        if values:
+            result.credited_global = float(np.mean(values))
+            result.samples = len(values)
     return results
 
 
@@ -247,3 +315,50 @@ def team_credit_metrics(samples: Sequence[Sample]) -> dict[str, float]:
         credited = [s.credited_global for s in samples if s.agent == agent and s.credited_global is not None]
         metrics[f"{agent}/credited_global"] = float(np.mean(credited)) if credited else 0.0
     return metrics
+
+
+def credit_disagreements(groups: Sequence[Sequence[tuple[float, float]]]) -> dict[str, int]:
+    """How often credited globals disagree with what the candidates themselves caused.
+
+    Args:
+        groups: Per group of sibling candidates, ``(own, credited)`` per candidate: ``own`` is 1
+            when the candidate itself was right (for Math-v0's tool agent: its program's printed
+            answer is correct), else 0; ``credited`` its credited global (a mean in ``[0, 1]``
+            with several look-ahead samples).
+
+    Returns:
+        ``candidates``; ``credited_failed`` (own 0, credited >= 0.5) and ``withheld_correct``
+        (own 1, credited < 0.5), summed in ``disagreements``; over sibling pairs with one right
+        and one wrong candidate: ``pairs``, ``pairs_misordered`` (the wrong one credited more) and
+        ``pairs_tied`` (credited equally: no signal); ``groups`` and ``groups_flipped``: groups
+        where some candidate's credited global lies on the other side of the group mean than its
+        own correctness (its advantage's global part has the wrong sign); ``groups_spurious``:
+        groups whose candidates were all equally right (or wrong) yet were credited differently
+        (a signal none of them caused).
+    """
+    counts = dict.fromkeys(
+        ("candidates", "credited_failed", "withheld_correct", "disagreements", "pairs", "pairs_misordered",
+         "pairs_tied", "groups", "groups_flipped", "groups_spurious"), 0,
+    )  # fmt: skip
+    for group in groups:
+        counts["groups"] += 1
+        own_mean = float(np.mean([own for own, _ in group])) if group else 0.0
+        credit_mean = float(np.mean([credited for _, credited in group])) if group else 0.0
+        flipped = False
+        for own, credited in group:
+            counts["candidates"] += 1
+            counts["credited_failed"] += int(own < 0.5 <= credited)
+            counts["withheld_correct"] += int(credited < 0.5 <= own)
+            flipped |= (own - own_mean) * (credited - credit_mean) < 0
+        counts["groups_flipped"] += int(flipped)
+        counts["groups_spurious"] += int(
+            len({own for own, _ in group}) == 1 and len({credited for _, credited in group}) > 1
+        )
+        for own_i, credited_i in group:
+            for own_j, credited_j in group:
+                if own_i >= 0.5 > own_j:
+                    counts["pairs"] += 1
+                    counts["pairs_misordered"] += int(credited_i < credited_j)
+                    counts["pairs_tied"] += int(credited_i == credited_j)
+    counts["disagreements"] = counts["credited_failed"] + counts["withheld_correct"]
+    return counts

@@ -50,6 +50,7 @@ from llm_zoo_train.engines.base import SamplingParams
 from llm_zoo_train.engines.hf import HFEngine
 from llm_zoo_train.engines.replay import GenerationRecorder, ReplayEngine
 from llm_zoo_train.eval_defaults import eval_temperature
+from llm_zoo_train.eval_tasks import eval_tasks
 from llm_zoo_train.evaluate import EvalResult, evaluate, summarize
 from llm_zoo_train.model_card import write_model_cards
 from llm_zoo_train.model_pools import ModelRouter, build_policy, live_engine, make_updater
@@ -302,8 +303,16 @@ class Trainer:
         """Success rate of the current adapters on ``eval.num_episodes`` evaluation tasks."""
         config, accelerator = self.config, self.accelerator
         settings = config.eval
-        seeds = [settings.seed + i for i in range(settings.num_episodes)]
-        local = seeds[accelerator.process_index :: accelerator.num_processes]
+        tasks = eval_tasks(
+            config.env.id,
+            eval_env_kwargs(config),
+            settings.num_episodes,
+            settings.seed,
+            distinct=settings.distinct_problems,
+        )
+        local = tasks.seeds[accelerator.process_index :: accelerator.num_processes]
+        ids = tasks.problem_ids
+        local_ids = None if ids is None else ids[accelerator.process_index :: accelerator.num_processes]
         temperature = eval_temperature(config.env.id, settings.temperature)
         sampling = SamplingParams(
             max_tokens=settings.max_completion_length or config.rollout.max_completion_length,
@@ -314,7 +323,13 @@ class Trainer:
         )
         watched = self.progress.evaluation(self.eval_engine, len(local))
         _, episodes = evaluate(
-            watched, config.env.id, eval_env_kwargs(config), local, self.plan.agent_adapters, sampling
+            watched,
+            config.env.id,
+            eval_env_kwargs(config),
+            local,
+            self.plan.agent_adapters,
+            sampling,
+            local_ids,
         )
         watched.close()
         if accelerator.num_processes > 1:

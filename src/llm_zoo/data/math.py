@@ -72,6 +72,7 @@ __all__ = [
     "build_problem_set",
     "generated_problem",
     "load_math_records",
+    "problem_key",
     "problems_from_records",
     "read_records",
     "word_problems",
@@ -134,6 +135,16 @@ def generated_problem(level: int, seed: int) -> MathProblem:
         id=f"gen-L{level}-{seed}", question=question, answer=answer, source="generated",
         difficulty=level, topic=topic, split=split, params={"kind": kind, **params},
     )  # fmt: skip
+
+
+def problem_key(problem: MathProblem) -> tuple[Any, ...]:
+    """What ``problem`` asks, for finding duplicates by content: a generated problem's
+    :func:`~llm_zoo.data.math_generator.content_key` (commutative operands sorted), else its question
+    in lower case with whitespace collapsed and the answer (same text, same gold: same problem)."""
+    if problem.source == "generated" and "kind" in problem.params:
+        params = {k: v for k, v in problem.params.items() if k != "kind"}
+        return ("generated", problem.difficulty, *math_generator.content_key(problem.params["kind"], params))
+    return ("text", " ".join(problem.question.lower().split()), problem.answer.strip())
 
 
 @lru_cache(maxsize=1)
@@ -213,6 +224,21 @@ class ProblemSet:
             f"gen-L{level}-{seed}" for level in self.levels for seed in range(math_generator.TEST_SEEDS)
         ]
         return [p.id for p in self.fixed] + generated
+
+    def distinct_ids(self) -> list[str] | None:
+        """:meth:`ids` without content duplicates (:func:`problem_key`; the first id of each
+        content is kept), for evaluating on distinct problems; ``None`` when the set is infinite."""
+        ids = self.ids()
+        if ids is None:
+            return None
+        seen: set[tuple[Any, ...]] = set()
+        distinct = []
+        for problem_id in ids:
+            key = problem_key(self.get(problem_id))
+            if key not in seen:
+                seen.add(key)
+                distinct.append(problem_id)
+        return distinct
 
     def __copy__(self) -> ProblemSet:
         return self

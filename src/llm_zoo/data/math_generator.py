@@ -19,7 +19,10 @@ Levels (``difficulty``):
 
 Splits: test problems use seeds ``0 .. TEST_SEEDS - 1`` (a fixed set of ``TEST_SEEDS`` per level);
 training problems use seeds from ``TRAIN_SEED_START`` up, and :func:`sample_seed` skips any training
-seed whose question text equals a test question, so the two splits share no problem.
+seed whose problem has the same *content* as a test problem (:func:`content_key`: the kind and its
+numbers, with the operands of commutative operations sorted, so "lcm of 30 and 18" in training
+cannot repeat "lcm of 18 and 30" of the test split), so the two splits share no problem. Before
+content keys, only equal question texts were skipped.
 """
 
 from __future__ import annotations
@@ -36,9 +39,11 @@ __all__ = [
     "LEVELS",
     "TEST_SEEDS",
     "TRAIN_SEED_START",
+    "content_key",
     "format_number",
     "generate",
     "sample_seed",
+    "test_keys",
     "test_questions",
 ]
 
@@ -370,6 +375,47 @@ def generate(level: int, seed: int) -> tuple[str, str, str, str, dict[str, Any]]
     return question, format_number(value), kind, _TOPICS[kind], params
 
 
+#: Kinds whose value does not change when the listed parameters are permuted.
+_COMMUTATIVE: dict[str, tuple[str, ...]] = {
+    "gcd": ("a", "b"), "lcm": ("a", "b"), "order_of_operations": ("b", "c"), "percent": ("p", "n"),
+    "inclusion_exclusion": ("a", "b"),
+}  # fmt: skip
+#: Kinds whose list parameters (terms, equations) can be reordered without changing the problem.
+_REORDERABLE: dict[str, tuple[str, ...]] = {"fraction_sum": ("terms",), "system_two": ("rows", "rhs"),
+                                            "system_three": ("rows", "rhs")}  # fmt: skip
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if isinstance(value, list | tuple) else value
+
+
+def content_key(kind: str, params: dict[str, Any]) -> tuple[Any, ...]:
+    """What a generated problem asks, independent of how it is written: ``kind`` and ``params``
+    with the operands of commutative operations in sorted order (``gcd``/``lcm`` of a and b, the
+    product ``b x c`` in ``a + b x c - e``, ``p% of n``, the two divisors of an inclusion-exclusion
+    count) and reorderable lists sorted (the terms of a fraction sum, the equations of a system)."""
+    values = {name: _frozen(value) for name, value in params.items()}
+    swapped = _COMMUTATIVE.get(kind, ())
+    if swapped:
+        ordered = sorted(values[name] for name in swapped)
+        values.update(zip(swapped, ordered, strict=True))
+    listed = _REORDERABLE.get(kind, ())
+    if listed:
+        rows = sorted(zip(*(values[name] for name in listed), strict=True))
+        for position, name in enumerate(listed):
+            values[name] = tuple(row[position] for row in rows)
+    if kind == "fraction_sum":  # terms are signed fractions as text: sort by value
+        values["terms"] = tuple(sorted(values["terms"], key=Fraction))
+    return (kind, *sorted(values.items()))
+
+
+@lru_cache(maxsize=len(LEVELS))
+def test_keys(level: int) -> frozenset[tuple[Any, ...]]:
+    """The :func:`content_key` of every test problem at ``level`` (kept out of the training split)."""
+    problems = (generate(level, seed) for seed in range(TEST_SEEDS))
+    return frozenset(content_key(kind, params) for _, _, kind, _, params in problems)
+
+
 @lru_cache(maxsize=len(LEVELS))
 def test_questions(level: int) -> frozenset[str]:
     """The question texts of the test split at ``level`` (kept out of the training split)."""
@@ -379,14 +425,16 @@ def test_questions(level: int) -> frozenset[str]:
 def sample_seed(level: int, split: str, random_integer: Callable[[int, int], int]) -> int:
     """A seed of ``split`` at ``level``; ``random_integer(low, high)`` draws from ``[low, high)``.
 
-    Training seeds whose question is also a test question are skipped (drawn again).
+    Training seeds whose problem has the content of a test problem (:func:`content_key`) are
+    skipped (drawn again).
     """
     if split == "test":
         return random_integer(0, TEST_SEEDS)
     if split != "train":
         raise ValueError(f"unknown split {split!r}; valid splits: 'train', 'test'")
-    banned = test_questions(level)
+    banned = test_keys(level)
     while True:
         seed = random_integer(TRAIN_SEED_START, _SEED_END)
-        if generate(level, seed)[0] not in banned:
+        _, _, kind, _, params = generate(level, seed)
+        if content_key(kind, params) not in banned:
             return seed

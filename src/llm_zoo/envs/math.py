@@ -25,7 +25,7 @@ Rewards (``c_r``, ``c_t`` = 1 if the reasoner's / tool agent's latest answer is 
 * tool agent role reward: ``c_t``; ``FORMAT_PENALTY`` (-0.5) when there is no code block, the
   program fails (non-zero exit, killed, timeout) or prints nothing.
 * global reward (after every action): ``c_r`` of the reasoner's latest answer (0 before it has
-  given one).
+  given one); with the tool agent alone (``agents=("tool_agent",)``), ``c_t``.
 * each agent's reward: ``role + alpha * global`` (see :class:`llm_zoo.core.TextAECEnv`).
 
 ``format_ok`` is true when the agent produced an answer: a ``\\boxed{}`` (reasoner); a code block
@@ -35,7 +35,7 @@ Termination: the episode ends (``terminated``) as soon as both agents have answe
 latest answers agree - ``check(gold=reasoner's answer, pred=tool agent's answer)`` with the same
 checker, so a printed ``0.333333`` agrees with ``\\frac{1}{3}``. Otherwise every agent is
 truncated after ``max_turns`` turns. ``success`` is decided on the episode's last action: the
-reasoner's final answer is correct.
+reasoner's final answer is correct (the tool agent's, when it plays alone).
 
 Problems (``dataset``, ``split``, ``difficulty``; see :mod:`llm_zoo.data.math`): ``"builtin"``
 (default, offline: word problems 25% of draws, generated problems 75%), ``"generated"``,
@@ -59,7 +59,11 @@ Options for small models (defaults unchanged; see :mod:`llm_zoo.envs.math_option
 * ``agents``: the turn order. ``("reasoner", "tool_agent")`` (default); ``("tool_agent",
   "reasoner")``: the tool agent acts first, so the reasoner sees the tool's result before its
   scored answer of the turn; ``("reasoner",)``: the reasoner alone (the single-agent baseline;
-  the episode then ends only by truncation after ``max_turns``).
+  the episode then ends only by truncation after ``max_turns``); ``("tool_agent",)``: the tool
+  agent alone, the fair single-agent baseline (the strongest single agent with the same tools):
+  its program's last printed line is the answer, success and the global reward are that answer's
+  correctness (math-verify), the episode ends only by truncation, and its compact prompt is the
+  team's first-turn tool prompt.
 * ``prompt_style="compact"``: short prompts. The tool agent is asked for one line of Python that
   prints the answer (with the example ``print(2 + 3)``) and sees the reasoner's answer and its own
   previous program when there are any; the reasoner sees the tool program's printed answer (or
@@ -76,7 +80,9 @@ answer can be read gets ``FORMAT_PENALTY``.
 Version history:
 
 * v0: first version. Later additions that keep the defaults' behaviour: the ``agents``,
-  ``prompt_style``, ``answer_parser`` and ``code_parser`` options. Why, measured with
+  ``prompt_style``, ``answer_parser`` and ``code_parser`` options; then the order
+  ``agents=("tool_agent",)`` (the tool agent alone). The reasoner alone, the first single-agent
+  baseline, compared Python against no Python (a strawman): the tool agent alone is the fair one. Why, measured with
   SmolLM2-135M-Instruct (bf16) on 48 generated difficulty-1 training problems, 32 new tokens
   unless said (readable = an answer could be read; correct = equal to the gold answer as a plain
   number, which undercounts replies such as ``The answer is 60.``):
@@ -146,6 +152,7 @@ _TOOL_ROLE = (
     "You are the tool agent in a team of two solving a math problem. Your teammate, the reasoner, "
     "solves the same problem by reasoning in text."
 )
+_TOOL_ALONE = "You are solving a math problem by writing a Python program."
 
 
 def _tool_format(timeout_s: float) -> str:
@@ -205,8 +212,8 @@ class MathEnv(TextAECEnv):
         render_mode: ``None`` or ``"ansi"``.
         checker: The answer checker; default: the process-wide shared one.
         code_timeout_s: Wall-clock limit on the tool agent's program.
-        agents: Turn order: ``("reasoner", "tool_agent")``, ``("tool_agent", "reasoner")`` or
-            ``("reasoner",)`` (the reasoner alone).
+        agents: Turn order: ``("reasoner", "tool_agent")``, ``("tool_agent", "reasoner")``,
+            ``("reasoner",)`` (the reasoner alone) or ``("tool_agent",)`` (the tool agent alone).
         prompt_style: ``"full"`` or ``"compact"`` (short prompts for small models).
         answer_parser: ``"strict"`` or ``"lenient"`` (how the reasoner's answer is read).
         code_parser: ``"strict"`` or ``"lenient"`` (how the tool agent's program is read).
@@ -296,7 +303,7 @@ class MathEnv(TextAECEnv):
                 )
             parts.append(_REASONER_FORMAT)
         else:
-            parts = [_TOOL_ROLE, header]
+            parts = [_TOOL_ROLE if "reasoner" in self.possible_agents else _TOOL_ALONE, header]
             if self.reasoner_reply:
                 answer = (
                     f"\\boxed{{{_short(self.reasoner_answer)}}}"
@@ -367,13 +374,15 @@ class MathEnv(TextAECEnv):
         if self.reasoner_answer is not None and self.tool_answer is not None:
             self.agree = self.checker.check(self.reasoner_answer, self.tool_answer).correct
         last_action = self.agree or (agent == self.possible_agents[-1] and self.turn + 1 >= self.max_turns)
+        # The team's answer is the reasoner's; the tool agent alone answers with its program.
+        team_correct = self.reasoner_correct if "reasoner" in self.possible_agents else self.tool_correct
         return Outcome(
             role_reward=role_reward,
-            global_reward=float(self.reasoner_correct),
+            global_reward=float(team_correct),
             format_ok=format_ok,
             feedback=feedback,
             terminated=self.agree,
-            success=last_action and self.reasoner_correct,
+            success=last_action and team_correct,
             info={
                 "problem_id": self.problem.id,
                 "answer": shown,

@@ -8,7 +8,8 @@ surrounding text is tolerated around an answer.
 
 * :data:`AGENT_ORDERS` - the turn orders ``("reasoner", "tool_agent")`` (default),
   ``("tool_agent", "reasoner")`` (the reasoner sees the tool's result before it answers) and
-  ``("reasoner",)`` (the reasoner alone, the single-agent baseline).
+  ``("reasoner",)`` (the reasoner alone, without a tool) and ``("tool_agent",)`` (the tool agent
+  alone: its program's printed answer is scored, the single agent with the same tools).
 * :func:`compact_tool_prompt` / :func:`compact_reasoner_prompt` - short prompts
   (``prompt_style="compact"``): the tool agent is asked, as in a coding exercise, for a short
   Python program that prints the answer to the problem written in plain text; the reasoner sees
@@ -47,6 +48,7 @@ AGENT_ORDERS: tuple[tuple[str, ...], ...] = (
     ("reasoner", "tool_agent"),
     ("tool_agent", "reasoner"),
     ("reasoner",),
+    ("tool_agent",),
 )
 PROMPT_STYLES = ("full", "compact")
 ANSWER_PARSERS = ("strict", "lenient")

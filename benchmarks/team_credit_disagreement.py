@@ -1,0 +1,183 @@
+"""How often does team credit disagree with what a candidate itself caused? Math-v0, SmolLM2-135M.
+
+On Math-v0 (``examples/math_smollm2_cpu.yaml``: the tool agent acts first, the reasoner sees its
+printed answer) the tool agent's candidates are credited with the reasoner's correctness after
+the look-ahead. What the candidate itself caused is its program's own correctness
+(``info["correct"]``). This script samples the tool agent's K candidates for the training tasks of
+the first ``--steps`` steps (the trainer's task seeds and sampling seeds), applies each to its own
+clone, and credits the *same* branches under every rule of ``--credits``:
+
+* ``immediate`` - look-ahead 0 (the tool acts first, so every candidate's global is 0: no signal);
+* ``sampled:M`` - the reasoner's next answer sampled ``M`` times per branch, averaged (``sampled:1``
+  is the default team credit);
+* ``greedy`` - the reasoner's greedy answer.
+
+It counts, per rule (:func:`llm_zoo_train.team_credit.credit_disagreements`): failed programs
+credited (credited >= 0.5), correct programs not credited, sibling pairs (one right, one wrong
+program) ordered wrongly or tied, and groups where an advantage's global part has the wrong sign;
+and the look-ahead's generation time. Untrained adapters equal the base model, so the base model
+plays (``--adapters DIR`` loads a run's saved adapters instead). No training happens.
+
+    python benchmarks/team_credit_disagreement.py --steps 2 --threads 1
+    python benchmarks/team_credit_disagreement.py --quick --output /tmp/disagree.json  # tiny model
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from _common import RESULTS_DIR, finish, quick_overrides, run_facts
+
+import llm_zoo
+from llm_zoo_train.config import load_config, train_env_kwargs
+from llm_zoo_train.engines.base import SamplingParams
+from llm_zoo_train.env_play import generate_checked, seeded_sampling
+from llm_zoo_train.eval_plan import local_engine, saved_adapters
+from llm_zoo_train.seeding import Stream, derive_seed
+from llm_zoo_train.team_credit import LOOKAHEAD_ROUND, credit_disagreements, run_lookahead
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "examples" / "math_smollm2_cpu.yaml"
+NAME = "team_credit_disagreement"
+
+
+def parse_credit(rule: str) -> tuple[str, int, str]:
+    """``immediate`` / ``greedy`` / ``sampled:M`` -> ``(rule, samples, teammate)``."""
+    name, _, count = rule.partition(":")
+    if name == "immediate" and not count:
+        return rule, 0, "sampled"
+    if name == "greedy" and not count:
+        return rule, 1, "greedy"
+    if name == "sampled" and count.isdigit() and int(count) >= 1:
+        return rule, int(count), "sampled"
+    raise SystemExit(f"unknown credit rule {rule!r}; rules: immediate, greedy, sampled:M (M >= 1)")
+
+
+def measure(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
+    config = load_config(CONFIG, overrides)
+    rules = [parse_credit(rule) for rule in args.credits.split(",") if rule]
+    rollout = config.rollout
+    adapters = saved_adapters(Path(args.adapters)) if args.adapters else {}
+    engine = local_engine(config, adapters)
+    kwargs = train_env_kwargs(config)
+    groups: dict[str, list[list[tuple[float, float]]]] = {rule: [] for rule, _, _ in rules}
+    seconds = dict.fromkeys(groups, 0.0)
+    tokens = dict.fromkeys(groups, 0)
+    candidate_seconds, own_correct, candidates = 0.0, 0, 0
+    for step in range(1, args.steps + 1):
+        task_rng = np.random.default_rng(derive_seed(config.training.seed, step, 0, Stream.TASKS))
+        seeds = task_rng.integers(0, 2**30, size=rollout.envs_per_step).tolist()
+        envs = [llm_zoo.make(config.env.id, **kwargs) for _ in seeds]
+        for env, seed in zip(envs, seeds, strict=True):
+            env.reset(seed=int(seed))
+        agent_adapters = {a: (a if a in adapters else None) for a in envs[0].possible_agents}
+        agent = envs[0].agent_selection
+        sampling = SamplingParams(
+            max_tokens=rollout.max_completion_length, temperature=rollout.temperature,
+            top_p=rollout.top_p, top_k=rollout.top_k,
+            seed=derive_seed(config.training.seed, step, 0, Stream.SAMPLING),
+        )  # fmt: skip
+        prompts = [env.observe(agent)["prompt"] for env in envs]
+        start = time.perf_counter()
+        outputs = generate_checked(
+            engine, prompts, [agent_adapters[agent]] * len(envs), rollout.num_generations,
+            seeded_sampling(sampling, 0),
+        )  # fmt: skip
+        candidate_seconds += time.perf_counter() - start
+        branches, own = [], []
+        for env, completions in zip(envs, outputs, strict=True):
+            clones = [env.clone() for _ in completions]
+            for clone, completion in zip(clones, completions, strict=True):
+                clone.step(completion.text)
+                info = clone.infos[agent]
+                branches.append((clone, agent, float(info.get("global_reward", 0.0))))
+                own.append(float(bool(info.get(args.own_key))))
+        own_correct += int(sum(own))
+        candidates += len(own)
+        k = rollout.num_generations
+        for rule, samples, teammate in rules:
+            start = time.perf_counter()
+            if samples == 0:
+                credited = [immediate for _, _, immediate in branches]
+            else:
+                looks = run_lookahead(
+                    branches, engine, agent_adapters, sampling, 0, LOOKAHEAD_ROUND,
+                    samples=samples, teammate=teammate,
+                )  # fmt: skip
+                credited = [look.credited_global for look in looks]
+                tokens[rule] += sum(look.tokens for look in looks)
+            seconds[rule] += time.perf_counter() - start
+            print(f"  step {step} {rule}: {time.perf_counter() - start:.1f} s", flush=True)
+            pairs = list(zip(own, credited, strict=True))
+            groups[rule] += [pairs[i : i + k] for i in range(0, len(pairs), k)]
+        for env in envs:
+            env.close()
+        print(f"step {step}: {len(own)} {agent} candidates, {int(sum(own))} correct", flush=True)
+    table = {
+        rule: {**credit_disagreements(groups[rule]), "lookahead_seconds": seconds[rule],
+               "lookahead_tokens": tokens[rule]}
+        for rule in groups
+    }  # fmt: skip
+    for rule, row in table.items():
+        print(
+            f"{rule:>12}: disagree {row['disagreements']}/{row['candidates']} (failed credited "
+            f"{row['credited_failed']}, correct withheld {row['withheld_correct']}); pairs misordered "
+            f"{row['pairs_misordered']}, tied {row['pairs_tied']} of {row['pairs']}; groups flipped "
+            f"{row['groups_flipped']}/{row['groups']}, spurious {row['groups_spurious']}; look-ahead {row['lookahead_seconds']:.1f} s",
+            flush=True,
+        )
+    return {
+        "settings": {
+            "config_file": str(CONFIG.relative_to(REPO)),
+            "overrides": overrides,
+            "steps": args.steps,
+            "threads": torch.get_num_threads(),
+            "agent": agent,
+            "own_key": args.own_key,
+            "adapters": sorted(adapters),
+            "env_kwargs": kwargs,
+            "k": rollout.num_generations,
+            "envs_per_step": rollout.envs_per_step,
+            "temperature": rollout.temperature,
+        },
+        "candidates": candidates,
+        "own_correct": own_correct,
+        "candidate_seconds": candidate_seconds,
+        "rules": table,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny random model, 1 step")
+    parser.add_argument("--steps", type=int, default=2, help="training steps whose tasks are played")
+    parser.add_argument("--credits", default="immediate,sampled:1,sampled:4,greedy",
+                        help="comma list of immediate, greedy, sampled:M")  # fmt: skip
+    parser.add_argument("--own-key", default="correct", help="info key of the candidate's own correctness")
+    parser.add_argument("--adapters", default=None, help="a run's adapters/ dir (default: the base model)")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR / f"{NAME}.json")
+    args, overrides = parser.parse_known_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    facts = run_facts(__file__, argv)
+    with tempfile.TemporaryDirectory(prefix=f"{NAME}-") as tmp:
+        if args.quick:
+            overrides = [*quick_overrides(Path(tmp)), *overrides]
+            args.steps = 1
+        result = {**facts, "quick": args.quick, **measure(args, overrides)}
+    finish(result, args.output)
+
+
+if __name__ == "__main__":
+    main()
