@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from llm_zoo_train.engines.base import report_generated
+
 __all__ = ["decode_compacting", "last_logits_only", "sampling_warpers"]
 
 
@@ -90,6 +92,9 @@ def decode_compacting(
     Returns:
         ``(tokens, logprobs)``: per row, the generated ids (ending with the end-of-sequence token
         when one came) and ``log_softmax(logits / temperature)`` at each of them.
+
+    Each decode step reports its tokens through
+    :func:`~llm_zoo_train.engines.base.report_generated` (live progress; it changes nothing).
     """
     device = input_ids.device
     batch = input_ids.shape[0]
@@ -146,6 +151,8 @@ def decode_compacting(
         ):
             tokens[row].append(token)
             logprobs[row].append(logprob)
+
+        report_generated(chosen.shape[0])  # live progress for a caller; the batch's completions at its end
 
         going = ~torch.isin(chosen, eos)
         if not bool(going.any()):
