@@ -238,7 +238,7 @@ class _SlowReportingEngine:
 
 @pytest.mark.parametrize("terminal", [False, True])
 def test_tokens_and_tok_s_move_during_a_generate_call(terminal):
-    console, out = _console(terminal=terminal)
+    console, _ = _console(terminal=terminal)
     progress = RunProgress(console, total_steps=1)
     seen: list[str] = []
     holder = {}

@@ -28,7 +28,9 @@ __all__ = [
 
 #: Where an engine reports what it has generated so far within one ``generate`` call (a context
 #: variable, so it reaches the engine through any wrapper and stays with the calling thread).
-_progress: ContextVar[Callable[[int, int], None] | None] = ContextVar("llm_zoo_generation_progress", default=None)
+_progress: ContextVar[Callable[[int, int], None] | None] = ContextVar(
+    "llm_zoo_generation_progress", default=None
+)
 
 
 @contextmanager
