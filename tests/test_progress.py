@@ -205,13 +205,15 @@ def test_the_command_prints_what_it_will_do_before_importing_torch(tiny_model_di
         first = process.stdout.readline()
         seconds = time.perf_counter() - start
         second = process.stdout.readline()
+        third = process.stdout.readline()
     finally:
         process.kill()
         process.wait()
     assert (
-        first.startswith("llm-zoo-train: test/Scripted-v0 with ") and "1 steps of 8 envs x K=4 tree" in first
+        first.startswith("llm-zoo-train: test/Scripted-v0 with ") and ", 1 step of 8 envs x K=4 tree" in first
     )
-    assert second.startswith("loading model ")
+    assert second.startswith("torch threads: ")  # what the run computes with (OMP_NUM_THREADS or chosen)
+    assert third.startswith("loading model ")
     assert seconds < 30, f"the first line took {seconds:.1f} s"
 
 
@@ -274,3 +276,21 @@ def test_vllm_progress_bar_class_counts_finished_requests_and_draws_nothing(caps
     assert reports == [(0, 2), (0, 1)]
     captured = capsys.readouterr()
     assert captured.out == captured.err == ""
+
+
+def test_the_run_summary_counts_in_words():
+    from llm_zoo_train.config import load_config
+    from llm_zoo_train.progress import run_summary
+
+    one = load_config(
+        str(TESTS.parent / "examples" / "math_smollm2_cpu.yaml"),
+        ["--training.max_steps", "1", "--eval.num_episodes", "1", "--eval.eval_steps", "1"],
+    )
+    line = run_summary(one)
+    assert ", 1 step of " in line and "1 evaluation episode " in line and "every step;" in line
+    two = load_config(
+        str(TESTS.parent / "examples" / "math_smollm2_cpu.yaml"),
+        ["--training.max_steps", "2", "--eval.num_episodes", "2", "--eval.eval_steps", "2"],
+    )
+    line = run_summary(two)
+    assert ", 2 steps of " in line and "2 evaluation episodes " in line and "every 2 steps;" in line

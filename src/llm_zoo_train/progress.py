@@ -39,17 +39,22 @@ from llm_zoo_train.engines.base import generation_progress
 #: Seconds between two redraws from an engine's live reports (a decode step can take milliseconds).
 _REDRAW_S = 0.25
 
-__all__ = ["Phase", "RunProgress", "WatchedEngine", "run_summary"]
+__all__ = ["Phase", "RunProgress", "WatchedEngine", "plural", "run_summary"]
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 step``, ``2 steps``, ``0 steps``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def run_summary(config: Config) -> str:
     """One line saying what the run will do (printed within a second of the command)."""
     r, t, e = config.rollout, config.training, config.eval
-    evaluation = f"{e.num_episodes} evaluation episodes" + (
+    evaluation = plural(e.num_episodes, "evaluation episode") + (
         " before and after" if e.eval_on_start else " after training"
     )
     if e.eval_steps:
-        evaluation += f" and every {e.eval_steps} steps"
+        evaluation += " and every step" if e.eval_steps == 1 else f" and every {e.eval_steps} steps"
     models = config.model.name_or_path
     extra = config.agents.models  # agents.models: more base models, each overriding `model`
     if extra:
@@ -57,7 +62,7 @@ def run_summary(config: Config) -> str:
         models += f" and {', '.join(names)}"
     return (
         f"llm-zoo-train: {config.env.id} with {models} ({r.engine} engine), "
-        f"{t.max_steps} steps of {r.envs_per_step} envs x K={r.num_generations} {r.mode} rollouts, "
+        f"{plural(t.max_steps, 'step')} of {r.envs_per_step} envs x K={r.num_generations} {r.mode} rollouts, "
         f"{evaluation}; output {t.output_dir}"
     )
 
