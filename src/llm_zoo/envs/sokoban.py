@@ -76,6 +76,14 @@ Options
     goals as boxes) instead of a generated one; a board that breaks these rules raises
     ``ValueError``. Its solvability is not checked.
 
+Parallel API
+    Not parallelizable (``metadata["is_parallelizable"]`` is ``False``, so PettingZoo's
+    ``aec_to_parallel`` refuses the env): the plan agent answers after reading the tool agent's
+    program, output and moves of the same turn, which a parallel step, where every agent answers at
+    once, cannot show it. ``pettingzoo.utils.conversions.turn_based_aec_to_parallel`` is the
+    faithful parallel view (one agent acts per step). ``max_cycles`` is accepted as PettingZoo's
+    name for ``max_turns``.
+
 Version history
     v0: initial.
 """
@@ -398,7 +406,7 @@ class SokobanEnv(ToolPlanEnv[SokobanState]):
     metadata: ClassVar[dict[str, Any]] = {
         "render_modes": ["ansi"],
         "name": "sokoban_v0",
-        "is_parallelizable": True,
+        "is_parallelizable": False,
     }
     puzzle_name: ClassVar[str] = "Sokoban"
 
