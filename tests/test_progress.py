@@ -247,7 +247,7 @@ def test_tokens_and_tok_s_move_during_a_generate_call(terminal):
     engine = _SlowReportingEngine(seen, lambda: holder["watched"].phase)
     watched = holder["watched"] = progress.rollout(engine, 1, 2, mode="independent", num_generations=1)
     watched.generate(["a", "b"], [None, None], 1, SAMPLING)
-    assert seen[0].startswith("turn 1, 0 completions")
+    assert seen[0].startswith("turn 1, 0 completions") and seen[0].endswith(", reading 2 prompts")
     assert [re.search(r"([\d,]+) tokens \(\d+ tok/s\)", s).group(1) for s in seen[1:]] == ["2", "4", "6"]
     assert watched.describe().startswith("turn 1, 2 completions, 6 tokens")  # the results' count
     if terminal:

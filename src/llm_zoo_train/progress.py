@@ -163,6 +163,7 @@ class WatchedEngine:
         #: Tokens and completions the engine has reported in the call now running.
         self._live_tokens = self._live_completions = 0
         self._call_start: float | None = None
+        self._call_rows = 0
         self._last_draw = 0.0
 
     def generate(self, prompts: Sequence[str], adapters: Sequence[str | None], n: int, sampling: Any) -> Any:
@@ -172,6 +173,7 @@ class WatchedEngine:
             self.groups += len(prompts) if self.count_groups else 0
             self.turns += 1
         self._call_start = time.perf_counter()
+        self._call_rows = len(prompts) * n
         self._last_draw = 0.0
         self.phase.update(info=self.describe())  # the turn shows as it starts, not when it ends
         try:
@@ -211,6 +213,9 @@ class WatchedEngine:
         if tokens or self._call_start is not None:
             rate = tokens / seconds if seconds > 0 else 0.0
             parts.append(f"{tokens:,} tokens ({rate:.0f} tok/s)")
+        if self._call_start is not None and not self._live_tokens:
+            # Before a call's first token the model reads the prompts (one long forward pass on a CPU).
+            parts.append(f"reading {self._call_rows} prompts")
         return ", ".join(parts)
 
     def close(self) -> None:
