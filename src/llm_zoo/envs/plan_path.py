@@ -103,12 +103,11 @@ Options
     no parsable plan in 32 samples. See ``benchmarks/learning_plan_path.py`` for training with them.
 
 Parallel API
-    Not parallelizable (``metadata["is_parallelizable"]`` is ``False``, so PettingZoo's
-    ``aec_to_parallel`` refuses the env): the plan agent answers after reading the tool agent's
-    program, output and moves of the same turn, which a parallel step, where every agent answers at
-    once, cannot show it. ``pettingzoo.utils.conversions.turn_based_aec_to_parallel`` is the
-    faithful parallel view (one agent acts per step). ``max_cycles`` is accepted as PettingZoo's
-    name for ``max_turns``.
+    Not parallelizable: the plan agent answers after reading the tool agent's program, output and
+    moves of the same turn, which PettingZoo's ``aec_to_parallel`` would hide from it (every agent
+    of a parallel step answers at once), so ``is_parallelizable`` is ``False`` and that conversion
+    refuses the env. ``turn_based_aec_to_parallel`` is the faithful parallel view (one agent per
+    step); see "PettingZoo conventions" in :mod:`llm_zoo.core`. ``max_cycles`` = ``max_turns``.
 
 Version history
     v0: initial. Later additions that keep the defaults' behaviour: the ``agents``,

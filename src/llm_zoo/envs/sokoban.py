@@ -77,12 +77,10 @@ Options
     ``ValueError``. Its solvability is not checked.
 
 Parallel API
-    Not parallelizable (``metadata["is_parallelizable"]`` is ``False``, so PettingZoo's
-    ``aec_to_parallel`` refuses the env): the plan agent answers after reading the tool agent's
-    program, output and moves of the same turn, which a parallel step, where every agent answers at
-    once, cannot show it. ``pettingzoo.utils.conversions.turn_based_aec_to_parallel`` is the
-    faithful parallel view (one agent acts per step). ``max_cycles`` is accepted as PettingZoo's
-    name for ``max_turns``.
+    As for PlanPath-v0: ``is_parallelizable`` is ``False`` (``aec_to_parallel`` refuses the env)
+    because the plan agent reads the tool agent's answer of the same turn before it pushes; use
+    ``turn_based_aec_to_parallel`` (one agent per step; "PettingZoo conventions" in
+    :mod:`llm_zoo.core`). ``max_cycles`` is accepted as PettingZoo's name for ``max_turns``.
 
 Version history
     v0: initial.
