@@ -111,9 +111,10 @@ def test_both_loops_report_tokens_while_they_generate_and_sample_the_same(model_
     assert assert_same(unwatched, watched)
     generated = sum(len(c.token_ids) for row in watched for c in row)
     reported = sum(tokens for tokens, _ in reports)
-    assert sum(done for _, done in reports) == 4 * len(PROMPTS)  # every completion, batch by batch
+    assert sum(done for _, done in reports) == 4 * len(PROMPTS)  # every completion, once
     assert len(reports) > 3  # during the call, one report per decode step
     if compact:
         assert reported == generated  # finished rows leave the batch and are no longer counted
+        assert any(done for _, done in reports[:-1])  # completions counted as rows end, not per batch
     else:
         assert reported >= generated  # model.generate carries finished rows to the batch's end

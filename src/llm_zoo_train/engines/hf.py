@@ -28,7 +28,7 @@ How one :meth:`HFEngine.generate` call runs:
 5. Completions are cut after the first end-of-sequence token (kept in ``token_ids``; the
    ``finish_reason`` is ``"stop"``) or at ``max_tokens`` (``"length"``); padding is removed.
 
-While it runs, the call reports every decode step's tokens and every finished batch's completions
+While it runs, the call reports every decode step's tokens and the completions as they end
 through :func:`llm_zoo_train.engines.base.report_generated`, so a progress display can count them
 during a call of minutes (:mod:`llm_zoo_train.progress`).
 
@@ -345,7 +345,6 @@ class HFEngine:
             logprobs = recorder.finish(generated).cpu().tolist()
             new_tokens = generated.cpu().tolist()
 
-        report_generated(0, len(prompt_ids))
         completions = []
         for row, ids in enumerate(prompt_ids):
             tokens, finish_reason = new_tokens[row], "length"
@@ -362,6 +361,13 @@ class HFEngine:
                     finish_reason=finish_reason,
                 )
             )
+        # The compacting loop has reported the rows that ended with an end-of-sequence token.
+        unreported = (
+            [c for c in completions if c.finish_reason == "length"]
+            if self.compact_finished_rows
+            else completions
+        )
+        report_generated(0, len(unreported))
         return completions
 
     def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, index: torch.Tensor) -> Any:

@@ -93,8 +93,8 @@ def decode_compacting(
         ``(tokens, logprobs)``: per row, the generated ids (ending with the end-of-sequence token
         when one came) and ``log_softmax(logits / temperature)`` at each of them.
 
-    Each decode step reports its tokens through
-    :func:`~llm_zoo_train.engines.base.report_generated` (live progress; it changes nothing).
+    Each decode step reports its tokens and the rows that ended with an end-of-sequence token
+    through :func:`~llm_zoo_train.engines.base.report_generated` (live progress; it changes nothing).
     """
     device = input_ids.device
     batch = input_ids.shape[0]
@@ -152,9 +152,10 @@ def decode_compacting(
             tokens[row].append(token)
             logprobs[row].append(logprob)
 
-        report_generated(chosen.shape[0])  # live progress for a caller; the batch's completions at its end
-
         going = ~torch.isin(chosen, eos)
+        # Live progress for a caller: this step's tokens and the rows that ended with them (rows cut
+        # at max_new_tokens are reported by the caller, which sees them end).
+        report_generated(chosen.shape[0], chosen.shape[0] - int(going.sum()))
         if not bool(going.any()):
             break
         mask = torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype, device=device)], dim=-1)
