@@ -16,9 +16,10 @@ Rollouts and evaluations are followed through the engine they generate with
 unchanged - same arguments, same results, so the rollout is the one it would be without progress -
 and counts what it sees. During a call it also counts what the engine reports as it generates
 (:func:`llm_zoo_train.engines.base.generation_progress`: the transformers engine reports every
-decode step's tokens, the vLLM engines their finished requests), so tokens and tok/s move within
-seconds of a phase's start, although all episodes of a batch end together at the last turn. Rollouts make one engine call per turn for every live episode, with
-``n = K`` candidates in tree mode (a look-ahead call has ``n = 1``), so the prompts of a call with
+decode step's tokens and the answers that end, the vLLM engines their finished requests), so the
+tokens and tok/s move while the model generates (after ``reading N prompts``), although all
+episodes of a batch end together at the last turn. Rollouts make one engine call per turn for
+every live episode, with ``n = K`` candidates in tree mode (a look-ahead call has ``n = 1``), so the prompts of a call with
 the episodes' ``n`` are the episodes still running; an episode counts as done once no call asks
 for it. An update reports its micro-batches through the ``progress`` callback of
 :meth:`llm_zoo_train.update.AdapterUpdater.update`.
@@ -163,7 +164,7 @@ class WatchedEngine:
         #: Tokens and completions the engine has reported in the call now running.
         self._live_tokens = self._live_completions = 0
         self._call_start: float | None = None
-        self._call_rows = 0
+        self._call_prompts = 0
         self._last_draw = 0.0
 
     def generate(self, prompts: Sequence[str], adapters: Sequence[str | None], n: int, sampling: Any) -> Any:
@@ -173,7 +174,7 @@ class WatchedEngine:
             self.groups += len(prompts) if self.count_groups else 0
             self.turns += 1
         self._call_start = time.perf_counter()
-        self._call_rows = len(prompts) * n
+        self._call_prompts = len(prompts)
         self._last_draw = 0.0
         self.phase.update(info=self.describe())  # the turn shows as it starts, not when it ends
         try:
@@ -215,7 +216,7 @@ class WatchedEngine:
             parts.append(f"{tokens:,} tokens ({rate:.0f} tok/s)")
         if self._call_start is not None and not self._live_tokens:
             # Before a call's first token the model reads the prompts (one long forward pass on a CPU).
-            parts.append(f"reading {self._call_rows} prompts")
+            parts.append(f"reading {self._call_prompts} prompts")
         return ", ".join(parts)
 
     def close(self) -> None:
