@@ -114,7 +114,8 @@ def configure_torch_threads(processes: int | None = None) -> str:
     if torch.cuda.is_available():
         return f"torch threads: {torch.get_num_threads()} (torch's default; the model runs on the GPU)"
     if processes is None:
-        processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+        processes = int(local) if local.isdigit() and int(local) > 0 else 1
     load = machine_load()
     threads = choose_threads(load, processes)
     torch.set_num_threads(threads)
