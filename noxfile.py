@@ -128,6 +128,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/learning_plan_path.py", "--quick", "--output-dir", out)
     session.run("python", "benchmarks/learning_math.py", "--quick", "--output-dir", out)
     session.run("python", "benchmarks/async_rollouts.py", "--quick", "--output-dir", out)
+    session.run("python", "benchmarks/threads.py", "--quick", "--states", "quiet", "--output-dir", out)
     session.run(
         "python", "benchmarks/reproduce_paper.py", "--smoke", "--rows", "plan_path", "--output-dir", out
     )
