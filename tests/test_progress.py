@@ -164,8 +164,22 @@ def test_a_training_run_reports_every_phase(tiny_model_dir, tmp_path, capsys):
         tiny_model_dir, tmp_path / "run", ["--training.max_steps", "1", "--eval.num_episodes", "2"]
     )
     trainer = Trainer(config)
+    seen: list[tuple[str, int, int]] = []
+    update = trainer.updater.update
+
+    def recording_update(adapter, samples, progress=None):
+        def record(done, total):
+            seen.append((adapter, done, total))
+            progress(done, total)
+
+        return update(adapter, samples, record)
+
+    trainer.updater.update = recording_update
     trainer.train()
     trainer.close()
+    for adapter in ("alice", "bob"):  # each update shows its micro-batches before the first ends
+        calls = [(done, total) for name, done, total in seen if name == adapter]
+        assert calls[0] == (0, calls[-1][1]) and calls[-1][0] == calls[-1][1] > 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0] == f"loading model {tiny_model_dir} ..." and lines[1].startswith("model loaded in ")
