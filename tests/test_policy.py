@@ -190,7 +190,9 @@ def test_a_hub_id_without_network_fails_at_once_with_a_clear_error(monkeypatch):
 
     monkeypatch.setattr(policy, "hub_reachable", lambda: False)
     start = time.perf_counter()
-    with pytest.raises(ModelNotAvailableError, match=r"not in the Hugging Face cache, and the hub .* cannot be reached"):
+    with pytest.raises(
+        ModelNotAvailableError, match=r"not in the Hugging Face cache, and the hub .* cannot be reached"
+    ):
         load_base_model(ModelConfig(name_or_path="llm-zoo-tests/never-published-model"))
     assert time.perf_counter() - start < 5.0
 
