@@ -223,6 +223,33 @@ def async_rollouts(result: dict[str, Any]) -> str:
     )
 
 
+def threads(result: dict[str, Any]) -> str:
+    rows = [
+        [case["job"], case["state"]]
+        + [f"{case['ratio_to_best'][s]:.2f}" for s in ("one", "default", "all")]
+        + [", ".join(str(r["threads"]) for r in case["runs"]["default"])]
+        + ["met" if case["default_within_target"] else "**missed**"]
+        for case in result["cases"]
+    ]
+    return (
+        f"Each job in a fresh `llm-zoo-train` process, {result['repeats']} runs per setting, interleaved;"
+        f" busy: {result['busy_procs']} spinning processes started by the benchmark. Mean seconds over the"
+        " best setting's:\n\n"
+        + _table(
+            [
+                "job",
+                "machine",
+                "one / best",
+                "default / best",
+                "all / best",
+                "default chose",
+                f"default <= {result['target']}",
+            ],
+            rows,
+        )
+    )
+
+
 def trainer_vs_trl(result: dict[str, Any]) -> str:
     summary, settings = result["summary"], result["settings"]
     rows = []
@@ -470,10 +497,16 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
     ("vllm_server_speed", "Rollout speed, vLLM server against colocated vLLM", vllm_server_speed),
     ("sandbox_speed", "Sandbox throughput against a fresh process per test", sandbox_speed),
     ("env_speed", "Environment speed", env_speed),
+    ("threads", "Torch threads on a CPU: the command's choice against one thread and all cores", threads),
 ]
 
 
 NOT_RUN = {
+    "threads": (
+        "Not run yet: it needs a machine with nothing else running (it starts the busy case's load"
+        " itself): `python benchmarks/threads.py`. `python benchmarks/threads.py --quick --output-dir DIR`"
+        " checks the script with the tiny model (its figures mean nothing).\n"
+    ),
     "reproduce_paper": (
         "Not run yet: it needs a GPU (`python benchmarks/reproduce_paper.py --short` for a first look,"
         " without `--short` for the full configs). No GPU was available on the machines this project was"

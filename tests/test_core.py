@@ -78,7 +78,8 @@ def test_human_mode_prints_the_ansi_picture(capsys):
     human.reset(seed=4)
     assert human.render() is None
     assert capsys.readouterr().out == ansi.render() + "\n"
-    assert KeywordEnv().render() is None  # no render_mode: nothing rendered
+    with pytest.warns(UserWarning, match="without specifying any render mode"):
+        assert KeywordEnv().render() is None  # no render_mode: nothing rendered, a warning
 
 
 @pytest.mark.parametrize("env_id", BUILTIN_IDS)
@@ -134,7 +135,7 @@ def test_metadata_defaults_come_from_the_base_class():
     assert env_class.metadata == {
         "name": "minimal_v0",
         "render_modes": ["ansi", "human"],
-        "is_parallelizable": True,
+        "is_parallelizable": False,  # agents read same-turn answers: aec_to_parallel would hide them
     }
     assert env_class(render_mode="ansi").render_mode == "ansi"  # once a bare KeyError
     declared = _env_class(

@@ -93,3 +93,28 @@ def test_the_sampling_warpers_follow_generate(model_and_tokenizer):
     assert hf_decode.sampling_warpers(1.0, 0, 1.0) == []
     kinds = [type(w).__name__ for w in hf_decode.sampling_warpers(0.5, 5, 0.9)]
     assert kinds == ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"]
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_both_loops_report_tokens_while_they_generate_and_sample_the_same(model_and_tokenizer, compact):
+    """Live progress (llm_zoo_train.engines.base.generation_progress) sees every decode step's
+    tokens during the call, and watching changes no sampled token."""
+    from llm_zoo_train.engines.base import generation_progress
+
+    model, tokenizer = model_and_tokenizer
+    sampling = SamplingParams(max_tokens=12, temperature=0.9, seed=7)
+    engine = HFEngine(model, tokenizer, max_batch_size=8, compact_finished_rows=compact)
+    unwatched = engine.generate(PROMPTS, ["one"] * len(PROMPTS), 4, sampling)
+    reports: list[tuple[int, int]] = []
+    with generation_progress(lambda tokens, done: reports.append((tokens, done))):
+        watched = engine.generate(PROMPTS, ["one"] * len(PROMPTS), 4, sampling)
+    assert assert_same(unwatched, watched)
+    generated = sum(len(c.token_ids) for row in watched for c in row)
+    reported = sum(tokens for tokens, _ in reports)
+    assert sum(done for _, done in reports) == 4 * len(PROMPTS)  # every completion, once
+    assert len(reports) > 3  # during the call, one report per decode step
+    if compact:
+        assert reported == generated  # finished rows leave the batch and are no longer counted
+        assert any(done for _, done in reports[:-1])  # completions counted as rows end, not per batch
+    else:
+        assert reported >= generated  # model.generate carries finished rows to the batch's end

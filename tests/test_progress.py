@@ -164,8 +164,22 @@ def test_a_training_run_reports_every_phase(tiny_model_dir, tmp_path, capsys):
         tiny_model_dir, tmp_path / "run", ["--training.max_steps", "1", "--eval.num_episodes", "2"]
     )
     trainer = Trainer(config)
+    seen: list[tuple[str, int, int]] = []
+    update = trainer.updater.update
+
+    def recording_update(adapter, samples, progress=None):
+        def record(done, total):
+            seen.append((adapter, done, total))
+            progress(done, total)
+
+        return update(adapter, samples, record)
+
+    trainer.updater.update = recording_update
     trainer.train()
     trainer.close()
+    for adapter in ("alice", "bob"):  # each update shows its micro-batches before the first ends
+        calls = [(done, total) for name, done, total in seen if name == adapter]
+        assert calls[0] == (0, calls[-1][1]) and calls[-1][0] == calls[-1][1] > 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0] == f"loading model {tiny_model_dir} ..." and lines[1].startswith("model loaded in ")
@@ -183,6 +197,10 @@ def test_a_training_run_reports_every_phase(tiny_model_dir, tmp_path, capsys):
     assert all(re.search(r": (\d+)/\1 micro-batches, ", line) for line in updates)
     assert first_eval < rollout < lines.index(updates[0])
     assert sum(line.startswith("evaluation: ") for line in lines) == 2  # before and after training
+    # The step's summary line prints when the step ends, before the final evaluation runs.
+    step_line = next(i for i, line in enumerate(lines) if line.startswith("step 1 | reward "))
+    final_eval = max(i for i, line in enumerate(lines) if line.startswith("evaluation: "))
+    assert lines.index(updates[-1]) < step_line < final_eval
 
 
 def test_the_command_prints_what_it_will_do_before_importing_torch(tiny_model_dir, tmp_path):
@@ -201,11 +219,92 @@ def test_the_command_prints_what_it_will_do_before_importing_torch(tiny_model_di
         first = process.stdout.readline()
         seconds = time.perf_counter() - start
         second = process.stdout.readline()
+        third = process.stdout.readline()
     finally:
         process.kill()
         process.wait()
     assert (
-        first.startswith("llm-zoo-train: test/Scripted-v0 with ") and "1 steps of 8 envs x K=4 tree" in first
+        first.startswith("llm-zoo-train: test/Scripted-v0 with ") and ", 1 step of 8 envs x K=4 tree" in first
     )
-    assert second.startswith("loading model ")
+    assert second.startswith("torch threads: ")  # what the run computes with (OMP_NUM_THREADS or chosen)
+    assert third.startswith("loading model ")
     assert seconds < 30, f"the first line took {seconds:.1f} s"
+
+
+class _SlowReportingEngine:
+    """Reports tokens while it generates, as the transformers engine does at every decode step."""
+
+    def __init__(self, seen: list[str], phase_of):
+        self.seen, self.phase_of = seen, phase_of
+
+    def generate(self, prompts, adapters, n, sampling):
+        from llm_zoo_train.engines.base import Completion, report_generated
+
+        self.seen.append(self.phase_of().info)  # the turn shows as the call starts
+        for _ in range(3):
+            report_generated(len(prompts) * n)
+            self.seen.append(self.phase_of().info)
+            time.sleep(0.3)  # the display redraws at most every 0.25 s
+        report_generated(0, len(prompts) * n)
+        return [[Completion("x", [1], [5, 6, 7], [0.0] * 3, "length")] * n for _ in prompts]
+
+    def load_adapters(self, paths, version):
+        pass
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_tokens_and_tok_s_move_during_a_generate_call(terminal):
+    console, _ = _console(terminal=terminal)
+    progress = RunProgress(console, total_steps=1)
+    seen: list[str] = []
+    holder = {}
+    engine = _SlowReportingEngine(seen, lambda: holder["watched"].phase)
+    watched = holder["watched"] = progress.rollout(engine, 1, 2, mode="independent", num_generations=1)
+    watched.generate(["a", "b"], [None, None], 1, SAMPLING)
+    assert seen[0].startswith("turn 1, 0 completions") and seen[0].endswith(", reading 2 prompts")
+    assert [re.search(r"([\d,]+) tokens \(\d+ tok/s\)", s).group(1) for s in seen[1:]] == ["2", "4", "6"]
+    assert watched.describe().startswith("turn 1, 2 completions, 6 tokens")  # the results' count
+    if terminal:
+        assert progress.bars.tasks[-1].fields["status"] == watched.describe()
+    watched.close()
+    progress.close()
+
+
+def test_vllm_progress_bar_class_counts_finished_requests_and_draws_nothing(capsys):
+    """vLLM's LLM.generate(use_tqdm=cls) calls cls(iterable, desc=...) to add requests, then
+    cls(total=...), reads format_dict and n, sets postfix, update(n) per finished request."""
+    from llm_zoo_train.engines.base import generation_progress
+    from llm_zoo_train.engines.vllm_requests import FinishedRequests
+
+    reports: list[tuple[int, int]] = []
+    with generation_progress(lambda tokens, done: reports.append((tokens, done))):
+        assert list(FinishedRequests([1, 2, 3], desc="Adding requests")) == [1, 2, 3]
+        bar = FinishedRequests(total=3, desc="Processed prompts", dynamic_ncols=True, postfix="x")
+        assert bar.format_dict["elapsed"] >= 0
+        bar.postfix = "est. speed"
+        bar.update(2)
+        bar.update(1)
+        assert bar.n == 3
+        bar.refresh()
+        bar.close()
+    assert reports == [(0, 2), (0, 1)]
+    captured = capsys.readouterr()
+    assert captured.out == captured.err == ""
+
+
+def test_the_run_summary_counts_in_words():
+    from llm_zoo_train.config import load_config
+    from llm_zoo_train.progress import run_summary
+
+    one = load_config(
+        str(TESTS.parent / "examples" / "math_smollm2_cpu.yaml"),
+        ["--training.max_steps", "1", "--eval.num_episodes", "1", "--eval.eval_steps", "1"],
+    )
+    line = run_summary(one)
+    assert ", 1 step of " in line and "1 evaluation episode " in line and "every step;" in line
+    two = load_config(
+        str(TESTS.parent / "examples" / "math_smollm2_cpu.yaml"),
+        ["--training.max_steps", "2", "--eval.num_episodes", "2", "--eval.eval_steps", "2"],
+    )
+    line = run_summary(two)
+    assert ", 2 steps of " in line and "2 evaluation episodes " in line and "every 2 steps;" in line

@@ -95,3 +95,17 @@ def test_readme_says_how_to_get_the_commands_after_nox_demo() -> None:
     demo = text.index("nox -s demo")
     train = text.index("## Train")
     assert "source .nox/demo/bin/activate" in text[demo:train]
+
+
+def test_the_first_example_shows_a_success_and_a_failure(tmp_path: Path) -> None:
+    """A newcomer sees what success looks like: the first snippet's scripted episodes print one
+    successful and one failed episode, each answer with its reward and feedback."""
+    first = next(block for block in BLOCKS if block.lang == "python")
+    result = run_block(first, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    right, _, wrong = out.partition("A wrong answer")
+    assert "plan_agent is done, success: True" in right and "success: False" not in right
+    assert "plan_agent is done, success: False" in wrong and "success: True" not in wrong
+    assert right.count("feedback: ") == wrong.count("feedback: ") == 2  # tool agent and plan agent
+    assert re.search(r"plan_agent: reward [+-]\d+\.\d{3} \(role [+-]\d+\.\d{3}, team \+1\.0\)", right)

@@ -108,6 +108,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.engines.replay", "llm_zoo_train.engines.replay"),
     ("llm_zoo_train.tracking", "llm_zoo_train.tracking"),
     ("llm_zoo_train.progress", "llm_zoo_train.progress"),
+    ("llm_zoo_train.threads", "llm_zoo_train.threads"),
 ]
 
 #: Modules deliberately without an API page (besides private ``_name`` modules, never documented).

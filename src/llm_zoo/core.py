@@ -12,8 +12,22 @@ rules, in four methods:
 
 and two class attributes: :attr:`TextAECEnv.roles` and ``metadata["name"]`` (``render_modes`` and
 ``is_parallelizable`` default to the base class's). ``render()`` returns that picture in ``"ansi"``
-mode and prints it in ``"human"`` mode. There is no PettingZoo ``state()``: the Plan-Path and
-Sokoban envs keep their board in an attribute named ``state``.
+mode and prints it in ``"human"`` mode; without a render mode it warns and returns ``None``, as
+PettingZoo's envs do. There is no PettingZoo ``state()``: the Plan-Path and Sokoban envs keep their
+board in an attribute named ``state``.
+
+PettingZoo conventions:
+
+* ``max_cycles`` is PettingZoo's name for the turn limit: every env takes ``max_cycles=n`` as
+  ``max_turns=n`` (not both), so ``pettingzoo.test.max_cycles_test`` applies.
+* The parallel API: ``is_parallelizable`` is ``False`` by default, so PettingZoo's
+  ``aec_to_parallel`` refuses these envs. That conversion collects every agent's action of a turn
+  before any of them is played, but here an agent later in the turn reads what the earlier ones
+  answered in the same turn (the plan agent reads the tool agent's program and output): in a
+  parallel step it would answer without them ("The tool agent has not answered yet"). The
+  faithful parallel view is ``pettingzoo.utils.conversions.turn_based_aec_to_parallel``: one agent
+  acts per parallel step (the one whose turn it is; the other agents' actions are ignored), which
+  ``llm_zoo.testing.check_env`` tests with ``parallel_api_test``.
 
 Contract (see ``DESIGN.md``):
 
@@ -41,10 +55,14 @@ Contract (see ``DESIGN.md``):
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import gymnasium
 import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv
@@ -135,6 +153,7 @@ class TextAECEnv(AECEnv):
 
     Args:
         max_turns: Number of turns (one action by every role) before every agent is truncated.
+        max_cycles: PettingZoo's name for ``max_turns`` (give one of them).
         alpha: Weight of the global (team) reward in each agent's reward.
         render_mode: ``None``, ``"ansi"`` (``render()`` returns the picture of the state) or
             ``"human"`` (``render()`` prints it and returns ``None``).
@@ -143,7 +162,7 @@ class TextAECEnv(AECEnv):
     metadata: ClassVar[dict[str, Any]] = {
         "render_modes": list(RENDER_MODES),
         "name": "text_aec_env",
-        "is_parallelizable": True,
+        "is_parallelizable": False,
     }
     #: The agents, in the order they act within a turn.
     roles: ClassVar[tuple[str, ...]] = ()
@@ -159,7 +178,7 @@ class TextAECEnv(AECEnv):
             return  # inherited (or not a dict: reported when the env is made)
         metadata = dict(declared)
         metadata.setdefault("render_modes", list(RENDER_MODES))
-        metadata.setdefault("is_parallelizable", True)
+        metadata.setdefault("is_parallelizable", False)
         modes = metadata["render_modes"]
         renders_itself = cls.render is not TextAECEnv.render
         if (
@@ -170,9 +189,21 @@ class TextAECEnv(AECEnv):
         ):
             metadata["render_modes"] = [*modes, "human"]
         cls.metadata = metadata
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            cls.__init__ = _accepting_max_cycles(init)  # type: ignore[method-assign]
 
-    def __init__(self, *, max_turns: int = 3, alpha: float = 1.0, render_mode: str | None = None):
+    def __init__(
+        self,
+        *,
+        max_turns: int = 3,
+        alpha: float = 1.0,
+        render_mode: str | None = None,
+        max_cycles: int | None = None,
+    ):
         super().__init__()
+        if max_cycles is not None:
+            max_turns = max_cycles  # the subclass wrapper refuses both at once
         problem = class_attribute_problem(type(self))
         if problem:
             raise TypeError(problem)
@@ -321,8 +352,13 @@ class TextAECEnv(AECEnv):
 
     def render(self) -> str | None:
         """The picture of the state: returned in ``"ansi"`` mode, printed in ``"human"`` mode
-        (returns ``None``), nothing without a ``render_mode``."""
+        (returns ``None``); without a ``render_mode`` a warning, as PettingZoo's envs give, and
+        ``None``."""
         if self.render_mode is None:
+            gymnasium.logger.warn(
+                f"You are calling render method without specifying any render mode: make the env with "
+                f"render_mode set to one of {list(self.metadata['render_modes'])}."
+            )
             return None
         self._require_reset("render")
         picture = self._render_state()
@@ -403,6 +439,35 @@ def _as_text(action: Any) -> str:
         return str(action)
     except Exception:  # e.g. an int over Python's 4300-digit conversion limit
         return f"<{type(action).__name__}>"
+
+
+def _accepting_max_cycles(init: Callable[..., None]) -> Callable[..., None]:
+    """A subclass ``__init__`` that names ``max_turns`` also takes PettingZoo's ``max_cycles`` for
+    it (its signature says so, so ``llm_zoo.make`` accepts it); one that does not is left alone."""
+    signature = inspect.signature(init)
+    parameters = list(signature.parameters.values())
+    if "max_turns" not in signature.parameters or "max_cycles" in signature.parameters:
+        return init
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, max_cycles: int | None = None, **kwargs: Any) -> None:
+        if max_cycles is not None:
+            if "max_turns" in kwargs:
+                raise TypeError(
+                    f"{type(self).__name__}: give max_turns or max_cycles (PettingZoo's name for it), "
+                    f"not both; got max_turns={kwargs['max_turns']!r}, max_cycles={max_cycles!r}"
+                )
+            kwargs["max_turns"] = max_cycles
+        init(self, *args, **kwargs)
+
+    extra = inspect.Parameter(
+        "max_cycles", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="int | None"
+    )
+    at = next(
+        (i for i, p in enumerate(parameters) if p.kind is inspect.Parameter.VAR_KEYWORD), len(parameters)
+    )
+    __init__.__signature__ = signature.replace(parameters=[*parameters[:at], extra, *parameters[at:]])  # type: ignore[attr-defined]
+    return __init__
 
 
 def class_attribute_problem(cls: type) -> str:

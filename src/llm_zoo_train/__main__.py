@@ -156,6 +156,11 @@ def _main(argv: list[str]) -> int:
     from llm_zoo_train.trainer import Trainer
 
     transformers_logging.disable_progress_bar()  # weight-loading bars would bury the training log
+    from llm_zoo_train.threads import configure_torch_threads
+
+    threads = configure_torch_threads()  # every process sets its own; the first one says it
+    if os.environ.get("RANK", "0") == "0":
+        print(threads, flush=True)
 
     try:
         trainer = Trainer(config, resume_from=Path(checkpoint) if checkpoint is not None else None)

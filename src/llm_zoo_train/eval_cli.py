@@ -177,6 +177,9 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
         engine: Engine = _endpoint_engine(options, config.model.system_prompt, maps)
         model = {"endpoint": endpoint, "served_model": options.served_model}
     else:
+        from llm_zoo_train.threads import configure_torch_threads
+
+        print(configure_torch_threads(), file=sys.stderr, flush=True)
         names = ", ".join(settings.name_or_path for settings in plan.models.values())
         print(f"loading model {names} ...", file=sys.stderr, flush=True)
         needs_adapters = any(a in plan.adapters for mapping in maps.values() for a in mapping.values())

@@ -15,11 +15,13 @@ converted once - dequantized weights copied into a plain ``LlamaForCausalLM`` an
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import itertools
 import os
 import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,8 +39,11 @@ __all__ = [
     "ModelNotAvailableError",
     "Policy",
     "check_model_path",
+    "hub_options",
+    "hub_reachable",
     "load_base_model",
     "load_tokenizer",
+    "plain_file_modes",
     "public_model_id",
     "resolve_model_path",
 ]
@@ -137,6 +142,7 @@ def _materialize_embedded(alias: str, cache_dir: Path) -> Path:
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / _CONVERTED_MARKER).write_text(f"converted from {package_dir / model.gguf_file}\n")
+        plain_file_modes(tmp)
         try:
             os.rename(tmp, target)
         except OSError:  # another process finished first (or a stale unmarked dir is in the way)
@@ -148,6 +154,59 @@ def _materialize_embedded(alias: str, cache_dir: Path) -> Path:
     return target
 
 
+def plain_file_modes(directory: Path) -> None:
+    """Give every file in ``directory`` the mode a plain ``open(..., "w")`` gives (0644 with umask
+    022): safetensors writes its file 0600, so other users of a shared cache could not read it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in directory.iterdir():
+        if path.is_file():
+            os.chmod(path, 0o666 & ~umask)
+
+
+#: Seconds to wait for the hub's address before calling it unreachable.
+HUB_CHECK_TIMEOUT_S = 3.0
+
+
+@functools.cache
+def hub_reachable(endpoint: str | None = None, timeout_s: float = HUB_CHECK_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the Hugging Face hub (``HF_ENDPOINT``) opens within ``timeout_s``
+    (asked once per process and endpoint)."""
+    from urllib.parse import urlsplit
+
+    if endpoint is None:
+        from huggingface_hub import constants
+
+        endpoint = constants.ENDPOINT
+    parts = urlsplit(endpoint)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def hub_options(name_or_path: str, path: str) -> dict[str, Any]:
+    """``from_pretrained`` options for ``path``: ``{}`` normally; for a hub id while the hub cannot
+    be reached, ``local_files_only`` when the model is in the Hugging Face cache (no minute of
+    retries) and otherwise a ModelNotAvailableError at once."""
+    if Path(path).expanduser().exists():
+        return {}
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE or hub_reachable():
+        return {}
+    if isinstance(try_to_load_from_cache(path, "config.json"), str):
+        return {"local_files_only": True}
+    raise ModelNotAvailableError(
+        f"model.name_or_path: {name_or_path!r} is not a local directory, not in the Hugging Face cache, "
+        f"and the hub ({constants.ENDPOINT}) cannot be reached from this machine. Connect to the network "
+        f"(or set HF_ENDPOINT to a reachable mirror), give a model directory (as save_pretrained writes "
+        f"it), or the alias {_ALIAS_HINT}"
+    )
+
+
 def load_base_model(config: ModelConfig, device: torch.device | str | None = None) -> tuple[Any, Any]:
     """The frozen base model (eval mode, no grad) and its tokenizer (with a pad token)."""
     from transformers import AutoModelForCausalLM
@@ -156,7 +215,10 @@ def load_base_model(config: ModelConfig, device: torch.device | str | None = Non
     tokenizer = load_tokenizer(config)
     with _loading(config, path):
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=_DTYPES[config.dtype], trust_remote_code=config.trust_remote_code
+            path,
+            dtype=_DTYPES[config.dtype],
+            trust_remote_code=config.trust_remote_code,
+            **hub_options(config.name_or_path, path),
         )
     if device is not None:
         model.to(device)  # type: ignore[arg-type]
@@ -170,7 +232,9 @@ def load_tokenizer(config: ModelConfig) -> Any:
 
     path = resolve_model_path(config.name_or_path, config.cache_dir)
     with _loading(config, path):
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=config.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, trust_remote_code=config.trust_remote_code, **hub_options(config.name_or_path, path)
+        )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -14,8 +14,12 @@ runs:
 Rollouts and evaluations are followed through the engine they generate with
 (:meth:`RunProgress.rollout`, :meth:`RunProgress.evaluation`): the wrapper passes every call through
 unchanged - same arguments, same results, so the rollout is the one it would be without progress -
-and counts what it sees. Rollouts make one engine call per turn for every live episode, with
-``n = K`` candidates in tree mode (a look-ahead call has ``n = 1``), so the prompts of a call with
+and counts what it sees. During a call it also counts what the engine reports as it generates
+(:func:`llm_zoo_train.engines.base.generation_progress`: the transformers engine reports every
+decode step's tokens and the answers that end, the vLLM engines their finished requests), so the
+tokens and tok/s move while the model generates (after ``reading N prompts``), although all
+episodes of a batch end together at the last turn. Rollouts make one engine call per turn for
+every live episode, with ``n = K`` candidates in tree mode (a look-ahead call has ``n = 1``), so the prompts of a call with
 the episodes' ``n`` are the episodes still running; an episode counts as done once no call asks
 for it. An update reports its micro-batches through the ``progress`` callback of
 :meth:`llm_zoo_train.update.AdapterUpdater.update`.
@@ -31,18 +35,27 @@ from collections.abc import Sequence
 from typing import Any
 
 from llm_zoo_train.config import Config
+from llm_zoo_train.engines.base import generation_progress
 
-__all__ = ["Phase", "RunProgress", "WatchedEngine", "run_summary"]
+#: Seconds between two redraws from an engine's live reports (a decode step can take milliseconds).
+_REDRAW_S = 0.25
+
+__all__ = ["Phase", "RunProgress", "WatchedEngine", "plural", "run_summary"]
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 step``, ``2 steps``, ``0 steps``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def run_summary(config: Config) -> str:
     """One line saying what the run will do (printed within a second of the command)."""
     r, t, e = config.rollout, config.training, config.eval
-    evaluation = f"{e.num_episodes} evaluation episodes" + (
+    evaluation = plural(e.num_episodes, "evaluation episode") + (
         " before and after" if e.eval_on_start else " after training"
     )
     if e.eval_steps:
-        evaluation += f" and every {e.eval_steps} steps"
+        evaluation += " and every step" if e.eval_steps == 1 else f" and every {e.eval_steps} steps"
     models = config.model.name_or_path
     extra = config.agents.models  # agents.models: more base models, each overriding `model`
     if extra:
@@ -50,7 +63,7 @@ def run_summary(config: Config) -> str:
         models += f" and {', '.join(names)}"
     return (
         f"llm-zoo-train: {config.env.id} with {models} ({r.engine} engine), "
-        f"{t.max_steps} steps of {r.envs_per_step} envs x K={r.num_generations} {r.mode} rollouts, "
+        f"{plural(t.max_steps, 'step')} of {r.envs_per_step} envs x K={r.num_generations} {r.mode} rollouts, "
         f"{evaluation}; output {t.output_dir}"
     )
 
@@ -148,6 +161,11 @@ class WatchedEngine:
         self.count_groups = count_groups
         self.turns = self.groups = self.completions = self.tokens = 0
         self.generation_seconds = 0.0
+        #: Tokens and completions the engine has reported in the call now running.
+        self._live_tokens = self._live_completions = 0
+        self._call_start: float | None = None
+        self._call_prompts = 0
+        self._last_draw = 0.0
 
     def generate(self, prompts: Sequence[str], adapters: Sequence[str | None], n: int, sampling: Any) -> Any:
         if n == self.episode_n and self.phase.total is not None:
@@ -155,24 +173,50 @@ class WatchedEngine:
             self.phase.completed = max(self.phase.completed, self.phase.total - len(prompts))
             self.groups += len(prompts) if self.count_groups else 0
             self.turns += 1
-        start = time.perf_counter()
-        results = self.engine.generate(prompts, adapters, n, sampling)
-        self.generation_seconds += time.perf_counter() - start
+        self._call_start = time.perf_counter()
+        self._call_prompts = len(prompts)
+        self._last_draw = 0.0
+        self.phase.update(info=self.describe())  # the turn shows as it starts, not when it ends
+        try:
+            with generation_progress(self._generated):
+                results = self.engine.generate(prompts, adapters, n, sampling)
+        finally:
+            self.generation_seconds += time.perf_counter() - self._call_start
+            self._call_start = None
+            self._live_tokens = self._live_completions = 0
+        # The results' own counts replace the live ones (exact, whatever the engine reported).
         self.completions += sum(len(group) for group in results)
         self.tokens += sum(len(c.token_ids) for group in results for c in group)
         self.phase.update(info=self.describe())
         return results
 
+    def _generated(self, tokens: int, completions: int) -> None:
+        """The engine's live report during a call; redraws at most every ``_REDRAW_S`` seconds."""
+        self._live_tokens += tokens
+        self._live_completions += completions
+        now = time.perf_counter()
+        if now - self._last_draw >= _REDRAW_S:
+            self._last_draw = now
+            self.phase.update(info=self.describe())
+
     def describe(self) -> str:
         """E.g. ``turn 3, 24 groups, 96 completions, 3,200 tokens (210 tok/s)``; a turn is one
-        engine call for every running episode (episodes of one batch end together)."""
+        engine call for every running episode (episodes of one batch end together). During a call
+        the counts include what the engine has reported so far."""
         parts = [f"turn {self.turns}"]
         if self.count_groups:
             parts.append(f"{self.groups} groups")
-        parts.append(f"{self.completions} completions")
-        if self.tokens:
-            rate = self.tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
-            parts.append(f"{self.tokens:,} tokens ({rate:.0f} tok/s)")
+        parts.append(f"{self.completions + self._live_completions} completions")
+        tokens = self.tokens + self._live_tokens
+        seconds = self.generation_seconds
+        if self._call_start is not None:
+            seconds += time.perf_counter() - self._call_start
+        if tokens or self._call_start is not None:
+            rate = tokens / seconds if seconds > 0 else 0.0
+            parts.append(f"{tokens:,} tokens ({rate:.0f} tok/s)")
+        if self._call_start is not None and not self._live_tokens:
+            # Before a call's first token the model reads the prompts (one long forward pass on a CPU).
+            parts.append(f"reading {self._call_prompts} prompts")
         return ", ".join(parts)
 
     def close(self) -> None:

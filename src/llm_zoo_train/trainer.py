@@ -194,6 +194,7 @@ class Trainer:
             while self.step < max_steps:
                 step = self.step + 1
                 metrics = self.train_step(step)
+                logger.step_done(step, metrics)  # the step's line now, not after an evaluation of minutes
                 eval_steps = config.eval.eval_steps
                 if config.eval.num_episodes and (
                     step == max_steps or (eval_steps and step % eval_steps == 0)
@@ -201,7 +202,6 @@ class Trainer:
                     metrics.update(self._evaluation_metrics())
                 self.step = step
                 logger.log(step, metrics)
-                logger.step_done(step, metrics)
                 save_steps = config.training.save_steps
                 if step == max_steps or (save_steps and step % save_steps == 0):
                     self.save_checkpoint()

@@ -80,8 +80,8 @@ class AdapterUpdater:
         """Train ``adapter`` on ``samples`` (its agents' samples, advantages set); returns metrics
         ``update/{adapter}/...`` (token-weighted means over micro-batches, averaged over processes).
 
-        ``progress(done, total)`` is called after each of this process's micro-batches (``total``:
-        its micro-batches over all iterations); it only watches."""
+        ``progress(done, total)`` is called before the first and after each of this process's
+        micro-batches (``total``: its micro-batches over all iterations); it only watches."""
         algorithm, training = self.algorithm, self.training
         samples = [s for s in samples if s.completion_token_ids]
         micro_size = training.per_device_train_batch_size
@@ -101,6 +101,8 @@ class AdapterUpdater:
         tokens_seen = 0.0
         local_batches = math.ceil(len(samples) / micro_size) * algorithm.num_iterations
         batches_done = 0
+        if progress is not None:
+            progress(0, local_batches)  # the phase shows its micro-batches before the first ends
         grad_norms = []
         for _ in range(algorithm.num_iterations):
             order = self.rng.permutation(len(samples)).tolist()

@@ -112,6 +112,13 @@ there means the judge was gamed: its success rate is a *cheating rate*
 ``tests_total``, ``tests_passed`` (current program on the current tests), ``tests_valid``,
 ``tests_invalid``, ``tests_unknown``.
 
+Parallel API: not parallelizable (``metadata["is_parallelizable"]`` is ``False``, so PettingZoo's
+``aec_to_parallel`` refuses the env): the unit tester answers after seeing the coder's program of
+the same turn and its disagreements with the tests, which a parallel step, where both answer at
+once, cannot show it. ``pettingzoo.utils.conversions.turn_based_aec_to_parallel`` is the faithful
+parallel view (one agent acts per step). ``max_cycles`` is accepted as PettingZoo's name for
+``max_turns``.
+
 Version history:
 
 * v0 - first version (stdin/stdout problems).
@@ -229,7 +236,7 @@ class CodeEnv(TextAECEnv):
         render_mode: ``None`` or ``"ansi"``.
     """
 
-    metadata = {"render_modes": ["ansi"], "name": "code_v0", "is_parallelizable": True}
+    metadata = {"render_modes": ["ansi"], "name": "code_v0", "is_parallelizable": False}
     roles = ("coder", "unit_tester")
     reset_options = {
         "problem_id": "play the problem with this id",

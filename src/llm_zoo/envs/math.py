@@ -77,6 +77,12 @@ The rewards keep their meaning under every option: answers are checked against t
 the program is run in the sandbox and read by its last printed line, and a reply from which no
 answer can be read gets ``FORMAT_PENALTY``.
 
+Parallel API: not parallelizable (``metadata["is_parallelizable"]`` is ``False``, so PettingZoo's
+``aec_to_parallel`` refuses the env): the tool agent answers after reading the reasoner's reply of
+the same turn, which a parallel step, where both answer at once, cannot show it.
+``pettingzoo.utils.conversions.turn_based_aec_to_parallel`` is the faithful parallel view (one
+agent acts per step). ``max_cycles`` is accepted as PettingZoo's name for ``max_turns``.
+
 Version history:
 
 * v0: first version. Later additions that keep the defaults' behaviour: the ``agents``,
@@ -222,7 +228,7 @@ class MathEnv(TextAECEnv):
     metadata: ClassVar[dict[str, Any]] = {
         "render_modes": ["ansi"],
         "name": "math_v0",
-        "is_parallelizable": True,
+        "is_parallelizable": False,
     }
     roles = ("reasoner", "tool_agent")
     reset_options = {"problem_id": "play the problem with this id"}

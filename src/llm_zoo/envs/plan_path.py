@@ -114,6 +114,13 @@ Options
     (4 solved) and 3 of 16 greedy (2 solved). With the full prompts on 4 x 4 grids the model wrote
     no parsable plan in 32 samples. See ``benchmarks/learning_plan_path.py`` for training with them.
 
+Parallel API
+    Not parallelizable: the plan agent answers after reading the tool agent's program, output and
+    moves of the same turn, which PettingZoo's ``aec_to_parallel`` would hide from it (every agent
+    of a parallel step answers at once), so ``is_parallelizable`` is ``False`` and that conversion
+    refuses the env. ``turn_based_aec_to_parallel`` is the faithful parallel view (one agent per
+    step); see "PettingZoo conventions" in :mod:`llm_zoo.core`. ``max_cycles`` = ``max_turns``.
+
 Version history
     v0: initial. Later additions that keep the defaults' behaviour: the ``agents``,
     ``prompt_style`` and ``move_parser`` options.
@@ -374,7 +381,7 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
     metadata: ClassVar[dict[str, Any]] = {
         "render_modes": ["ansi"],
         "name": "plan_path_v0",
-        "is_parallelizable": True,
+        "is_parallelizable": False,
     }
     puzzle_name: ClassVar[str] = "PlanPath"
 

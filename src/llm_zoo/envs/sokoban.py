@@ -88,6 +88,12 @@ Options
     A task option it does not take (``problem_id``, ``problem_index``: generated levels have no
     ids) is refused; other keys are ignored, as PettingZoo expects.
 
+Parallel API
+    As for PlanPath-v0: ``is_parallelizable`` is ``False`` (``aec_to_parallel`` refuses the env)
+    because the plan agent reads the tool agent's answer of the same turn before it pushes; use
+    ``turn_based_aec_to_parallel`` (one agent per step; "PettingZoo conventions" in
+    :mod:`llm_zoo.core`). ``max_cycles`` is accepted as PettingZoo's name for ``max_turns``.
+
 Version history
     v0: initial.
     v0 (2026-12, rewards a policy cannot game): pushing a box off a goal costs what pushing it on
@@ -437,7 +443,7 @@ class SokobanEnv(ToolPlanEnv[SokobanState]):
     metadata: ClassVar[dict[str, Any]] = {
         "render_modes": ["ansi"],
         "name": "sokoban_v0",
-        "is_parallelizable": True,
+        "is_parallelizable": False,
     }
     puzzle_name: ClassVar[str] = "Sokoban"
 

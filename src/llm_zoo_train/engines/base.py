@@ -11,11 +11,47 @@ Implementations: :mod:`llm_zoo_train.engines.hf` (transformers) and
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Completion", "Engine", "SamplingParams", "check_generate_args"]
+__all__ = [
+    "Completion",
+    "Engine",
+    "SamplingParams",
+    "check_generate_args",
+    "generation_progress",
+    "report_generated",
+]
+
+#: Where an engine reports what it has generated so far within one ``generate`` call (a context
+#: variable, so it reaches the engine through any wrapper and stays with the calling thread).
+_progress: ContextVar[Callable[[int, int], None] | None] = ContextVar(
+    "llm_zoo_generation_progress", default=None
+)
+
+
+@contextmanager
+def generation_progress(callback: Callable[[int, int], None]) -> Iterator[None]:
+    """Within the block, engines call ``callback(new_tokens, finished_completions)`` while they
+    generate (the transformers engine at every decode step, the vLLM engines as requests finish),
+    so a caller can show life during a ``generate`` call of minutes. Reporting changes nothing
+    that is generated."""
+    token = _progress.set(callback)
+    try:
+        yield
+    finally:
+        _progress.reset(token)
+
+
+def report_generated(tokens: int, completions: int = 0) -> None:
+    """Called by engines: ``tokens`` more tokens were generated and ``completions`` more
+    completions finished since their last report (nothing happens outside :func:`generation_progress`)."""
+    callback = _progress.get()
+    if callback is not None:
+        callback(int(tokens), int(completions))
 
 
 @dataclass(frozen=True)

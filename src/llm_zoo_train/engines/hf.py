@@ -28,6 +28,10 @@ How one :meth:`HFEngine.generate` call runs:
 5. Completions are cut after the first end-of-sequence token (kept in ``token_ids``; the
    ``finish_reason`` is ``"stop"``) or at ``max_tokens`` (``"length"``); padding is removed.
 
+While it runs, the call reports every decode step's tokens and the completions as they end
+through :func:`llm_zoo_train.engines.base.report_generated`, so a progress display can count them
+during a call of minutes (:mod:`llm_zoo_train.progress`).
+
 Seeding: when ``SamplingParams.seed`` is set, the call samples from a forked torch RNG seeded with
 it (the global RNG is left untouched), so one seed and one batch give one result.
 """
@@ -44,7 +48,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from llm_zoo_train.chat import encode_prompt
-from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
+from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args, report_generated
 from llm_zoo_train.engines.hf_decode import decode_compacting, last_logits_only
 
 __all__ = ["HFEngine"]
@@ -83,6 +87,15 @@ class _LogprobRecorder(LogitsProcessor):
             if self.steps
             else new_tokens.new_zeros(new_tokens.shape, dtype=torch.float)
         )
+
+
+class _StepReporter(LogitsProcessor):
+    """Reports each decode step's rows as generated tokens (live progress of ``model.generate``;
+    rows that have ended count until the batch ends). Leaves the scores unchanged."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        report_generated(scores.shape[0])
+        return scores
 
 
 def _is_peft(model: Any) -> bool:
@@ -326,7 +339,7 @@ class HFEngine:
                     attention_mask=attention_mask[index],
                     past_key_values=cache,
                     generation_config=generation_config,
-                    logits_processor=LogitsProcessorList([recorder]),
+                    logits_processor=LogitsProcessorList([recorder, _StepReporter()]),
                 )
             generated = sequences[:, width:]
             logprobs = recorder.finish(generated).cpu().tolist()
@@ -348,6 +361,13 @@ class HFEngine:
                     finish_reason=finish_reason,
                 )
             )
+        # The compacting loop has reported the rows that ended with an end-of-sequence token.
+        unreported = (
+            [c for c in completions if c.finish_reason == "length"]
+            if self.compact_finished_rows
+            else completions
+        )
+        report_generated(0, len(unreported))
         return completions
 
     def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, index: torch.Tensor) -> Any:

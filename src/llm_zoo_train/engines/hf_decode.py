@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from llm_zoo_train.engines.base import report_generated
+
 __all__ = ["decode_compacting", "last_logits_only", "sampling_warpers"]
 
 
@@ -90,6 +92,9 @@ def decode_compacting(
     Returns:
         ``(tokens, logprobs)``: per row, the generated ids (ending with the end-of-sequence token
         when one came) and ``log_softmax(logits / temperature)`` at each of them.
+
+    Each decode step reports its tokens and the rows that ended with an end-of-sequence token
+    through :func:`~llm_zoo_train.engines.base.report_generated` (live progress; it changes nothing).
     """
     device = input_ids.device
     batch = input_ids.shape[0]
@@ -148,6 +153,9 @@ def decode_compacting(
             logprobs[row].append(logprob)
 
         going = ~torch.isin(chosen, eos)
+        # Live progress for a caller: this step's tokens and the rows that ended with them (rows cut
+        # at max_new_tokens are reported by the caller, which sees them end).
+        report_generated(chosen.shape[0], chosen.shape[0] - int(going.sum()))
         if not bool(going.any()):
             break
         mask = torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype, device=device)], dim=-1)

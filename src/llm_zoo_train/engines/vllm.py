@@ -68,6 +68,7 @@ from llm_zoo_train.chat import encode_prompt
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
 from llm_zoo_train.engines.vllm_requests import (
     VLLM_LORA_RANKS,
+    FinishedRequests,
     adapter_rank,
     check_served_adapters,
     request_sampling_fields,
@@ -251,7 +252,7 @@ class VLLMEngine:
             [TokensPrompt(prompt_token_ids=ids) for ids in encoded],
             [self._sampling_params(sampling, int(n), index) for index in range(len(prompts))],
             lora_request=requests,
-            use_tqdm=False,
+            use_tqdm=FinishedRequests,  # draws nothing; counts finished requests for the progress display
         )
         return [self._completions(output, ids) for output, ids in zip(outputs, encoded, strict=True)]
 

@@ -8,17 +8,20 @@ from the same seed. Nothing here imports vLLM.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
-from llm_zoo_train.engines.base import SamplingParams
+from llm_zoo_train.engines.base import SamplingParams, report_generated
 
 __all__ = [
     "VLLM_LORA_RANKS",
+    "FinishedRequests",
     "adapter_rank",
     "check_served_adapters",
     "request_sampling_fields",
@@ -29,6 +32,24 @@ __all__ = [
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for ``max_lora_rank``."""
+
+
+class FinishedRequests(tqdm):  # type: ignore[misc]
+    """The progress-bar class ``vllm.LLM.generate(use_tqdm=FinishedRequests)`` takes: it draws
+    nothing and reports the completions of every finished request through
+    :func:`~llm_zoo_train.engines.base.report_generated` (live progress of a long call)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs["file"] = io.StringIO()  # nothing reaches the console; display() draws nothing anyway
+        super().__init__(*args, **kwargs)
+
+    def display(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def update(self, n: float | None = 1) -> bool | None:
+        if self.iterable is None:  # a count of finished completions, not the "Adding requests" loop
+            report_generated(0, int(n or 0))
+        return super().update(n)
 
 
 def supported_lora_rank(rank: int) -> int:

@@ -59,12 +59,12 @@ import secrets
 import shutil
 import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 from llm_zoo_train.chat import encode_prompt
-from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
+from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args, report_generated
 from llm_zoo_train.engines.openai_compat import EndpointError
 from llm_zoo_train.engines.server_checks import check_servers
 from llm_zoo_train.engines.server_client import ServerClient
@@ -228,7 +228,12 @@ class VLLMServerEngine:
             return [self._complete(jobs[0][0], jobs[0][1], int(n))]
         if self._pool is None:  # kept across calls: its threads keep their HTTP connections alive
             self._pool = ThreadPoolExecutor(self.max_concurrent_requests, thread_name_prefix="vllm-server")
-        return list(self._pool.map(lambda job: self._complete(job[0], job[1], int(n)), jobs))
+        futures = [self._pool.submit(self._complete, server, body, int(n)) for server, body in jobs]
+        # Reported from this thread as requests finish (the progress callback lives in its context).
+        for future in as_completed(futures):
+            group = future.result()
+            report_generated(sum(len(c.token_ids) for c in group), len(group))
+        return [future.result() for future in futures]
 
     def load_adapters(self, paths: Mapping[str, str | Path], version: int) -> None:
         """Serve the adapters saved at ``paths`` (adapter name -> PEFT dir) as version ``version``.

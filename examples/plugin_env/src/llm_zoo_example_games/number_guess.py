@@ -60,7 +60,7 @@ def parse_hint(text: str) -> str | None:
 class NumberGuessEnv(TextAECEnv):
     """See the module docstring."""
 
-    metadata = {"render_modes": ["ansi"], "name": "number_guess_v0", "is_parallelizable": True}
+    metadata = {"render_modes": ["ansi"], "name": "number_guess_v0", "is_parallelizable": False}
     roles = ("guesser", "hinter")
 
     def __init__(self, *, low: int = 1, high: int = 100, max_turns: int = 7, alpha: float = 1.0,
