@@ -77,21 +77,38 @@ right, decided in this order:
    once);
 4. otherwise the validity is *unknown*.
 
-Rewards (``rewards[agent] = role_reward + alpha * global_reward``; penalties are per action):
+Rewards (``rewards[agent] = role_reward + alpha * global_reward``; penalties are per action).
+Each agent is paid the *change* of a level after each of its actions (a potential difference,
+starting from 0), never the level itself, so a return does not grow with the number of turns:
 
-* coder: ``role_reward = h``, the fraction of hidden tests its program passes.
-* unit tester: ``role_reward = mean over its tests t of s_t`` with
-  ``s_t = 1`` if t is valid and (the program fails t, or there is no program, or the program
-  passes every hidden test: no bug left to catch); ``s_t = 0.5`` if t is valid but passed by a
-  program that fails some hidden test; ``s_t = 0`` if validity is unknown; ``s_t = -0.5``
-  (:data:`INVALID_TEST_SCORE`) if t is invalid. Range [-0.5, 1].
-* global: ``h`` of the current program (0 before the first program), after every action.
-* Malformed answer (no complete code block; for the tester bad JSON, not a list, an empty list,
-  an item without string ``input`` / ``output``, for a call-based problem an ``input`` that is
-  not a list; a block over 65,536 characters): role reward
-  :data:`FORMAT_PENALTY` (-1.0), the global reward as before, the previous program / tests stay,
-  and the reason is shown at the top of that agent's next prompt. A tester list longer than
-  ``max_tests`` is cut to its first ``max_tests`` tests (noted in the next prompt, no penalty).
+* coder: level ``H`` = ``h``, the fraction of hidden tests its current program passes, or 1 once
+  the episode has succeeded (success is sticky); ``role_reward = H(now) - H(before)``.
+* unit tester: level ``S`` = the score of its current tests at its latest answer, the mean over
+  its tests t of ``s_t`` with ``s_t = 1`` if t is valid and (the program fails t, or there is no
+  program, or the program passes every hidden test: no bug left to catch); ``s_t = 0.5`` if t is
+  valid but passed by a program that fails some hidden test; ``s_t = 0`` if validity is unknown;
+  ``s_t = -0.5`` (:data:`INVALID_TEST_SCORE`) if t is invalid. Range [-0.5, 1].
+  ``role_reward = S(now) - S(its previous answer)``.
+* global: the change of ``H`` made by this action (only coder actions change it; 0 for the
+  tester's).
+* Malformed answer (below): :data:`FORMAT_PENALTY` plus no change of level.
+
+Bound: the returns telescope. Over any episode, whatever its length, the coder's return is
+``(1 + alpha) * H_final - m``, the tester's ``S_final - m`` and the team's (the sum of the global
+rewards) ``H_final``, where ``m`` counts the agent's malformed answers. ``H_final = 1`` exactly
+when the episode succeeded, ``H_final < 1`` otherwise: without malformed answers, every episode
+that does not succeed pays the coder less than ``1 + alpha`` and the team less than 1, what every
+succeeding episode pays (a coder passing 80% of the hidden tests for 3 turns earns
+``0.8 * (1 + alpha)``, not ``3 * 0.8 * (1 + alpha)``). Within an AT-GRPO group (the K candidates of
+one env, turn and agent) the candidates share the previous level, so the reward ranks them
+exactly as the level does.
+
+Malformed answer (no complete code block; for the tester bad JSON, not a list, an empty list,
+an item without string ``input`` / ``output``, for a call-based problem an ``input`` that is
+not a list; a block over 65,536 characters): role reward
+:data:`FORMAT_PENALTY` (-1.0), global reward 0, the previous program / tests stay,
+and the reason is shown at the top of that agent's next prompt. A tester list longer than
+``max_tests`` is cut to its first ``max_tests`` tests (noted in the next prompt, no penalty).
 
 Termination: ``terminated`` as soon as the current program passes every current generated test and
 at least one of those tests is valid (checked after either agent's action); otherwise truncated
@@ -125,6 +142,10 @@ Version history:
   its value in both judges (a wrong ``2039606336.0`` passed for ``2039605317`` within 1e-6); the
   number of a tolerance assert (``abs(f(x) - 2) < 1e-6``) is stored as a float; a value too large
   to print (over 4300 digits) is refused instead of raising; the output cache is bounded.
+* v0, rewards pay the change of a level (2026-12): the coder, the tester and the global reward
+  were paid their level (``h``, the test score) after every action, and success ends the
+  episode early, so passing 80% of the hidden tests for 3 turns paid 4.8, solving at once 2.0.
+  Each is now paid the level's change (returns telescope, bound above); ``H`` stays 1 once solved.
 """
 
 from __future__ import annotations
@@ -297,6 +318,8 @@ class CodeEnv(TextAECEnv):
         self.proxy_reference: str | None = None
         self._runs: dict[tuple[str, str], RunResult] = {}
         self._cached_chars = 0
+        self._coder_level = 0.0  # H of the module docstring, the potential of coder and team
+        self._tester_level = 0.0  # S of the module docstring
 
     def _task_id(self) -> str:
         return self.problem.id
@@ -387,7 +410,7 @@ class CodeEnv(TextAECEnv):
         feedback = f"Your previous answer could not be used: {reason}. {what}"
         rate = self.hidden_pass_rate
         return Outcome(
-            FORMAT_PENALTY, rate, format_ok=False, feedback=feedback, success=rate == 1.0, info=self._counts()
+            FORMAT_PENALTY, 0.0, format_ok=False, feedback=feedback, success=rate == 1.0, info=self._counts()
         )
 
     def _act_coder(self, action: str) -> Outcome:
@@ -404,7 +427,9 @@ class CodeEnv(TextAECEnv):
             self.proxy_reference = code
             self.validity = self._validity(self.tests)
         self.results = self._judge(code, self.tests) if self.tests else []
-        return Outcome(rate, rate, terminated=self._settled(), success=rate == 1.0, info=self._counts())
+        level = 1.0 if self.success or rate == 1.0 else rate
+        change, self._coder_level = level - self._coder_level, level
+        return Outcome(change, change, terminated=self._settled(), success=rate == 1.0, info=self._counts())
 
     def _act_tester(self, action: str) -> Outcome:
         try:
@@ -425,9 +450,10 @@ class CodeEnv(TextAECEnv):
                 caught = self.program is None or not self.results[index][0]
                 scores.append(1.0 if caught or program_correct else 0.5)
         rate = self.hidden_pass_rate
+        level = float(np.mean(scores))
+        change, self._tester_level = level - self._tester_level, level
         return Outcome(
-            float(np.mean(scores)), rate, feedback=note, terminated=self._settled(), success=rate == 1.0,
-            info=self._counts(),
+            change, 0.0, feedback=note, terminated=self._settled(), success=rate == 1.0, info=self._counts(),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ text
