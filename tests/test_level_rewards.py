@@ -107,3 +107,23 @@ def test_math_reasoner_right_then_wrong_ends_without_success_and_without_its_rew
     )
     assert not env.success and own["reasoner"] == pytest.approx(0.0) and team == pytest.approx(0.0)
     env.close()
+
+
+def test_a_malformed_answer_costs_the_penalty_once_and_the_next_good_answer_pays_it_back():
+    env = llm_zoo.make("Code-v0", dataset=[FIVE_SUMS], max_turns=3)
+    env.reset(seed=0)
+    paid = []
+    for coder_answer in ["no code", "no code either", f"```python\n{EIGHTY}```"]:
+        env.step(coder_answer)
+        paid.append(env.rewards["coder"])
+        env.step(CATCHING)
+    assert paid == pytest.approx([-1.0, 0.0, 1.0 + 2 * 0.8])
+    assert sum(paid) == pytest.approx(2 * 0.8)  # where it ends, whatever came before
+
+
+def test_a_failing_code_episode_never_beats_a_succeeding_one_with_a_malformed_first_answer():
+    env = llm_zoo.make("Code-v0", dataset=[FIVE_SUMS], max_turns=3)
+    late, late_team, _ = returns(
+        env, lambda env, agent: "no code" if agent == "coder" and env.turn == 0 else code_oracle(env, agent)
+    )
+    assert env.success and late["coder"] == pytest.approx(2.0) and late_team == pytest.approx(1.0)

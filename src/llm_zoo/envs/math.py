@@ -24,21 +24,25 @@ a reply from which no answer can be read leaves its agent's latest answer wrong)
 paid the *change* of its level after each of its actions (a potential difference, starting
 from 0), never the level itself, so a return does not grow with the number of turns:
 
-* reasoner role reward: ``c_r(now) - c_r(before)``, plus ``FORMAT_PENALTY`` (-0.5) when the
-  reply has no ``\\boxed{}``.
-* tool agent role reward: ``c_t(now) - c_t(before)``, plus ``FORMAT_PENALTY`` (-0.5) when there
-  is no code block, the program fails (non-zero exit, killed, timeout) or prints nothing.
+* reasoner: level ``c_r``, plus ``FORMAT_PENALTY`` (-0.5) while its latest reply has no
+  ``\\boxed{}``; role reward ``level(now) - level(before)``.
+* tool agent: level ``c_t``, plus ``FORMAT_PENALTY`` (-0.5) while its latest reply has no code
+  block, or its program fails (non-zero exit, killed, timeout) or prints nothing; role reward
+  ``level(now) - level(before)``.
 * global reward: the change of ``c_r`` made by this action (0 for the tool agent's actions).
 * each agent's reward: ``role + alpha * global`` (see :class:`llm_zoo.core.TextAECEnv`).
 
+So a reply without an answer costs 0.5 plus what its agent's previous answer was worth (a
+second one in a row costs nothing more), and the next reply with an answer pays it back.
+
 Bound: the returns telescope. Over any episode, whatever its length, the reasoner's return is
-``(1 + alpha) * c_r(final) - 0.5 m``, the tool agent's ``c_t(final) - 0.5 m`` and the team's (the
-sum of the global rewards) ``c_r(final)``, with ``m`` the agent's replies that earned the format
-penalty. ``c_r(final) = 1`` exactly when the episode succeeds, so without penalties every
-episode that does not succeed pays the reasoner 0 and the team 0, and every succeeding one
-``1 + alpha`` and 1; a correct answer repeated for 3 turns pays what it pays once. Within an
-AT-GRPO group (the K candidates of one env, turn and agent) the candidates share the previous
-level, so the reward ranks them exactly as ``c`` does.
+``(1 + alpha) * c_r(final)`` (``-0.5`` if its last reply had no answer), the tool agent's
+``c_t(final)`` (``-0.5`` likewise) and the team's (the sum of the global rewards)
+``c_r(final)``. ``c_r(final) = 1`` exactly when the episode succeeds, so every episode that does
+not succeed pays the reasoner at most 0 and the team 0, and every succeeding one ``1 + alpha`` and
+1; a correct answer repeated for 3 turns pays what it pays once. Within an AT-GRPO group (the K
+candidates of one env, turn and agent) the candidates share the previous level, so the reward
+ranks them exactly as the level does.
 
 ``format_ok`` is true when the agent produced an answer: a ``\\boxed{}`` (reasoner); a code block
 whose program ran and printed a line (tool agent).
@@ -377,9 +381,9 @@ class MathEnv(TextAECEnv):
         if self.reasoner_answer is not None and self.tool_answer is not None:
             self.agree = self.checker.check(self.reasoner_answer, self.tool_answer).correct
         last_action = self.agree or (agent == self.possible_agents[-1] and self.turn + 1 >= self.max_turns)
-        role_change = self._level_change(agent, float(bool(correct and format_ok)))
+        penalty = role_reward  # FORMAT_PENALTY or 0: part of the level (module docstring)
         return Outcome(
-            role_reward=role_reward + role_change,
+            role_reward=self._level_change(agent, float(bool(correct and format_ok)) + penalty),
             global_reward=self._level_change("global", float(self.reasoner_correct)),
             format_ok=format_ok,
             feedback=feedback,
