@@ -332,7 +332,7 @@ class LevelPayingCode(CodeEnv):
     def _act(self, agent, action):
         outcome = super()._act(agent, action)
         if outcome.format_ok:
-            outcome.role_reward = self.hidden_pass_rate if agent == "coder" else self._tester_level
+            outcome.role_reward = self.hidden_pass_rate if agent == "coder" else self._tester_score
         outcome.global_reward = self.hidden_pass_rate
         return outcome
 
