@@ -438,7 +438,9 @@ class CodeEnv(TextAECEnv):
             if len(code) > MAX_PROGRAM_CHARS:
                 raise ParseError(f"the program is longer than {MAX_PROGRAM_CHARS} characters")
         except ParseError as err:
-            return self._malformed("coder", str(err), "Your previous program (if any) is still the current one.")
+            return self._malformed(
+                "coder", str(err), "Your previous program (if any) is still the current one."
+            )
         self.program = code
         self.hidden_passed = [passed for passed, _ in self._judge(code, self.hidden_tests)]
         rate = self.hidden_pass_rate
