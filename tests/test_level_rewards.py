@@ -12,7 +12,9 @@ from llm_zoo.data.code import CodeProblem, TestCase
 from llm_zoo.envs.code import oracle_action as code_oracle
 from llm_zoo.envs.math import MathEnv
 from llm_zoo.envs.math import oracle_action as math_oracle
+from llm_zoo.testing import play_episode
 
+TWO = [{"question": "What is 1 + 1?", "answer": "2"}]
 SUM_PROGRAM = "a, b = map(int, input().split())\nprint(a + b)\n"
 FIVE_SUMS = CodeProblem(
     id="test/sum5",
@@ -26,21 +28,13 @@ EIGHTY = "a, b = map(int, input().split())\nprint(0 if a == 1 else a + b)\n"
 CATCHING = "```json\n" + json.dumps([{"input": "1 5\n", "output": "6\n"}]) + "\n```"
 
 
-def returns(env, policy, **reset) -> tuple[dict[str, float], float, int]:
+def returns(env, policy) -> tuple[dict[str, float], float, int]:
     """Each agent's return (sum of its rewards), the team's (sum of global rewards), the actions."""
-    env.reset(seed=0, **reset)
+    trace = play_episode(env, lambda agent, prompt: policy(env, agent), seed=0)
     own = dict.fromkeys(env.possible_agents, 0.0)
-    team, actions = 0.0, 0
-    for agent in env.agent_iter():
-        _, _, termination, truncation, _ = env.last()
-        if termination or truncation:
-            env.step(None)
-            continue
-        env.step(policy(env, agent))
-        own[agent] += env.rewards[agent]
-        team += env.infos[agent]["global_reward"]
-        actions += 1
-    return own, team, actions
+    for agent, _, _, reward, _ in trace:
+        own[agent] += reward
+    return own, sum(step[4]["global_reward"] for step in trace), len(trace)
 
 
 @pytest.mark.parametrize("alpha", [1.0, 0.5])
@@ -77,13 +71,12 @@ def test_code_coder_that_solves_then_breaks_its_program_keeps_the_solved_level()
 
 
 def test_math_agents_repeating_an_answer_earn_what_they_earn_once():
-    env = MathEnv(dataset="word", max_turns=3)
-    reset = {"options": {"problem_id": "word-004"}}  # answer 2
-    at_once, at_once_team, at_once_actions = returns(env, math_oracle, **reset)
+    env = MathEnv(dataset=TWO, max_turns=3)
+    at_once, at_once_team, at_once_actions = returns(env, math_oracle)
     assert env.success and at_once_actions == 2
     # the reasoner is right every turn, the tool agent never agrees: still a success, 6 actions
     disagree = {"reasoner": "So \\boxed{2}.", "tool_agent": "```python\nprint(7)\n```"}
-    slow, slow_team, slow_actions = returns(env, lambda env, agent: disagree[agent], **reset)
+    slow, slow_team, slow_actions = returns(env, lambda env, agent: disagree[agent])
     assert env.success and slow_actions == 6
     assert at_once["reasoner"] == pytest.approx(2.0) and at_once_team == pytest.approx(1.0)
     assert slow["reasoner"] == pytest.approx(2.0) and slow_team == pytest.approx(1.0)
@@ -91,19 +84,18 @@ def test_math_agents_repeating_an_answer_earn_what_they_earn_once():
     assert slow["tool_agent"] == pytest.approx(0.0) and at_once["tool_agent"] == pytest.approx(1.0)
     # right tool agent, wrong reasoner for 3 turns: no success, and no agent earns more than solving
     wrong = {"reasoner": "So \\boxed{3}.", "tool_agent": "```python\nprint(2)\n```"}
-    failed, failed_team, _ = returns(env, lambda env, agent: wrong[agent], **reset)
+    failed, failed_team, _ = returns(env, lambda env, agent: wrong[agent])
     assert not env.success and failed_team == pytest.approx(0.0)
     assert failed["reasoner"] == pytest.approx(0.0) and failed["tool_agent"] == pytest.approx(1.0)
     env.close()
 
 
 def test_math_reasoner_right_then_wrong_ends_without_success_and_without_its_reward():
-    env = MathEnv(dataset="word", max_turns=2)
+    env = MathEnv(dataset=TWO, max_turns=2)
     answers = iter(["\\boxed{2}", "\\boxed{5}"])
     own, team, _ = returns(
         env,
         lambda env, agent: next(answers) if agent == "reasoner" else "```python\nprint(7)\n```",
-        options={"problem_id": "word-004"},
     )
     assert not env.success and own["reasoner"] == pytest.approx(0.0) and team == pytest.approx(0.0)
     env.close()
