@@ -71,8 +71,9 @@ def test_check_env_passes_on_a_public_format_file():
 def _assert_oracle_episode(env: MathEnv, trace: list[tuple]) -> None:
     assert [step[0] for step in trace] == ["reasoner", "tool_agent"], "oracle answers should agree at once"
     for agent, _, _, reward, info in trace:
-        assert info["role_reward"] == 1.0 and info["global_reward"] == 1.0, (agent, info)
-        assert reward == pytest.approx(1.0 + env.alpha), (agent, info)
+        paid_global = 1.0 if agent == "reasoner" else 0.0  # only the reasoner's answer moves c_r
+        assert info["role_reward"] == 1.0 and info["global_reward"] == paid_global, (agent, info)
+        assert reward == pytest.approx(1.0 + env.alpha * paid_global), (agent, info)
         assert info["format_ok"] and info["correct"]
     assert trace[-1][4]["agree"] and trace[-1][4]["success"]
     assert env.success and env.agents == []
@@ -166,12 +167,15 @@ def test_reward_formulas_with_alpha():
     assert env.rewards["reasoner"] == pytest.approx(1.0 + 0.5 * 1.0)
     env.step(program("1/6"))
     info = env.infos["tool_agent"]
-    assert (info["role_reward"], info["global_reward"]) == (0.0, 1.0)
-    assert env.rewards["tool_agent"] == pytest.approx(0.0 + 0.5 * 1.0)
+    # each reward is the change of a level: the tool agent's c_t stays 0, c_r does not move
+    assert (info["role_reward"], info["global_reward"]) == (0.0, 0.0)
+    assert env.rewards["tool_agent"] == 0.0
     assert not info["agree"] and not info["success"]
-    # Turn 2: the reasoner is now wrong, the tool agent right: global follows the reasoner.
+    # Turn 2: the reasoner is now wrong (c_r 1 -> 0: it pays back), the tool agent right.
     env.step(boxed("1/7"))
-    assert env.infos["reasoner"]["agree"] is False
+    info = env.infos["reasoner"]
+    assert info["agree"] is False and (info["role_reward"], info["global_reward"]) == (-1.0, -1.0)
+    assert env.rewards["reasoner"] == pytest.approx(-1.0 - 0.5 * 1.0)
     env.step(program("5/36"))
     info = env.infos["tool_agent"]
     assert (info["role_reward"], info["global_reward"]) == (1.0, 0.0)
@@ -220,7 +224,7 @@ def test_tool_agent_failures_get_the_format_penalty(reply, status):
     info = env.infos["tool_agent"]
     assert info["tool_status"] == status and info["role_reward"] == FORMAT_PENALTY
     assert info["format_ok"] is False and info["answer"] is None and not info["agree"]
-    assert env.rewards["tool_agent"] == pytest.approx(FORMAT_PENALTY + 1.0)
+    assert env.rewards["tool_agent"] == pytest.approx(FORMAT_PENALTY)  # c_r unchanged: no global
     prompt = env.observe("reasoner")["prompt"]
     assert "tool agent" in prompt and "/tmp/" not in prompt
     env.close()

@@ -326,6 +326,38 @@ class OldToleranceCode(CodeEnv):
         self.judge = OldToleranceJudge()
 
 
+class LevelPayingCode(CodeEnv):
+    """Code-v0 paid as on 11638ed: every action its level (``h``, the test score), not its change."""
+
+    def _act(self, agent, action):
+        outcome = super()._act(agent, action)
+        if outcome.format_ok:
+            outcome.role_reward = self.hidden_pass_rate if agent == "coder" else self._tester_score
+        outcome.global_reward = self.hidden_pass_rate
+        return outcome
+
+
+SIX_SUMS = CodeProblem(
+    id="test/six-sums",
+    statement="Print the sum of the numbers on the line.",
+    tests=tuple(
+        TestCase(f"{a} {b}\n", f"{a + b}\n") for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 10), (11, 12)]
+    ),
+    reference="print(sum(map(int, input().split())))\n",
+)
+
+
+def test_check_env_catches_a_level_paid_every_turn():
+    # the oracle's program made wrong on some inputs, every turn: paid its pass rate each turn it
+    # out-earns solving at once (issue 24's h24b finding)
+    with pytest.raises(
+        AssertionError,
+        match=r"reward hack: seed 0: (coder|team) earned \+\d+\.\d+ in an episode that did not succeed",
+    ):
+        check_reward_hacks(lambda: LevelPayingCode(dataset=[SIX_SUMS]))
+    assert not check_reward_hacks(lambda: CodeEnv(dataset=[SIX_SUMS])).violations
+
+
 def test_check_env_catches_todays_plan_path_shaping():
     with pytest.raises(
         AssertionError,

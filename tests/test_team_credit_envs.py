@@ -138,11 +138,11 @@ def test_code_unit_tester_is_credited_for_the_fix_its_tests_lead_to():
         )  # fmt: skip
 
     members = run(alpha=2.0)
-    # Immediate global: the buggy program's hidden pass rate, the same whatever the tests.
-    assert [s.global_reward for s in members] == pytest.approx([2 / 3] * 3)
-    # The exposing test makes the coder fix its program (all hidden tests pass); the passing test
+    # Immediate global: the change of the hidden pass rate a tester's action makes, always 0.
+    assert [s.global_reward for s in members] == [0.0, 0.0, 0.0]
+    # The exposing test makes the coder fix its program (pass rate 2/3 -> 1); the passing test
     # ends the episode at once (program passes every valid test); no tests change nothing.
-    assert [s.credited_global for s in members] == pytest.approx([1.0, 2 / 3, 2 / 3])
+    assert [s.credited_global for s in members] == pytest.approx([1 / 3, 0.0, 0.0])
     assert [s.lookahead_steps for s in members] == [1, 0, 1]
     assert_team_credit(run, enabling_branch=0)
 

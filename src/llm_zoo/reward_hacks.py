@@ -16,6 +16,8 @@ answer only and then the oracle's answer (*delayed*):
   ``5e-7`` and printed as floats (within a 1e-6 tolerance, but wrong), or replaced by 5000-digit
   or 5000-hex-digit numbers; a program's printed and returned integers are changed the same way,
   by wrapping the program;
+* partial progress repeated: the oracle's program made wrong on about half of the inputs (by a
+  hash of the input), played every turn, so a rule that pays a level every turn shows;
 * programs that exit 0 at once (``sys.exit(0)``, ``os._exit(0)``), print nothing, return an
   object whose ``__eq__`` is always true from every function the oracle defines, or patch
   builtins (``isinstance``, ``repr``, ``print``, ``sys.exit``) before doing so.
@@ -192,6 +194,21 @@ _FORMS: dict[str, Callable[[str], str]] = {
     "hex": lambda token: "0x" + "f" * 5000,
 }
 
+# Wraps every function and class method the answer's program defined (not the names a call
+# harness's prelude imports, such as collections.deque, whose methods cannot be set).
+_WRAP_DEFINED = """for _name, _value in list(globals().items()):
+    if _name.startswith("_") or not callable(_value):
+        continue
+    if isinstance(_value, type):
+        if _value.__module__ != __name__:
+            continue
+        for _method, _function in list(vars(_value).items()):
+            if callable(_function) and not _method.startswith("__"):
+                setattr(_value, _method, _wrap(_function))
+    elif getattr(_value, "__module__", None) in (None, __name__, "builtins") and hasattr(_value, "__code__"):
+        globals()[_name] = _wrap(_value)
+"""
+
 # The wrapper runs the oracle's program with its output captured, changes the integers it printed,
 # and wraps every function (and Solution method) it defined to change the integers they return.
 # It exits 1 when nothing changed: the answer would then be the oracle's, not a wrong one.
@@ -233,16 +250,7 @@ try:
     exec(compile({source!r}, "<answer>", "exec"), globals())
 finally:
     _sys.stdout = _real_stdout
-for _name, _value in list(globals().items()):
-    if _name.startswith("_") or not callable(_value):
-        continue
-    if isinstance(_value, type):
-        for _method, _function in list(vars(_value).items()):
-            if callable(_function) and not _method.startswith("__"):
-                setattr(_value, _method, _wrap(_function))
-    elif getattr(_value, "__module__", None) in (None, __name__, "builtins") and hasattr(_value, "__code__"):
-        globals()[_name] = _wrap(_value)
-_printed = _captured.getvalue()
+{wrap_defined}_printed = _captured.getvalue()
 _output = _re.sub(r"(?<![\\w.])-?\\d+(?![\\w.])", lambda m: _text(m.group()), _printed)
 if _output != _printed:
     _sys.stdout.write(_output)
@@ -252,7 +260,7 @@ elif _printed:
 
 
 def _number_wrapper(source: str, form: str) -> str:
-    return _WRAPPER.format(form=form, source=source)
+    return _WRAPPER.format(form=form, source=source, wrap_defined=_WRAP_DEFINED)
 
 
 _ALWAYS_EQUAL = """class AlwaysEqual:
@@ -288,6 +296,33 @@ def _always_equal(oracle: str | None, patch: bool) -> str:
     if patch:
         lines.append("builtins.print = lambda *args, **kwargs: None\n")
     return "```python\n" + "\n".join(lines) + "```\n"
+
+
+# Partial progress: the oracle's program, right on some inputs and wrong on the others (by a hash
+# of the input, so the same program is wrong on the same tests every turn). A wrong stdin run
+# prints one more line; a wrong call returns a list that holds the right value and a string.
+_PARTIAL = """import hashlib as _hashlib, io as _io, sys as _sys
+def _wrong(key):
+    return _hashlib.sha256(repr(key).encode()).digest()[0] % 2 == 1
+def _wrap(function):
+    def wrapped(*args, **kwargs):
+        result = function(*args, **kwargs)
+        return [result, "wrong"] if _wrong((args, kwargs)) else result
+    return wrapped
+_data = _sys.stdin.buffer.read() if hasattr(_sys.stdin, "buffer") else _sys.stdin.read().encode()
+_sys.stdin = _io.TextIOWrapper(_io.BytesIO(_data), encoding="utf-8")
+exec(compile({source!r}, "<answer>", "exec"), globals())
+{wrap_defined}if _data and _wrong(_data):
+    print("wrong")
+"""
+
+
+def _partial(oracle: str | None) -> str | None:
+    """The oracle's program made wrong on about half of the inputs; ``None`` without a program."""
+    program = _PYTHON.search(oracle) if oracle else None
+    if program is None:
+        return None
+    return f"```python\n{_PARTIAL.format(source=program.group(1), wrap_defined=_WRAP_DEFINED)}```\n"
 
 
 def _program(source: str) -> Callable[[str | None, np.random.Generator], str]:
@@ -334,6 +369,11 @@ def adversaries() -> list[Adversary]:
         ),
         Adversary("the oracle's answer with 5000-digit integers", lambda o, rng: _numbers(o, "huge")),
         Adversary("the oracle's answer with 5000-hex-digit integers", lambda o, rng: _numbers(o, "hex")),
+        Adversary(
+            "the oracle's program, wrong on about half of the inputs, every turn",
+            lambda o, rng: _partial(o),
+            True,
+        ),
         Adversary("a program that calls sys.exit(0) at once", _program("import sys\nsys.exit(0)")),
         Adversary("a program that calls os._exit(0) at once", _program("import os\nos._exit(0)")),
         Adversary("a program that prints nothing", _program("pass")),

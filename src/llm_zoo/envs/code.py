@@ -77,21 +77,41 @@ right, decided in this order:
    once);
 4. otherwise the validity is *unknown*.
 
-Rewards (``rewards[agent] = role_reward + alpha * global_reward``; penalties are per action):
+Rewards (``rewards[agent] = role_reward + alpha * global_reward``). Each agent is paid the
+*change* of a level after each of its actions (a potential difference, starting from 0), never
+the level itself, so a return does not grow with the number of turns:
 
-* coder: ``role_reward = h``, the fraction of hidden tests its program passes.
-* unit tester: ``role_reward = mean over its tests t of s_t`` with
-  ``s_t = 1`` if t is valid and (the program fails t, or there is no program, or the program
-  passes every hidden test: no bug left to catch); ``s_t = 0.5`` if t is valid but passed by a
-  program that fails some hidden test; ``s_t = 0`` if validity is unknown; ``s_t = -0.5``
-  (:data:`INVALID_TEST_SCORE`) if t is invalid. Range [-0.5, 1].
-* global: ``h`` of the current program (0 before the first program), after every action.
-* Malformed answer (no complete code block; for the tester bad JSON, not a list, an empty list,
-  an item without string ``input`` / ``output``, for a call-based problem an ``input`` that is
-  not a list; a block over 65,536 characters): role reward
-  :data:`FORMAT_PENALTY` (-1.0), the global reward as before, the previous program / tests stay,
-  and the reason is shown at the top of that agent's next prompt. A tester list longer than
-  ``max_tests`` is cut to its first ``max_tests`` tests (noted in the next prompt, no penalty).
+* coder: level ``H`` = ``h``, the fraction of hidden tests its current program passes, or 1 once
+  the episode has succeeded (success is sticky); :data:`FORMAT_PENALTY` (-1.0) is added while its
+  latest answer is malformed and the episode has not succeeded. ``role_reward = level(now) -
+  level(before)``.
+* unit tester: level ``S`` = the score of its tests at its latest well-formed answer, plus
+  :data:`FORMAT_PENALTY` while its latest answer is malformed. ``S`` is the mean over its tests t
+  of ``s_t`` with ``s_t = 1`` if t is valid and (the program fails t, or there is no program, or
+  the program passes every hidden test: no bug left to catch); ``s_t = 0.5`` if t is valid but
+  passed by a program that fails some hidden test; ``s_t = 0`` if validity is unknown;
+  ``s_t = -0.5`` (:data:`INVALID_TEST_SCORE`) if t is invalid. Range [-0.5, 1].
+* global: the change of ``H`` made by this action (only coder actions change it).
+
+So a malformed answer costs :data:`FORMAT_PENALTY` (a second one in a row costs nothing more),
+and the next well-formed answer pays it back: only where the agent ends counts.
+
+Bound: the returns telescope. Over any episode, whatever its length, the coder's return is
+``(1 + alpha) * H_final`` (minus 1 if its last answer was malformed before any success), the
+tester's ``S_final`` (minus 1 if its last answer was malformed) and the team's (the sum of the
+global rewards) ``H_final``. ``H_final = 1`` exactly when the episode succeeded, ``H_final < 1``
+otherwise, so every episode that does not succeed pays the coder less than ``1 + alpha`` and the
+team less than 1, what every succeeding episode pays them (a coder passing 80% of the hidden
+tests for 3 turns earns ``0.8 * (1 + alpha)``, not ``3 * 0.8 * (1 + alpha)``). Within an AT-GRPO
+group (the K candidates of one env, turn and agent) the candidates share the previous level, so
+the reward ranks them exactly as the level does.
+
+Malformed answer (no complete code block; for the tester bad JSON, not a list, an empty list,
+an item without string ``input`` / ``output``, for a call-based problem an ``input`` that is
+not a list; a block over 65,536 characters): the format penalty above, the previous program /
+tests stay,
+and the reason is shown at the top of that agent's next prompt. A tester list longer than
+``max_tests`` is cut to its first ``max_tests`` tests (noted in the next prompt, no penalty).
 
 Termination: ``terminated`` as soon as the current program passes every current generated test and
 at least one of those tests is valid (checked after either agent's action); otherwise truncated
@@ -132,6 +152,11 @@ Version history:
   its value in both judges (a wrong ``2039606336.0`` passed for ``2039605317`` within 1e-6); the
   number of a tolerance assert (``abs(f(x) - 2) < 1e-6``) is stored as a float; a value too large
   to print (over 4300 digits) is refused instead of raising; the output cache is bounded.
+* v0, rewards pay the change of a level (2026-12): the coder, the tester and the global reward
+  were paid their level (``h``, the test score) after every action, and success ends the
+  episode early, so passing 80% of the hidden tests for 3 turns paid 4.8, solving at once 2.0.
+  Each is now paid the level's change (returns telescope, bound above); ``H`` stays 1 once solved;
+  the format penalty is part of the level, paid back by the next well-formed answer.
 """
 
 from __future__ import annotations
@@ -314,6 +339,9 @@ class CodeEnv(TextAECEnv):
         self.proxy_reference: str | None = None
         self._runs: dict[tuple[str, str], RunResult] = {}
         self._cached_chars = 0
+        # the levels last paid (module docstring, Rewards): the coder's, the tester's, the team's H
+        self._paid = {"coder": 0.0, "unit_tester": 0.0, "global": 0.0}
+        self._tester_score = 0.0  # S at the tester's latest well-formed answer
 
     def _task_id(self) -> str:
         return self.problem.id
@@ -400,12 +428,26 @@ class CodeEnv(TextAECEnv):
             return self._act_coder(action)
         return self._act_tester(action)
 
-    def _malformed(self, reason: str, what: str) -> Outcome:
+    def _pay(self, key: str, level: float) -> float:
+        """Pay ``level`` as its change since ``key``'s last payment (a potential difference)."""
+        change, self._paid[key] = level - self._paid[key], level
+        return change
+
+    def _team_level(self) -> float:
+        """``H``: the current program's hidden pass rate, or 1 once the episode has succeeded."""
+        return 1.0 if self.success or self.hidden_pass_rate == 1.0 else self.hidden_pass_rate
+
+    def _malformed(self, agent: str, reason: str, what: str) -> Outcome:
         feedback = f"Your previous answer could not be used: {reason}. {what}"
-        rate = self.hidden_pass_rate
+        team = self._team_level()
+        if agent == "coder":
+            own = team if team == 1.0 else team + FORMAT_PENALTY  # nothing to lose once solved
+        else:
+            own = self._tester_score + FORMAT_PENALTY
         return Outcome(
-            FORMAT_PENALTY, rate, format_ok=False, feedback=feedback, success=rate == 1.0, info=self._counts()
-        )
+            self._pay(agent, own), self._pay("global", team), format_ok=False, feedback=feedback,
+            success=self.hidden_pass_rate == 1.0, info=self._counts(),
+        )  # fmt: skip
 
     def _act_coder(self, action: str) -> Outcome:
         try:
@@ -413,7 +455,9 @@ class CodeEnv(TextAECEnv):
             if len(code) > MAX_PROGRAM_CHARS:
                 raise ParseError(f"the program is longer than {MAX_PROGRAM_CHARS} characters")
         except ParseError as err:
-            return self._malformed(str(err), "Your previous program (if any) is still the current one.")
+            return self._malformed(
+                "coder", str(err), "Your previous program (if any) is still the current one."
+            )
         self.program = code
         self.hidden_passed = [passed for passed, _ in self._judge(code, self.hidden_tests)]
         rate = self.hidden_pass_rate
@@ -421,13 +465,19 @@ class CodeEnv(TextAECEnv):
             self.proxy_reference = code
             self.validity = self._validity(self.tests)
         self.results = self._judge(code, self.tests) if self.tests else []
-        return Outcome(rate, rate, terminated=self._settled(), success=rate == 1.0, info=self._counts())
+        team = self._team_level()
+        return Outcome(
+            self._pay("coder", team), self._pay("global", team), terminated=self._settled(),
+            success=rate == 1.0, info=self._counts(),
+        )  # fmt: skip
 
     def _act_tester(self, action: str) -> Outcome:
         try:
             tests, note = parse_tests(action, self.max_tests, call=self.problem.call is not None)
         except ParseError as err:
-            return self._malformed(str(err), "Your previous tests (if any) are still the current ones.")
+            return self._malformed(
+                "unit_tester", str(err), "Your previous tests (if any) are still the current ones."
+            )
         self.tests = tests
         self.validity = self._validity(tests)
         self.results = self._judge(self.program, tests) if self.program is not None else []
@@ -442,9 +492,10 @@ class CodeEnv(TextAECEnv):
                 caught = self.program is None or not self.results[index][0]
                 scores.append(1.0 if caught or program_correct else 0.5)
         rate = self.hidden_pass_rate
+        self._tester_score = float(np.mean(scores))
         return Outcome(
-            float(np.mean(scores)), rate, feedback=note, terminated=self._settled(), success=rate == 1.0,
-            info=self._counts(),
+            self._pay("unit_tester", self._tester_score), self._pay("global", self._team_level()), feedback=note,
+            terminated=self._settled(), success=rate == 1.0, info=self._counts(),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ text

@@ -19,14 +19,31 @@ Answers are checked against the gold answer with math-verify through
 :class:`llm_zoo.math_check.AnswerChecker` (gold first; worker process, hard timeout, exact fast
 path for plain numbers, cache). A check that times out or fails counts as wrong.
 
-Rewards (``c_r``, ``c_t`` = 1 if the reasoner's / tool agent's latest answer is correct, else 0):
+Rewards (``c_r``, ``c_t`` = 1 if the reasoner's / tool agent's latest answer is correct, else 0;
+a reply from which no answer can be read leaves its agent's latest answer wrong). Each agent is
+paid the *change* of its level after each of its actions (a potential difference, starting
+from 0), never the level itself, so a return does not grow with the number of turns:
 
-* reasoner role reward: ``c_r``; ``FORMAT_PENALTY`` (-0.5) when the reply has no ``\\boxed{}``.
-* tool agent role reward: ``c_t``; ``FORMAT_PENALTY`` (-0.5) when there is no code block, the
-  program fails (non-zero exit, killed, timeout) or prints nothing.
-* global reward (after every action): ``c_r`` of the reasoner's latest answer (0 before it has
-  given one); with the tool agent alone (``agents=("tool_agent",)``), ``c_t``.
+* reasoner: level ``c_r``, plus ``FORMAT_PENALTY`` (-0.5) while its latest reply has no
+  ``\\boxed{}``; role reward ``level(now) - level(before)``.
+* tool agent: level ``c_t``, plus ``FORMAT_PENALTY`` (-0.5) while its latest reply has no code
+  block, or its program fails (non-zero exit, killed, timeout) or prints nothing; role reward
+  ``level(now) - level(before)``.
+* global reward: the change of ``c_r`` made by this action (0 for the tool agent's actions); with
+  the tool agent alone (``agents=("tool_agent",)``), the change of ``c_t``.
 * each agent's reward: ``role + alpha * global`` (see :class:`llm_zoo.core.TextAECEnv`).
+
+So a reply without an answer costs 0.5 plus what its agent's previous answer was worth (a
+second one in a row costs nothing more), and the next reply with an answer pays it back.
+
+Bound: the returns telescope. Over any episode, whatever its length, the reasoner's return is
+``(1 + alpha) * c_r(final)`` (``-0.5`` if its last reply had no answer), the tool agent's
+``c_t(final)`` (``-0.5`` likewise) and the team's (the sum of the global rewards)
+``c_r(final)``. ``c_r(final) = 1`` exactly when the episode succeeds, so every episode that does
+not succeed pays the reasoner at most 0 and the team 0, and every succeeding one ``1 + alpha`` and
+1; a correct answer repeated for 3 turns pays what it pays once. Within an AT-GRPO group (the K
+candidates of one env, turn and agent) the candidates share the previous level, so the reward
+ranks them exactly as the level does.
 
 ``format_ok`` is true when the agent produced an answer: a ``\\boxed{}`` (reasoner); a code block
 whose program ran and printed a line (tool agent).
@@ -287,6 +304,7 @@ class MathEnv(TextAECEnv):
         self.tool_correct = False
         self.agree = False
         self.history: list[tuple[int, str, str | None, bool]] = []  # (turn, agent, answer, correct)
+        self._levels = {"reasoner": 0.0, "tool_agent": 0.0, "global": 0.0}  # c_r, c_t, c_r as paid
 
     def _task_id(self) -> str:
         assert self.problem is not None
@@ -380,11 +398,12 @@ class MathEnv(TextAECEnv):
         if self.reasoner_answer is not None and self.tool_answer is not None:
             self.agree = self.checker.check(self.reasoner_answer, self.tool_answer).correct
         last_action = self.agree or (agent == self.possible_agents[-1] and self.turn + 1 >= self.max_turns)
+        penalty = role_reward  # FORMAT_PENALTY or 0: part of the level (module docstring)
         # The team's answer is the reasoner's; the tool agent alone answers with its program.
         team_correct = self.reasoner_correct if "reasoner" in self.possible_agents else self.tool_correct
         return Outcome(
-            role_reward=role_reward,
-            global_reward=float(team_correct),
+            role_reward=self._level_change(agent, float(bool(correct and format_ok)) + penalty),
+            global_reward=self._level_change("global", float(team_correct)),
             format_ok=format_ok,
             feedback=feedback,
             terminated=self.agree,
@@ -400,6 +419,11 @@ class MathEnv(TextAECEnv):
             },
         )
 
+    def _level_change(self, key: str, level: float) -> float:
+        """Pay ``level`` as its change since ``key``'s last payment (module docstring: Bound)."""
+        change, self._levels[key] = level - self._levels[key], level
+        return change
+
     def _reasoner_acts(self, action: str) -> tuple[float, bool, str, str, dict[str, Any]]:
         assert self.problem is not None
         self.reasoner_reply = action
@@ -410,7 +434,7 @@ class MathEnv(TextAECEnv):
             return FORMAT_PENALTY, False, f"Your previous reply could not be used: {error}.", "none", {}
         result = self.checker.check(self.problem.answer, answer)
         self.reasoner_answer, self.reasoner_correct = answer, result.correct
-        return float(result.correct), True, "", result.method, {}
+        return 0.0, True, "", result.method, {}
 
     def _tool_acts(self, action: str) -> tuple[float, bool, str, str, dict[str, Any]]:
         assert self.problem is not None
@@ -439,7 +463,7 @@ class MathEnv(TextAECEnv):
         assert answer is not None
         result = self.checker.check(self.problem.answer, answer)
         self.tool_answer, self.tool_correct = answer, result.correct
-        return float(result.correct), True, "", result.method, {"tool_status": status}
+        return 0.0, True, "", result.method, {"tool_status": status}
 
     def _render_state(self) -> str:
         assert self.problem is not None
