@@ -38,7 +38,7 @@ import yaml
 
 from llm_zoo_train.agent_plan import AgentPlan, plan_agents
 from llm_zoo_train.config_aliases import CONFIG_ALIASES
-from llm_zoo_train.config_checks import check_values
+from llm_zoo_train.config_checks import check_model_positions, check_values
 from llm_zoo_train.typed_config import (
     ConfigError,
     config_from_dict,
@@ -444,6 +444,13 @@ def validate(config: Config) -> AgentPlan:
         raise ConfigError(
             "nothing to train: every agent is frozen; unfreeze one, or set training.max_steps 0 to only evaluate"
         )
+    check_model_positions(
+        plan.models,
+        {
+            "rollout.max_completion_length": config.rollout.max_completion_length,
+            "eval.max_completion_length": config.eval.max_completion_length,
+        },
+    )
     return plan
 
 
