@@ -282,18 +282,19 @@ def test_a_new_run_refuses_a_non_empty_output_dir_unless_told_to_overwrite(tiny_
     before = (output / "metrics.jsonl").read_text()
     assert main([str(config), *quick, "--training.max_steps", "1"]) == 2
     line = _one_line_error(capsys.readouterr().err)
-    assert f"training.output_dir {output} is not empty (adapters, checkpoint-2, metrics.jsonl)" in line
+    assert f"training.output_dir {output} is not empty (adapters, checkpoint-2, config.yaml, metrics.jsonl)" in line
     assert "--resume" in line and "--training.overwrite_output_dir true" in line
     assert (output / "metrics.jsonl").read_text() == before  # nothing was touched
 
     (output / "notes.txt").write_text("mine")
     argv = [str(config), *quick, "--training.max_steps", "1", "--training.overwrite_output_dir", "true"]
     assert main(argv) == 0
-    assert "removed the earlier run's adapters, checkpoint-2, metrics.jsonl" in capsys.readouterr().out
+    assert "removed the earlier run's adapters, checkpoint-2, config.yaml, metrics.jsonl" in capsys.readouterr().out
     # No stale checkpoint-2 beside the new checkpoint-1; files that are not run outputs are kept.
     assert sorted(p.name for p in output.iterdir()) == [
         "adapters",
         "checkpoint-1",
+        "config.yaml",
         "metrics.jsonl",
         "notes.txt",
     ]

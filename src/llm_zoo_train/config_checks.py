@@ -32,7 +32,8 @@ def require_positive(key: str, value: float, *, allow_zero: bool = False) -> Non
     """ConfigError unless ``value`` is finite and > 0 (>= 0 with ``allow_zero``), naming ``key``
     (written so that NaN, which fails every comparison, is refused too)."""
     if not (math.isfinite(value) and (value > 0 or (allow_zero and value == 0))):
-        raise ConfigError(f"{key} must be a finite number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+        kind = "" if math.isfinite(value) else " (a finite number)"
+        raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '> 0'}{kind}, got {value!r}")
 
 
 #: Seeds seed NumPy's legacy generator, which takes 0 <= seed < 2**32.

@@ -80,6 +80,16 @@ class Trainer:
     """
 
     def __init__(self, config: Config, *, resume_from: str | Path | None = None, accelerator: Any = None):
+        #: The output directory's lock (llm_zoo_train.run_lock), released when train() ends.
+        self.run_lock: Any = None
+        try:
+            self._setup(config, resume_from, accelerator)
+        except BaseException:
+            if self.run_lock is not None:  # a model that does not load leaves the directory free
+                self.run_lock.release()
+            raise
+
+    def _setup(self, config: Config, resume_from: str | Path | None, accelerator: Any) -> None:
         self.config = config
         self.plan = validate(config)
         training = config.training
@@ -96,8 +106,6 @@ class Trainer:
         self.accelerator = accelerator
         #: Where a resumed run continues (None: a new run); checked before any model loads.
         self.resume_point: ResumePoint | None
-        #: The output directory's lock (llm_zoo_train.run_lock), released when train() ends.
-        self.run_lock: Any
         self.resume_point, self.run_lock = start_run(config, checkpoint, accelerator)
         #: Ctrl-C and SIGTERM while train() runs (llm_zoo_train.interrupts).
         self.interrupts = InterruptGuard()
