@@ -8,24 +8,7 @@ import pytest
 pytest.importorskip("torch")
 
 from llm_zoo_train.__main__ import main
-from train_helpers import write_toy_config
-
-
-@pytest.fixture
-def no_model_loading(monkeypatch):
-    import llm_zoo_train.policy
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("a model was loaded although the config is bad")
-
-    monkeypatch.setattr(llm_zoo_train.policy, "load_base_model", forbidden)
-
-
-def _error_line(err):
-    assert "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.startswith("llm-zoo-train: error:")]
-    assert len(lines) == 1, err
-    return lines[0]
+from train_helpers import one_line_error, write_toy_config
 
 
 @pytest.mark.parametrize(
@@ -50,7 +33,7 @@ def test_bad_values_are_one_line_before_any_model_loads(tmp_path, capsys, no_mod
 
     config = write_toy_config(tmp_path / "no_model", tmp_path / "run", tmp_path / "c.yaml")
     assert main([str(config), "--print-config", *extra]) == 2
-    assert message in _error_line(capsys.readouterr().err)
+    assert message in one_line_error(capsys.readouterr().err)
     assert not (tmp_path / "run").exists()
 
 
@@ -70,7 +53,7 @@ def test_a_completion_longer_than_the_model_is_refused(tiny_model_dir, tmp_path,
     positions = json.loads((tiny_model_dir / "config.json").read_text())["max_position_embeddings"]
     config = write_toy_config(tiny_model_dir, tmp_path / "run", tmp_path / "c.yaml")
     assert main([str(config), "--print-config", "--rollout.max_completion_length", str(10**10)]) == 2
-    line = _error_line(capsys.readouterr().err)
+    line = one_line_error(capsys.readouterr().err)
     assert f"rollout.max_completion_length {10**10} leaves no room for the prompt" in line
     assert f"{positions} positions" in line
 
@@ -81,18 +64,18 @@ def test_binary_oversized_and_misspelled_config_files(tmp_path, capsys, no_model
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe" * 10)
     assert main([str(binary)]) == 2
-    assert f"{binary}: not a text file" in _error_line(capsys.readouterr().err)
+    assert f"{binary}: not a text file" in one_line_error(capsys.readouterr().err)
 
     huge = tmp_path / "huge.yaml"
     huge.write_text("# padding\n" * 200_000)
     assert main([str(huge)]) == 2
-    line = _error_line(capsys.readouterr().err)
+    line = one_line_error(capsys.readouterr().err)
     assert f"{huge}: 1.9 MiB is too large for a config file (at most 1 MiB)" in line
 
     typo = write_toy_config(tmp_path / "no_model", tmp_path / "run", tmp_path / "typo.yaml")
     typo.write_text(typo.read_text().replace("max_steps:", "max_stpes:"))
     assert main([str(typo)]) == 2
-    line = _error_line(capsys.readouterr().err)
+    line = one_line_error(capsys.readouterr().err)
     assert f"{typo}: unknown config key 'training.max_stpes'" in line and "max_steps" in line
 
 
@@ -103,5 +86,5 @@ def test_an_output_dir_that_is_a_file(tmp_path, capsys, no_model_loading):
     for output in (tmp_path / "taken", tmp_path / "taken" / "run"):
         config = write_toy_config(tmp_path / "no_model", output, tmp_path / "c.yaml")
         assert main([str(config)]) == 2
-        line = _error_line(capsys.readouterr().err)
+        line = one_line_error(capsys.readouterr().err)
         assert f"training.output_dir {output}" in line and "a file, not a directory" in line

@@ -19,18 +19,20 @@ pytest.importorskip("peft")
 import toy_envs_trainer  # noqa: E402, F401
 from llm_zoo_train.__main__ import main  # noqa: E402
 from llm_zoo_train.trainer import Trainer  # noqa: E402
-from train_helpers import history_without_timing, toy_config, write_toy_config  # noqa: E402
+from train_helpers import history_without_timing, one_line_error, toy_config, write_toy_config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 QUICK = ["--eval.num_episodes", "0"]
 
 
-def _error_line(err):
-    assert "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.startswith("llm-zoo-train: error:")]
-    assert len(lines) == 1, err
-    return lines[0]
+class _Accelerator:
+    """What RunLogger needs of an Accelerator."""
+
+    is_main_process = True
+
+    def log(self, values, step):
+        pass
 
 
 # --------------------------------------------------------------------------- finite or nothing
@@ -48,7 +50,7 @@ def test_a_nan_loss_stops_the_step_before_anything_is_saved(tiny_model_dir, tmp_
     monkeypatch.setattr(update, "policy_loss", poisoned)
     config = write_toy_config(tiny_model_dir, tmp_path / "run", tmp_path / "c.yaml")
     assert main([str(config), *QUICK, "--training.max_steps", "2", "--training.save_steps", "1"]) == 1
-    line = _error_line(capsys.readouterr().err)
+    line = one_line_error(capsys.readouterr().err)
     assert "step 1" in line and "adapter 'alice'" in line and "non-finite gradient norm" in line
     names = sorted(p.name for p in (tmp_path / "run").iterdir())
     assert not [n for n in names if n.startswith("checkpoint-")] and "adapters" not in names
@@ -71,13 +73,7 @@ def test_non_finite_weights_are_never_saved(tiny_model_dir, tmp_path):
 def test_metrics_jsonl_records_non_finite_values(tmp_path):
     from llm_zoo_train.tracking import RunLogger
 
-    class Accelerator:
-        is_main_process = True
-
-        def log(self, values, step):
-            pass
-
-    logger = RunLogger(Accelerator(), tmp_path, [], total_steps=1, logging_steps=1, progress_bar=False)
+    logger = RunLogger(_Accelerator(), tmp_path, [], total_steps=1, logging_steps=1, progress_bar=False)
     logger.log(1, {"update/alice/loss": float("nan"), "update/alice/grad_norm": float("inf"), "x": 1.0})
     record = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert record == {"step": 1, "update/alice/loss": "nan", "update/alice/grad_norm": "inf", "x": 1.0}
@@ -164,7 +160,7 @@ def test_a_second_live_run_is_refused_and_deletes_nothing(tiny_model_dir, tmp_pa
         before = sorted(p.name for p in run.iterdir())
         argv = [str(config), *QUICK, "--training.max_steps", "1", "--training.overwrite_output_dir", "true"]
         assert main(argv) == 2
-        line = _error_line(capsys.readouterr().err)
+        line = one_line_error(capsys.readouterr().err)
         assert f"is in use by a run still going (pid {holder.pid} on {socket.gethostname()}" in line
         assert sorted(p.name for p in run.iterdir()) == before
     finally:
@@ -193,13 +189,7 @@ def test_a_full_disk_while_logging_metrics_is_one_line(tmp_path, monkeypatch):
     from llm_zoo_train.checkpoint import CheckpointWriteError
     from llm_zoo_train.tracking import RunLogger
 
-    class Accelerator:
-        is_main_process = True
-
-        def log(self, values, step):
-            pass
-
-    logger = RunLogger(Accelerator(), tmp_path, [], total_steps=1, logging_steps=1, progress_bar=False)
+    logger = RunLogger(_Accelerator(), tmp_path, [], total_steps=1, logging_steps=1, progress_bar=False)
     real_open = builtins.open
 
     def full(path, mode="r", *args, **kwargs):

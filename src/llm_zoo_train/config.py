@@ -281,8 +281,9 @@ class TrainingConfig:
     """Where checkpoints, final adapters, metrics.jsonl and learning_curve.png go. A new run refuses
     a directory that is not empty (use --resume, another directory, or overwrite_output_dir)."""
     overwrite_output_dir: bool = False
-    """Let a new run replace an earlier run in output_dir: its checkpoints, metrics, adapters, plot
-    and rollouts are deleted first (other files are kept). Ignored by --resume."""
+    """Let a new run replace an earlier run in output_dir: its checkpoints, config.yaml, metrics,
+    adapters, plot and rollouts are deleted once the config, env and model have loaded (other files
+    are kept). Ignored by --resume."""
     max_steps: int = 100
     """Training steps (one rollout + one update of every trainable adapter each)."""
     learning_rate: float = 1e-5

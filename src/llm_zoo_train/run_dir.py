@@ -259,6 +259,7 @@ def start_run(
         notes.append(point.describe(config.training.max_steps))
     for note in notes:
         accelerator.print(note)
+    accelerator.wait_for_everyone()  # every process has checked before the main one writes
     warning = process_count_warning(accelerator.num_processes)
     if warning and accelerator.is_main_process:
         print(f"llm-zoo-train: {warning}", file=sys.stderr)
