@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import math
 import os
 from pathlib import Path
@@ -200,29 +201,41 @@ def check_model_positions(models: dict[str, Any], lengths: dict[str, int | None]
 
     Args:
         models: Model name -> its model section (``name_or_path``, ``cache_dir``); only models
-            whose ``config.json`` is on this machine are checked (nothing is downloaded, no
-            weights are read).
+            whose ``config.json`` is on this machine are checked (a local directory or the hub
+            cache: nothing is downloaded, no weights are read, transformers is not imported).
         lengths: Config key -> the most new tokens it allows (None: not set).
     """
-    try:
-        from transformers import AutoConfig
-    except ImportError:
-        return
     for name, model in models.items():
-        try:
-            model_config = AutoConfig.from_pretrained(
-                model.name_or_path, cache_dir=getattr(model, "cache_dir", None), local_files_only=True
-            )
-        except Exception:  # not on this machine yet, or not a model: loading it will say why
-            continue
-        positions = getattr(model_config, "max_position_embeddings", None) or getattr(
-            model_config, "n_positions", None
-        )
-        if not isinstance(positions, int):
-            continue
+        positions = _model_positions(str(model.name_or_path), getattr(model, "cache_dir", None))
         for key, length in lengths.items():
-            if length is not None and length >= positions:
+            if positions is not None and length is not None and length >= positions:
                 raise ConfigError(
                     f"{key} {length} leaves no room for the prompt: {name} ({model.name_or_path}) has "
                     f"{positions} positions (prompt + completion); use well under {positions}"
                 )
+
+
+def _model_positions(name_or_path: str, cache_dir: str | None) -> int | None:
+    """``max_position_embeddings`` (or ``n_positions``) of a model's config.json, if it is here."""
+    path: Any = Path(name_or_path) / "config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            path = try_to_load_from_cache(name_or_path, "config.json", cache_dir=cache_dir)
+        except Exception:  # not a repo id, or no hub client: loading the model will say why
+            return None
+        if not isinstance(path, str):
+            return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    text_config = data.get("text_config")
+    for section in (data, text_config if isinstance(text_config, dict) else {}):
+        for key in ("max_position_embeddings", "n_positions"):
+            if isinstance(section.get(key), int) and not isinstance(section.get(key), bool):
+                return int(section[key])
+    return None

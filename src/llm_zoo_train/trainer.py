@@ -242,6 +242,10 @@ class Trainer:
         except RunInterrupted as interrupted:
             logger.close()
             interrupted.checkpoint = self._save_interrupted()
+            self.run_lock.release()
+            raise
+        except BaseException:
+            self.run_lock.release()
             raise
         finally:
             self.interrupts.uninstall()
@@ -249,8 +253,10 @@ class Trainer:
                 self.async_rollouts.close()  # no generation process outlives train(), error or not
             logger.close()
             self.progress = RunProgress.disabled()
-            self.run_lock.release()
-        return self._finish(logger)
+        try:
+            return self._finish(logger)
+        finally:
+            self.run_lock.release()  # after the final adapters are written
 
     def _capture_save_point(self) -> tuple[int, dict[str, Any], set[int]]:
         """What a checkpoint of the step just completed needs beyond the live objects: the RNG
