@@ -24,6 +24,7 @@ with a one-line error. A file that verifies but cannot be loaded is reported the
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -32,7 +33,7 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +158,9 @@ def find_checkpoint(path: str | Path, warn: Callable[[str], None] = warn_line) -
     raise FileNotFoundError(f"no intact checkpoint to resume from: {'; '.join(damaged)}")
 
 
-def write_checkpoint(directory: str | Path, write: Callable[[Path], None], *, manifest: bool = True) -> Path:
+def write_checkpoint(
+    directory: str | Path, write: Callable[[Path], object], *, manifest: bool = True
+) -> Path:
     """Create checkpoint ``directory`` atomically: ``write(tmp)`` fills a temporary directory,
     ``manifest.json`` is written last (unless ``manifest`` is false: the final adapters), and it
     is renamed to ``directory`` (replacing an older one of the same name)."""
@@ -264,34 +267,31 @@ def load_training_state(
     """Load what :func:`save_training_state` wrote into live objects; returns the RNG states (one
     per process that wrote the checkpoint) for :func:`restore_rng_state`."""
     for name in policy.adapter_names:
-        directory = checkpoint / "adapters" / name
-        _loading(directory, lambda d=directory, n=name: policy.load_adapter_weights(n, d))
-    optimizer_states = _loading(checkpoint / "optimizers.pt", _torch_load)
-    scheduler_states = _loading(checkpoint / "schedulers.pt", _torch_load)
+        with _loading(checkpoint / "adapters" / name):
+            policy.load_adapter_weights(name, checkpoint / "adapters" / name)
+    with _loading(checkpoint / "optimizers.pt"):
+        optimizer_states = torch.load(checkpoint / "optimizers.pt", weights_only=True)
+        for name, optimizer in optimizers.items():
+            optimizer.load_state_dict(optimizer_states[name])
+    with _loading(checkpoint / "schedulers.pt"):
+        scheduler_states = torch.load(checkpoint / "schedulers.pt", weights_only=True)
+        for name in optimizers:
+            schedulers[name].load_state_dict(scheduler_states[name])
     for name, optimizer in optimizers.items():
-        _loading(
-            checkpoint / "optimizers.pt",
-            lambda _, n=name, o=optimizer: o.load_state_dict(optimizer_states[n]),
-        )
-        _loading(
-            checkpoint / "schedulers.pt", lambda _, n=name: schedulers[n].load_state_dict(scheduler_states[n])
-        )
         follow_rebuilt_schedule(optimizer, schedulers[name])
     if scaler is not None and (checkpoint / "scaler.pt").is_file():
-        scaler_state = _loading(checkpoint / "scaler.pt", _torch_load)
-        _loading(checkpoint / "scaler.pt", lambda _: scaler.load_state_dict(scaler_state))
-    return list(_loading(checkpoint / "rng_state.pt", lambda p: _torch_load(p)["ranks"]))
+        with _loading(checkpoint / "scaler.pt"):
+            scaler.load_state_dict(torch.load(checkpoint / "scaler.pt", weights_only=True))
+    with _loading(checkpoint / "rng_state.pt"):
+        return list(torch.load(checkpoint / "rng_state.pt", weights_only=True)["ranks"])
 
 
-def _torch_load(path: Path) -> Any:
-    return torch.load(path, weights_only=True)
-
-
-def _loading(path: Path, load: Callable[[Path], Any]) -> Any:
-    """``load(path)``; any error becomes a one-line :class:`CheckpointDamagedError` naming ``path``
-    (a JSON decode error, a bare EOFError, an UnpicklingError, a hub lookup for a missing file)."""
+@contextlib.contextmanager
+def _loading(path: Path) -> Iterator[None]:
+    """Any error inside becomes a one-line :class:`CheckpointDamagedError` naming ``path`` (a JSON
+    decode error, a bare EOFError, an UnpicklingError, a hub lookup for a missing file)."""
     try:
-        return load(path)
+        yield
     except Exception as err:  # whatever the loader raises, the file is what is wrong
         reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
         reason = reason if len(reason) <= 160 else reason[:157] + "..."
@@ -330,7 +330,8 @@ def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
 def read_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
     """The checkpoint's ``trainer_state.json``; :class:`CheckpointDamagedError` if unreadable."""
     path = Path(checkpoint) / TRAINER_STATE
-    return dict(_loading(path, lambda p: json.loads(p.read_text(encoding="utf-8"))))
+    with _loading(path):
+        return dict(json.loads(path.read_text(encoding="utf-8")))
 
 
 def write_json(path: Path, value: Any) -> None:

@@ -277,7 +277,7 @@ def begin_run(config: Config, resuming: bool, accelerator: Any) -> None:
     accelerator.wait_for_everyone()  # nothing is written before the main process has cleaned up
 
 
-def save_final_adapters(output_dir: str | Path, policy: Any, write_cards: Callable[[Path], None]) -> Path:
+def save_final_adapters(output_dir: str | Path, policy: Any, write_cards: Callable[[Path], object]) -> Path:
     """Write ``output_dir/adapters`` atomically (a temporary directory renamed into place): every
     adapter, then the model cards ``write_cards(directory)`` adds. A run killed while saving leaves
     no half-written adapters; ``--resume`` then writes them from the last checkpoint

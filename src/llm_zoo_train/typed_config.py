@@ -490,8 +490,8 @@ def load_dataclass(
     try:
         return config_from_dict(raw, root)
     except ConfigError as err:
-        key = getattr(err, "key", None)
-        if path is not None and key is not None and _has_path(from_file, key):
+        bad_key = getattr(err, "key", None)
+        if path is not None and bad_key is not None and _has_path(from_file, bad_key):
             raise ConfigError(f"{path}: {err}") from None
         raise
 
