@@ -75,7 +75,7 @@ def parse_args(argv: Sequence[str]) -> tuple[str | None, bool, str | None, bool,
             overrides.append(arg)
             if "=" not in arg:
                 if index + 1 >= len(args):
-                    raise UsageError(f"option {arg} needs a value: {arg} VALUE")
+                    raise UsageError(f"option {arg} needs a value (e.g. {arg} VALUE or {arg}=VALUE)")
                 if args[index + 1].startswith("--"):
                     raise UsageError(f"option {arg} needs a value, got the option {args[index + 1]} instead")
                 index += 1
