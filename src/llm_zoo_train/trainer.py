@@ -38,7 +38,7 @@ import torch
 
 from llm_zoo_train.advantages import compute_advantages
 from llm_zoo_train.async_rollout import AsyncRollouts, algorithm_settings
-from llm_zoo_train.checkpoint import capture_rng_state, checkpoint_path, find_checkpoint, warn_line
+from llm_zoo_train.checkpoint import find_checkpoint, warn_line
 from llm_zoo_train.config import (
     Config,
     ConfigError,
@@ -62,7 +62,12 @@ from llm_zoo_train.seeding import Stream, derive_seed
 from llm_zoo_train.step_rollout import StepRollout, play_step, save_step_rollout
 from llm_zoo_train.team_credit import team_credit_metrics
 from llm_zoo_train.tracking import RunLogger, flatten_config, plot_learning_curve, rollout_metrics
-from llm_zoo_train.trainer_state import restore_trainer, save_trainer_checkpoint
+from llm_zoo_train.trainer_state import (
+    capture_save_point,
+    restore_trainer,
+    save_interrupted,
+    save_trainer_checkpoint,
+)
 from llm_zoo_train.update import mean_across_processes
 
 __all__ = ["Trainer", "derive_seed"]
@@ -206,7 +211,7 @@ class Trainer:
         )
         self.progress = logger.progress
         self.interrupts.install()
-        self._save_point = self._capture_save_point()
+        self._save_point = capture_save_point(self)
         try:
             if self.step == 0 and not self.history and config.eval.eval_on_start and config.eval.num_episodes:
                 metrics = self._evaluation_metrics()
@@ -216,7 +221,7 @@ class Trainer:
                 step = self.step + 1
                 metrics = self.train_step(step)
                 self.step = step
-                self._save_point = self._capture_save_point()
+                self._save_point = capture_save_point(self)
                 eval_steps = config.eval.eval_steps
                 try:
                     self.interrupts.end_update()  # a signal during the update stops here
@@ -230,7 +235,7 @@ class Trainer:
                 save_steps = config.training.save_steps
                 if step == max_steps or (save_steps and step % save_steps == 0):
                     self.save_checkpoint()
-                self._save_point = self._capture_save_point()
+                self._save_point = capture_save_point(self)
                 if stop_after_step is not None and step >= stop_after_step and step < max_steps:
                     return {"before": None, "after": None, "history": self.history}
             if (
@@ -241,7 +246,7 @@ class Trainer:
                 logger.log(0, self._evaluation_metrics())
         except RunInterrupted as interrupted:
             logger.close()
-            interrupted.checkpoint = self._save_interrupted()
+            interrupted.checkpoint = save_interrupted(self, self._save_point)
             self.run_lock.release()
             raise
         except BaseException:
@@ -257,30 +262,6 @@ class Trainer:
             return self._finish(logger)
         finally:
             self.run_lock.release()  # after the final adapters are written
-
-    def _capture_save_point(self) -> tuple[int, dict[str, Any], set[int]]:
-        """What a checkpoint of the step just completed needs beyond the live objects: the RNG
-        states now and the asynchronous rollouts asked for so far."""
-        requested = self.async_rollouts.requested_steps if self.async_rollouts is not None else set()
-        return self.step, capture_rng_state(self.rng), requested
-
-    def _save_interrupted(self) -> Path | None:
-        """Save a checkpoint of the last completed step after Ctrl-C or SIGTERM (None: nothing to
-        save, or the save failed, which is said in one line)."""
-        step, rng_state, requested = self._save_point
-        if step == 0 or step != self.step:
-            return None
-        existing = checkpoint_path(self.output_dir, step)
-        if existing.is_dir():
-            return existing
-        try:
-            if self.async_rollouts is not None:
-                self.async_rollouts.wait_for_in_flight()
-                self.async_rollouts.keep_only(requested)  # those asked for during the next step go
-            return save_trainer_checkpoint(self, rng_state=rng_state)
-        except Exception as err:  # the run stops anyway: say why it could not be saved
-            warn_line(f"could not save a checkpoint of step {step}: {err}")
-            return None
 
     def train_step(self, step: int) -> dict[str, float]:
         """One rollout and one update of every trainable adapter; returns the step's metrics."""

@@ -25,13 +25,20 @@ from llm_zoo_train.checkpoint import (
     restore_rng_state,
     rotate_checkpoints,
     save_training_state,
+    warn_line,
     write_checkpoint,
 )
 from llm_zoo_train.config import save_config
 from llm_zoo_train.finite import check_finite_weights
 from llm_zoo_train.model_card import write_model_cards
 
-__all__ = ["load_trainer_checkpoint", "restore_trainer", "save_trainer_checkpoint"]
+__all__ = [
+    "capture_save_point",
+    "load_trainer_checkpoint",
+    "restore_trainer",
+    "save_interrupted",
+    "save_trainer_checkpoint",
+]
 
 
 def save_trainer_checkpoint(trainer: Any, rng_state: dict[str, Any] | None = None) -> Path:
@@ -133,3 +140,31 @@ def restore_trainer(trainer: Any, checkpoint: Path, warn: Callable[[str], None])
             damaged = checkpoint
             checkpoint = find_checkpoint(older[0], warn)
             warn(f"skipped damaged checkpoint {damaged.name} ({err}); resuming from {checkpoint} instead")
+
+
+def capture_save_point(trainer: Any) -> tuple[int, dict[str, Any], set[int]]:
+    """What a checkpoint of the step ``trainer`` just completed needs beyond its live objects: the
+    RNG states now and the asynchronous rollouts asked for so far (:func:`save_interrupted`)."""
+    rollouts = getattr(trainer, "async_rollouts", None)
+    requested = rollouts.requested_steps if rollouts is not None else set()
+    return trainer.step, capture_rng_state(trainer.rng), requested
+
+
+def save_interrupted(trainer: Any, save_point: tuple[int, dict[str, Any], set[int]]) -> Path | None:
+    """Save a checkpoint of the last completed step after Ctrl-C or SIGTERM, from ``save_point``
+    (:func:`capture_save_point` at the end of that step). None: nothing to save (no step done,
+    or the step was already saved as it is), or the save failed, which is said in one line."""
+    step, rng_state, requested = save_point
+    if step == 0 or step != trainer.step:
+        return None
+    existing = checkpoint_path(trainer.output_dir, step)
+    if existing.is_dir():
+        return existing
+    try:
+        if trainer.async_rollouts is not None:
+            trainer.async_rollouts.wait_for_in_flight()
+            trainer.async_rollouts.keep_only(requested)  # those asked for during the next step go
+        return save_trainer_checkpoint(trainer, rng_state=rng_state)
+    except Exception as err:  # the run stops anyway: say why it could not be saved
+        warn_line(f"could not save a checkpoint of step {step}: {err}")
+        return None
