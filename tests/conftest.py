@@ -36,3 +36,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Fail the test if anything tries to load a model."""
+    pytest.importorskip("torch")
+    import llm_zoo_train.policy
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a model was loaded although the config is bad")
+
+    monkeypatch.setattr(llm_zoo_train.policy, "load_base_model", forbidden)

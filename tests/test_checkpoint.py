@@ -148,6 +148,7 @@ def test_checkpoint_contents_and_config_mismatch(tiny_model_dir, tmp_path):
     assert names == [
         "adapters",
         "config.yaml",
+        "manifest.json",
         "optimizers.pt",
         "rng_state.pt",
         "schedulers.pt",

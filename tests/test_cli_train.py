@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
 from llm_zoo_train.__main__ import main
-from train_helpers import write_toy_config
+from train_helpers import one_line_error, write_toy_config
 
 TESTS = Path(__file__).parent
 
@@ -49,17 +49,6 @@ def test_help_lists_every_field(capsys):
         "--logging.log_with",
     ):
         assert key in out
-
-
-@pytest.fixture
-def no_model_loading(monkeypatch):
-    """Fail the test if anything tries to load a model."""
-    import llm_zoo_train.policy
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("a model was loaded although the config is bad")
-
-    monkeypatch.setattr(llm_zoo_train.policy, "load_base_model", forbidden)
 
 
 @pytest.mark.parametrize(
@@ -212,12 +201,7 @@ def test_two_cpu_processes_keep_identical_adapters(tiny_model_dir, tmp_path):
     assert len(rng["ranks"]) == 2
 
 
-def _one_line_error(err):
-    """The ``llm-zoo-train: error: ...`` line of stderr; the error must be one line, no traceback."""
-    assert "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.startswith("llm-zoo-train: error:")]
-    assert len(lines) == 1, err
-    return lines[0]
+_one_line_error = one_line_error
 
 
 @pytest.mark.parametrize(
@@ -282,18 +266,25 @@ def test_a_new_run_refuses_a_non_empty_output_dir_unless_told_to_overwrite(tiny_
     before = (output / "metrics.jsonl").read_text()
     assert main([str(config), *quick, "--training.max_steps", "1"]) == 2
     line = _one_line_error(capsys.readouterr().err)
-    assert f"training.output_dir {output} is not empty (adapters, checkpoint-2, metrics.jsonl)" in line
+    assert (
+        f"training.output_dir {output} is not empty (adapters, checkpoint-2, config.yaml, metrics.jsonl)"
+        in line
+    )
     assert "--resume" in line and "--training.overwrite_output_dir true" in line
     assert (output / "metrics.jsonl").read_text() == before  # nothing was touched
 
     (output / "notes.txt").write_text("mine")
     argv = [str(config), *quick, "--training.max_steps", "1", "--training.overwrite_output_dir", "true"]
     assert main(argv) == 0
-    assert "removed the earlier run's adapters, checkpoint-2, metrics.jsonl" in capsys.readouterr().out
+    assert (
+        "removed the earlier run's adapters, checkpoint-2, config.yaml, metrics.jsonl"
+        in capsys.readouterr().out
+    )
     # No stale checkpoint-2 beside the new checkpoint-1; files that are not run outputs are kept.
     assert sorted(p.name for p in output.iterdir()) == [
         "adapters",
         "checkpoint-1",
+        "config.yaml",
         "metrics.jsonl",
         "notes.txt",
     ]

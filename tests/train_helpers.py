@@ -43,3 +43,11 @@ def toy_config(model_dir: str | Path, output_dir: str | Path, overrides: Sequenc
 def history_without_timing(history: Sequence[dict[str, float]]) -> list[dict[str, float]]:
     """Metrics records without wall-clock values (``time/*``), which differ between runs."""
     return [{k: v for k, v in record.items() if not k.startswith("time/")} for record in history]
+
+
+def one_line_error(err: str, program: str = "llm-zoo-train") -> str:
+    """The ``PROGRAM: error: ...`` line of stderr; the error must be one line, no traceback."""
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith(f"{program}: error:")]
+    assert len(lines) == 1, err
+    return lines[0]

@@ -73,7 +73,11 @@ def parse_args(argv: Sequence[str]) -> tuple[str | None, bool, str | None, bool,
             print_config = True
         elif arg.startswith("--"):
             overrides.append(arg)
-            if "=" not in arg and index + 1 < len(args):
+            if "=" not in arg:
+                if index + 1 >= len(args):
+                    raise UsageError(f"option {arg} needs a value (e.g. {arg} VALUE or {arg}=VALUE)")
+                if args[index + 1].startswith("--"):
+                    raise UsageError(f"option {arg} needs a value, got the option {args[index + 1]} instead")
                 index += 1
                 overrides.append(args[index])
         else:
@@ -104,7 +108,11 @@ def _main(argv: list[str]) -> int:
     if argv and argv[0] == "eval":
         from llm_zoo_train.eval_cli import main as eval_main
 
-        return eval_main(argv[1:])
+        try:
+            return eval_main(argv[1:])
+        except KeyboardInterrupt:
+            print("llm-zoo-train eval: interrupted; nothing was written", file=sys.stderr)
+            return 130
     if "-h" in argv or "--help" in argv:
         from llm_zoo_train.config import format_help
 
@@ -113,9 +121,9 @@ def _main(argv: list[str]) -> int:
 
     import yaml
 
-    from llm_zoo_train.checkpoint import find_checkpoint
+    from llm_zoo_train.checkpoint import CheckpointDamagedError, find_checkpoint
     from llm_zoo_train.config import ConfigError, config_to_dict, load_config, validate
-    from llm_zoo_train.run_dir import check_resume
+    from llm_zoo_train.run_dir import check_resume, restore_final_adapters
 
     try:
         config_path, resume, resume_dir, print_config, overrides = parse_args(argv)
@@ -131,7 +139,7 @@ def _main(argv: list[str]) -> int:
             checkpoint = find_checkpoint(config.training.output_dir)
         validate(config)
         resume_point = check_resume(checkpoint, config) if checkpoint is not None else None
-    except (UsageError, ConfigError, FileNotFoundError) as err:
+    except (UsageError, ConfigError, FileNotFoundError, CheckpointDamagedError) as err:
         print(f"llm-zoo-train: error: {err}", file=sys.stderr)
         print("llm-zoo-train: see `llm-zoo-train --help` for every option", file=sys.stderr)
         return 2
@@ -141,6 +149,13 @@ def _main(argv: list[str]) -> int:
         return 0
     if resume_point is not None and resume_point.finished(config.training.max_steps):
         print(resume_point.describe(config.training.max_steps))  # before any model loads
+        try:
+            note = restore_final_adapters(resume_point)  # killed during the final save
+        except OSError as err:
+            print(f"llm-zoo-train: error: {err}", file=sys.stderr)
+            return 2
+        if note:
+            print(note)
         return 0
 
     if os.environ.get("RANK", "0") == "0":  # the first output, before torch is even imported
@@ -152,7 +167,9 @@ def _main(argv: list[str]) -> int:
 
     from llm_zoo_train.checkpoint import CheckpointWriteError
     from llm_zoo_train.engines.replay import ReplayMismatchError
+    from llm_zoo_train.finite import NonFiniteError
     from llm_zoo_train.policy import ModelNotAvailableError
+    from llm_zoo_train.run_lock import RunLockedError
     from llm_zoo_train.trainer import Trainer
 
     transformers_logging.disable_progress_bar()  # weight-loading bars would bury the training log
@@ -164,17 +181,58 @@ def _main(argv: list[str]) -> int:
 
     try:
         trainer = Trainer(config, resume_from=Path(checkpoint) if checkpoint is not None else None)
-    except (ConfigError, ModelNotAvailableError) as err:
+    except (
+        ConfigError,
+        ModelNotAvailableError,
+        RunLockedError,
+        CheckpointDamagedError,
+        FileNotFoundError,
+    ) as err:
         print(f"llm-zoo-train: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("llm-zoo-train: interrupted while loading; nothing was trained", file=sys.stderr)
+        return 130
+    except OSError as err:
+        return _write_failed(err, config.training.output_dir)
     try:
         trainer.train()
     except (CheckpointWriteError, ReplayMismatchError) as err:
         print(f"llm-zoo-train: error: {err}", file=sys.stderr)
         return 2
+    except NonFiniteError as err:
+        print(f"llm-zoo-train: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as interrupted:
+        print(f"llm-zoo-train: {interrupted_line(interrupted, trainer.step)}", file=sys.stderr)
+        return getattr(interrupted, "exit_code", 130)
+    except OSError as err:
+        return _write_failed(err, config.training.output_dir)
     finally:
         trainer.close()
     return 0
+
+
+def interrupted_line(interrupted: BaseException, step: int) -> str:
+    """The one line for a run stopped by Ctrl-C or SIGTERM: what was saved, how to continue."""
+    name = getattr(interrupted, "signal_name", "SIGINT")
+    saved = getattr(interrupted, "checkpoint", None)
+    if saved is not None:
+        return f"{name}: stopped after step {step}; saved {saved}: continue with --resume"
+    if step == 0:
+        return f"{name}: stopped before the first step completed; nothing to resume"
+    return f"{name}: stopped after step {step}; no checkpoint of it was saved (the last checkpoint is kept)"
+
+
+def _write_failed(err: OSError, output_dir: str) -> int:
+    """One line for a write that failed outside a checkpoint (a full disk); re-raises others."""
+    import errno
+
+    if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+        raise err
+    where = err.filename or f"a file in {output_dir}"
+    print(f"llm-zoo-train: error: cannot write {where}: {err.strerror or err}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

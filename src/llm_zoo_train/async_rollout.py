@@ -31,8 +31,11 @@ its thread counts, which change float rounding).
 
 Checkpoints keep the rollouts in flight: saving a checkpoint waits for them and writes them into
 the checkpoint (``async_rollouts/``); a resumed run uses them instead of generating them again, so
-it continues exactly as the uninterrupted run (tested). Rollouts in flight when the run stops
-without a checkpoint are dropped (the checkpoint it resumes from has its own).
+it continues exactly as the uninterrupted run (tested). The checkpoint's trainer state lists the
+steps saved; a rollout missing or emptied on resume is an error naming the file (the checkpoint is
+damaged and an older one is used), never a rollout generated again with newer adapters. Rollouts
+in flight when the run stops without a checkpoint are dropped (the checkpoint it resumes from has
+its own).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_zoo_train.config import AlgorithmConfig, Config
+from llm_zoo_train.manifest import CheckpointDamagedError
 from llm_zoo_train.policy import Policy
 from llm_zoo_train.rollout_worker import WorkerSpec, run_worker
 from llm_zoo_train.samples import read_jsonl, write_jsonl
@@ -174,6 +178,7 @@ class AsyncRollouts:
             index.append(
                 {
                     "step": step,
+                    "samples": len(produced.samples),
                     "policy_version": produced.policy_version,
                     "generation_seconds": produced.generation_seconds,
                     "seconds": produced.seconds,
@@ -181,14 +186,62 @@ class AsyncRollouts:
             )
         (target / "rollouts.json").write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")
 
-    def restore(self, checkpoint: str | Path) -> None:
-        """Take the rollouts a checkpoint saved as received (none: a checkpoint without them)."""
+    @property
+    def ready_steps(self) -> list[int]:
+        """The steps whose rollouts have arrived and are not yet taken (what :meth:`save` writes)."""
+        return sorted(self._ready)
+
+    @property
+    def requested_steps(self) -> set[int]:
+        """The steps asked for and not yet taken (arrived or still in flight)."""
+        return set(self._ready) | set(self._in_flight)
+
+    def keep_only(self, steps: set[int]) -> None:
+        """Forget the arrived rollouts of steps not in ``steps`` (call :meth:`wait_for_in_flight`
+        first): a checkpoint of an interrupted run keeps only those its step had asked for."""
+        for step in [s for s in self._ready if s not in steps]:
+            del self._ready[step]
+        for step in [s for s in self._own_parts if s not in steps]:
+            del self._own_parts[step]
+
+    def restore(self, checkpoint: str | Path, expected: list[int] | None = None) -> None:
+        """Take the rollouts a checkpoint saved as received. ``expected``: the steps its trainer
+        state lists; each must be there with every sample it was saved with, else
+        :class:`~llm_zoo_train.manifest.CheckpointDamagedError` naming the file (a rollout is
+        never generated again with newer adapters). ``None``: whatever the checkpoint holds."""
         source = Path(checkpoint) / CHECKPOINT_DIR
-        if not (source / "rollouts.json").is_file():
+        index_file = source / "rollouts.json"
+        if not index_file.is_file():
+            if expected:
+                raise CheckpointDamagedError(
+                    f"{index_file} is missing: the rollouts of steps {expected} were in flight", index_file
+                )
             return
-        for entry in json.loads((source / "rollouts.json").read_text(encoding="utf-8")):
+        try:
+            index = [dict(entry) for entry in json.loads(index_file.read_text(encoding="utf-8"))]
+        except (ValueError, TypeError) as err:
+            raise CheckpointDamagedError(
+                f"{index_file} is unreadable ({type(err).__name__})", index_file
+            ) from None
+        listed = sorted(int(entry["step"]) for entry in index)
+        if expected is not None and listed != sorted(expected):
+            raise CheckpointDamagedError(
+                f"{index_file} lists the rollouts of steps {listed}, the trainer state {sorted(expected)}",
+                index_file,
+            )
+        for entry in index:
             step = int(entry["step"])
-            samples = list(read_jsonl(source / f"step_{step:06d}.jsonl"))
+            count = entry.pop("samples", None)
+            path = source / f"step_{step:06d}.jsonl"
+            try:
+                samples = list(read_jsonl(path))
+            except (OSError, ValueError, TypeError, KeyError) as err:
+                raise CheckpointDamagedError(f"cannot read {path} ({type(err).__name__})", path) from None
+            if len(samples) != (count if count is not None else max(len(samples), 1)):
+                raise CheckpointDamagedError(
+                    f"{path} holds {len(samples)} samples, the rollout had {count if count is not None else 'some'}",
+                    path,
+                )
             self._ready[step] = StepRollout(samples=samples, **entry)
 
     @property

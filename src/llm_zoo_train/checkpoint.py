@@ -8,35 +8,48 @@ A checkpoint is a directory ``OUTPUT_DIR/checkpoint-STEP/``::
     rng_state.pt          Python, NumPy, torch (CPU and CUDA) RNG states and the trainer's generator
     trainer_state.json    step, adapter version, metrics history
     config.yaml           the run's configuration
+    manifest.json         size and SHA-256 of every other file, written last (llm_zoo_train.manifest)
 
 It is written into a temporary sibling directory and renamed into place, so a run killed while
 saving never leaves a half-written checkpoint that ``--resume`` would pick up. A write that fails
 (a full disk) raises :class:`CheckpointWriteError` with a one-line reason and leaves the older
 checkpoints as they were.
+
+:func:`find_checkpoint` verifies a checkpoint against its manifest before a run resumes from it:
+a damaged one (a file missing, truncated, emptied or edited; no manifest) is named in a one-line
+warning and the newest older checkpoint that verifies is used instead; when none does it stops
+with a one-line error. A file that verifies but cannot be loaded is reported the same way
+(:class:`~llm_zoo_train.manifest.CheckpointDamagedError`, naming the file).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import random
 import re
 import shutil
+import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from llm_zoo_train.manifest import MANIFEST, CheckpointDamagedError, verify_manifest, write_manifest
+
 __all__ = [
     "CHECKPOINT_PREFIX",
+    "CheckpointDamagedError",
     "CheckpointWriteError",
     "capture_rng_state",
     "changed_keys",
     "checkpoint_path",
+    "checkpoint_step",
     "find_checkpoint",
     "follow_rebuilt_schedule",
     "list_checkpoints",
@@ -45,7 +58,10 @@ __all__ = [
     "restore_rng_state",
     "rotate_checkpoints",
     "save_training_state",
+    "verify_checkpoint",
+    "warn_line",
     "write_checkpoint",
+    "write_error",
 ]
 
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -69,34 +85,85 @@ def checkpoint_path(output_dir: str | Path, step: int) -> Path:
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoints in ``output_dir``, oldest first."""
+    """Checkpoints in ``output_dir`` (directories with a trainer state or a manifest), oldest
+    first; whether they are intact is :func:`verify_checkpoint`'s question."""
     directory = Path(output_dir)
     if not directory.is_dir():
         return []
     found = []
     for child in directory.iterdir():
         match = _CHECKPOINT_NAME.match(child.name)
-        if match and (child / TRAINER_STATE).is_file():
+        if match and ((child / TRAINER_STATE).is_file() or (child / MANIFEST).is_file()):
             found.append((int(match[1]), child))
     return [path for _, path in sorted(found)]
 
 
-def find_checkpoint(path: str | Path) -> Path:
-    """``path`` if it is a checkpoint, else the newest checkpoint inside it; FileNotFoundError if none."""
+def verify_checkpoint(checkpoint: str | Path) -> dict[str, Any]:
+    """Check ``checkpoint`` against its manifest and return its trainer state;
+    :class:`CheckpointDamagedError` naming the damaged file otherwise."""
+    checkpoint = Path(checkpoint)
+    verify_manifest(checkpoint)
+    state_file = checkpoint / TRAINER_STATE
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+        step = int(state["step"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointDamagedError(
+            f"{state_file} is unreadable ({type(err).__name__})", state_file
+        ) from None
+    if checkpoint_step(checkpoint) not in (-1, step):
+        raise CheckpointDamagedError(
+            f"{state_file} says step {step}, the directory is {checkpoint.name}", state_file
+        )
+    return dict(state)
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step in a checkpoint directory's name (-1 for another name)."""
+    match = _CHECKPOINT_NAME.match(path.name)
+    return int(match[1]) if match else -1
+
+
+def warn_line(message: str) -> None:
+    """Print ``llm-zoo-train: warning: MESSAGE`` (one line) to stderr."""
+    print(f"llm-zoo-train: warning: {message}", file=sys.stderr, flush=True)
+
+
+def find_checkpoint(path: str | Path, warn: Callable[[str], None] = warn_line) -> Path:
+    """The checkpoint to resume from: ``path`` if it is a checkpoint, else the newest checkpoint
+    inside it, provided it verifies (:func:`verify_checkpoint`). A damaged one is named through
+    ``warn`` (one line) and the newest older checkpoint that verifies is taken instead;
+    FileNotFoundError (one line) if there is none, or none intact."""
     path = Path(path)
-    if (path / TRAINER_STATE).is_file():
-        return path
-    checkpoints = list_checkpoints(path)
-    if not checkpoints:
+    if (path / TRAINER_STATE).is_file() or (path / MANIFEST).is_file():
+        step = checkpoint_step(path)
+        older = [c for c in reversed(list_checkpoints(path.parent)) if 0 <= checkpoint_step(c) < step]
+        candidates = [path, *older]
+    else:
+        candidates = list(reversed(list_checkpoints(path)))
+    if not candidates:
         raise FileNotFoundError(
             f"no checkpoint to resume from in {path} (expected {path}/{CHECKPOINT_PREFIX}STEP/{TRAINER_STATE})"
         )
-    return checkpoints[-1]
+    damaged = []
+    for candidate in candidates:
+        try:
+            verify_checkpoint(candidate)
+        except CheckpointDamagedError as err:
+            damaged.append(f"{candidate.name}: {err}")
+            continue
+        if damaged:
+            warn(f"skipped damaged checkpoint(s) ({'; '.join(damaged)}); resuming from {candidate} instead")
+        return candidate
+    raise FileNotFoundError(f"no intact checkpoint to resume from: {'; '.join(damaged)}")
 
 
-def write_checkpoint(directory: str | Path, write: Callable[[Path], None]) -> Path:
+def write_checkpoint(
+    directory: str | Path, write: Callable[[Path], object], *, manifest: bool = True
+) -> Path:
     """Create checkpoint ``directory`` atomically: ``write(tmp)`` fills a temporary directory,
-    which is then renamed to ``directory`` (replacing an older one of the same name)."""
+    ``manifest.json`` is written last (unless ``manifest`` is false: the final adapters), and it
+    is renamed to ``directory`` (replacing an older one of the same name)."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{directory.name}-", dir=directory.parent))
@@ -104,8 +171,10 @@ def write_checkpoint(directory: str | Path, write: Callable[[Path], None]) -> Pa
     try:
         try:
             write(tmp)
+            if manifest:
+                write_manifest(tmp)  # last: a checkpoint without it is incomplete
         except (OSError, RuntimeError) as err:
-            raise _write_error(directory, err) from err
+            raise write_error(directory, err) from err
         if directory.exists():
             old = directory.with_name(f".old-{directory.name}-{os.getpid()}")
             os.rename(directory, old)
@@ -119,22 +188,35 @@ def write_checkpoint(directory: str | Path, write: Callable[[Path], None]) -> Pa
     return directory
 
 
-def _write_error(directory: Path, err: BaseException) -> BaseException:
-    """A one-line :class:`CheckpointWriteError` for a failed write; other errors unchanged."""
-    free = shutil.disk_usage(directory.parent).free
+def write_error(path: Path, err: BaseException) -> BaseException:
+    """A one-line :class:`CheckpointWriteError` naming ``path`` for a failed write (an OSError,
+    or torch.save's RuntimeError); other errors are returned unchanged."""
+    path = Path(path)
+    try:
+        free = shutil.disk_usage(path.parent if path.parent.exists() else Path.cwd()).free
+    except OSError:
+        free = 0
+    text = str(err)
+    # torch.save reports a full disk as "PytorchStreamWriter failed writing file ..." or as
+    # "[enforce fail at inline_container.cc:NNN] . unexpected pos ..."
+    torch_write = isinstance(err, RuntimeError) and any(
+        mark in text for mark in ("write", "enforce fail", "unexpected pos", "PytorchStreamWriter")
+    )
     out_of_space = (isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)) or (
-        # torch.save reports a full disk as "PytorchStreamWriter failed writing file ..."
-        isinstance(err, RuntimeError) and "write" in str(err) and free < 1 << 30
+        torch_write and free < 1 << 30
     )
     if out_of_space:
         return CheckpointWriteError(
-            f"cannot write {directory}: no space left on device ({free / 2**20:.0f} MiB free in "
-            f"{directory.parent}); free disk space or keep fewer checkpoints (training.save_total_limit), "
+            f"cannot write {path}: no space left on device ({free / 2**20:.0f} MiB free in "
+            f"{path.parent}); free disk space or keep fewer checkpoints (training.save_total_limit), "
             "then resume from the last complete checkpoint with --resume",
             errno.ENOSPC,
         )
     if isinstance(err, OSError):
-        return CheckpointWriteError(f"cannot write {directory}: {err}", err.errno)
+        return CheckpointWriteError(f"cannot write {path}: {err}", err.errno)
+    if torch_write:
+        first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+        return CheckpointWriteError(f"cannot write {path}: {first}", errno.EIO)
     return err
 
 
@@ -185,16 +267,37 @@ def load_training_state(
     """Load what :func:`save_training_state` wrote into live objects; returns the RNG states (one
     per process that wrote the checkpoint) for :func:`restore_rng_state`."""
     for name in policy.adapter_names:
-        policy.load_adapter_weights(name, checkpoint / "adapters" / name)
-    optimizer_states = torch.load(checkpoint / "optimizers.pt", weights_only=True)
-    scheduler_states = torch.load(checkpoint / "schedulers.pt", weights_only=True)
+        with _loading(checkpoint / "adapters" / name):
+            policy.load_adapter_weights(name, checkpoint / "adapters" / name)
+    with _loading(checkpoint / "optimizers.pt"):
+        optimizer_states = torch.load(checkpoint / "optimizers.pt", weights_only=True)
+        for name, optimizer in optimizers.items():
+            optimizer.load_state_dict(optimizer_states[name])
+    with _loading(checkpoint / "schedulers.pt"):
+        scheduler_states = torch.load(checkpoint / "schedulers.pt", weights_only=True)
+        for name in optimizers:
+            schedulers[name].load_state_dict(scheduler_states[name])
     for name, optimizer in optimizers.items():
-        optimizer.load_state_dict(optimizer_states[name])
-        schedulers[name].load_state_dict(scheduler_states[name])
         follow_rebuilt_schedule(optimizer, schedulers[name])
     if scaler is not None and (checkpoint / "scaler.pt").is_file():
-        scaler.load_state_dict(torch.load(checkpoint / "scaler.pt", weights_only=True))
-    return list(torch.load(checkpoint / "rng_state.pt", weights_only=True)["ranks"])
+        with _loading(checkpoint / "scaler.pt"):
+            scaler.load_state_dict(torch.load(checkpoint / "scaler.pt", weights_only=True))
+    with _loading(checkpoint / "rng_state.pt"):
+        return list(torch.load(checkpoint / "rng_state.pt", weights_only=True)["ranks"])
+
+
+@contextlib.contextmanager
+def _loading(path: Path) -> Iterator[None]:
+    """Any error inside becomes a one-line :class:`CheckpointDamagedError` naming ``path`` (a JSON
+    decode error, a bare EOFError, an UnpicklingError, a hub lookup for a missing file)."""
+    try:
+        yield
+    except Exception as err:  # whatever the loader raises, the file is what is wrong
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        reason = reason if len(reason) <= 160 else reason[:157] + "..."
+        raise CheckpointDamagedError(
+            f"cannot load {path}: {type(err).__name__}{': ' + reason if reason else ''}", path
+        ) from err
 
 
 def follow_rebuilt_schedule(optimizer: Any, scheduler: Any) -> None:
@@ -225,7 +328,10 @@ def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 
 def read_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
-    return json.loads((Path(checkpoint) / TRAINER_STATE).read_text(encoding="utf-8"))
+    """The checkpoint's ``trainer_state.json``; :class:`CheckpointDamagedError` if unreadable."""
+    path = Path(checkpoint) / TRAINER_STATE
+    with _loading(path):
+        return dict(json.loads(path.read_text(encoding="utf-8")))
 
 
 def write_json(path: Path, value: Any) -> None:

@@ -38,7 +38,7 @@ import yaml
 
 from llm_zoo_train.agent_plan import AgentPlan, plan_agents
 from llm_zoo_train.config_aliases import CONFIG_ALIASES
-from llm_zoo_train.config_checks import check_values
+from llm_zoo_train.config_checks import check_model_positions, check_values
 from llm_zoo_train.typed_config import (
     ConfigError,
     config_from_dict,
@@ -292,8 +292,9 @@ class TrainingConfig:
     """Where checkpoints, final adapters, metrics.jsonl and learning_curve.png go. A new run refuses
     a directory that is not empty (use --resume, another directory, or overwrite_output_dir)."""
     overwrite_output_dir: bool = False
-    """Let a new run replace an earlier run in output_dir: its checkpoints, metrics, adapters, plot
-    and rollouts are deleted first (other files are kept). Ignored by --resume."""
+    """Let a new run replace an earlier run in output_dir: its checkpoints, config.yaml, metrics,
+    adapters, plot and rollouts are deleted once the config, env and model have loaded (other files
+    are kept). Ignored by --resume."""
     max_steps: int = 100
     """Training steps (one rollout + one update of every trainable adapter each)."""
     learning_rate: float = 1e-5
@@ -462,6 +463,13 @@ def validate(config: Config) -> AgentPlan:
         raise ConfigError(
             "nothing to train: every agent is frozen; unfreeze one, or set training.max_steps 0 to only evaluate"
         )
+    check_model_positions(
+        plan.models,
+        {
+            "rollout.max_completion_length": config.rollout.max_completion_length,
+            "eval.max_completion_length": config.eval.max_completion_length,
+        },
+    )
     return plan
 
 

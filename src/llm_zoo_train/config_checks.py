@@ -8,7 +8,10 @@ the value and what would be accepted.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -16,19 +19,71 @@ from typing import Any
 from llm_zoo_train.team_credit import check_lookahead, check_team_credit
 from llm_zoo_train.typed_config import ConfigError
 
-__all__ = ["check_values", "require_positive"]
+__all__ = [
+    "check_finite",
+    "check_model_positions",
+    "check_output_dir",
+    "check_seeds",
+    "check_values",
+    "require_positive",
+]
 
 
 def require_positive(key: str, value: float, *, allow_zero: bool = False) -> None:
-    """ConfigError unless ``value`` > 0 (>= 0 with ``allow_zero``), naming ``key``."""
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    """ConfigError unless ``value`` is finite and > 0 (>= 0 with ``allow_zero``), naming ``key``
+    (written so that NaN, which fails every comparison, is refused too)."""
+    if not (math.isfinite(value) and (value > 0 or (allow_zero and value == 0))):
+        kind = "" if math.isfinite(value) else " (a finite number)"
+        raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '> 0'}{kind}, got {value!r}")
+
+
+#: Seeds seed NumPy's legacy generator, which takes 0 <= seed < 2**32.
+SEED_LIMIT = 2**32
+
+
+def check_finite(tree: Any, key: str = "") -> None:
+    """ConfigError naming the first NaN or infinite number anywhere in ``tree`` (nested dicts and
+    lists, e.g. env.kwargs, whose values the schema does not type)."""
+    if isinstance(tree, float) and not math.isfinite(tree):
+        raise ConfigError(f"{key}: expected a finite number, got {tree!r}")
+    if isinstance(tree, dict):
+        for name, value in tree.items():
+            check_finite(value, f"{key}.{name}" if key else str(name))
+    elif isinstance(tree, list | tuple):
+        for index, value in enumerate(tree):
+            check_finite(value, f"{key}[{index}]")
+
+
+def check_seeds(training_seed: int, eval_seed: int, eval_episodes: int) -> None:
+    """ConfigError unless the run's seeds (and the evaluation's last task seed) are in [0, 2**32)."""
+    if not 0 <= training_seed < SEED_LIMIT:
+        raise ConfigError(f"training.seed must be in [0, 2**32 - 1], got {training_seed}")
+    last = eval_seed + max(eval_episodes, 1) - 1
+    if not (eval_seed >= 0 and last < SEED_LIMIT):
+        raise ConfigError(
+            f"eval.seed must be in [0, 2**32 - eval.num_episodes] (its tasks use seeds eval.seed, "
+            f"eval.seed + 1, ...), got {eval_seed}"
+        )
+
+
+def check_output_dir(output_dir: str) -> None:
+    """ConfigError when ``training.output_dir`` or a directory above it is an existing file."""
+    path = Path(output_dir)
+    for candidate in (path, *path.parents):
+        if candidate.exists() and not candidate.is_dir():
+            what = "is" if candidate == path else f"is inside {candidate}, which is"
+            raise ConfigError(f"training.output_dir {output_dir} {what} a file, not a directory")
+        if candidate.exists():
+            return
 
 
 def check_values(config: Any) -> None:
     """Check the values of ``config`` (a :class:`llm_zoo_train.config.Config`) that need no env
     and no model: ranges, the engine's requirements, the trackers' packages."""
     r, a, t, e, lg = config.rollout, config.algorithm, config.training, config.eval, config.logging
+    check_finite(dataclasses.asdict(config))
+    check_seeds(t.seed, e.seed, e.num_episodes)
+    check_output_dir(t.output_dir)
     require_positive("rollout.num_generations", r.num_generations)
     require_positive("rollout.envs_per_step", r.envs_per_step)
     require_positive("rollout.max_completion_length", r.max_completion_length)
@@ -146,3 +201,48 @@ def _check_vllm_server(section: Any) -> None:
     require_positive("vllm.retry_backoff_s", section.retry_backoff_s)
     require_positive("vllm.max_retries", section.max_retries, allow_zero=True)
     require_positive("vllm.max_concurrent_requests", section.max_concurrent_requests)
+
+
+def check_model_positions(models: dict[str, Any], lengths: dict[str, int | None]) -> None:
+    """ConfigError when a completion length leaves no room for a prompt in a model's positions.
+
+    Args:
+        models: Model name -> its model section (``name_or_path``, ``cache_dir``); only models
+            whose ``config.json`` is on this machine are checked (a local directory or the hub
+            cache: nothing is downloaded, no weights are read, transformers is not imported).
+        lengths: Config key -> the most new tokens it allows (None: not set).
+    """
+    for name, model in models.items():
+        positions = _model_positions(str(model.name_or_path), getattr(model, "cache_dir", None))
+        for key, length in lengths.items():
+            if positions is not None and length is not None and length >= positions:
+                raise ConfigError(
+                    f"{key} {length} leaves no room for the prompt: {name} ({model.name_or_path}) has "
+                    f"{positions} positions (prompt + completion); use well under {positions}"
+                )
+
+
+def _model_positions(name_or_path: str, cache_dir: str | None) -> int | None:
+    """``max_position_embeddings`` (or ``n_positions``) of a model's config.json, if it is here."""
+    path: Any = Path(name_or_path) / "config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            path = try_to_load_from_cache(name_or_path, "config.json", cache_dir=cache_dir)
+        except Exception:  # not a repo id, or no hub client: loading the model will say why
+            return None
+        if not isinstance(path, str):
+            return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    text_config = data.get("text_config")
+    for section in (data, text_config if isinstance(text_config, dict) else {}):
+        for key in ("max_position_embeddings", "n_positions"):
+            if isinstance(section.get(key), int) and not isinstance(section.get(key), bool):
+                return int(section[key])
+    return None

@@ -1,12 +1,17 @@
 """The output directory of a run: a new run never clobbers an earlier one, ``--resume`` continues
 only the run that wrote the checkpoint.
 
-* :func:`prepare_output_dir` is called before a run writes anything. It removes temporary
-  directories a killed checkpoint write left behind (``.tmp-checkpoint-*``, ``.old-checkpoint-*``).
-  A *new* run into a directory that already holds files is refused, unless
-  ``training.overwrite_output_dir`` is true; then the earlier run's outputs (checkpoints,
-  ``metrics.jsonl``, adapters, plot, rollouts, tracker logs) are deleted first, so nothing stale -
-  an old ``checkpoint-4`` beside the new ``checkpoint-1`` - is left for ``--resume`` to pick up.
+* :func:`start_run` is called before the model loads. It takes the directory's lock
+  (:mod:`llm_zoo_train.run_lock`: a second live run into the same directory is refused), then
+  :func:`prepare_output_dir` removes temporary directories a killed checkpoint write left behind
+  (``.tmp-checkpoint-*``, ``.old-checkpoint-*``) and refuses a *new* run into a directory that
+  already holds files, unless ``training.overwrite_output_dir`` is true.
+* :func:`begin_run` is called once the config, the env *and the model* are known to work (a
+  mistyped model path leaves the earlier run intact). With ``overwrite_output_dir`` it deletes the
+  earlier run's outputs (checkpoints, ``config.yaml``, ``metrics.jsonl``, adapters, plot, rollouts,
+  tracker logs), so nothing stale - an old ``checkpoint-4`` beside the new ``checkpoint-1`` - is
+  left for ``--resume`` to pick up; then it writes the run's ``config.yaml``, so an interrupted
+  run can be inspected and evaluated before its first checkpoint.
 * :func:`check_resume` compares a checkpoint's saved configuration with the one the run resumes
   with. Only settings that do not change what the run is may differ (:data:`RESUMABLE_KEYS`: the
   step budget, where and how often things are saved, evaluation, logging, engine options);
@@ -18,31 +23,49 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from llm_zoo_train.checkpoint import CHECKPOINT_PREFIX, changed_keys, read_trainer_state
-from llm_zoo_train.config import Config, ConfigError, config_from_dict, config_to_dict
+from llm_zoo_train.checkpoint import CHECKPOINT_PREFIX, changed_keys, read_trainer_state, write_checkpoint
+from llm_zoo_train.config import Config, ConfigError, config_from_dict, config_to_dict, save_config
+from llm_zoo_train.finite import check_finite_weights
 from llm_zoo_train.launch_check import process_count_warning
+from llm_zoo_train.run_lock import LOCK_NAME, RunLock
 
 __all__ = [
     "RESUMABLE_KEYS",
     "ResumePoint",
+    "begin_run",
     "check_resume",
     "prepare_output_dir",
     "remove_stale_temporaries",
+    "restore_final_adapters",
     "run_outputs",
+    "save_final_adapters",
     "start_run",
 ]
 
 #: Temporary siblings of a checkpoint being written or replaced (checkpoint.write_checkpoint).
-STALE_PREFIXES = (f".tmp-{CHECKPOINT_PREFIX}", f".old-{CHECKPOINT_PREFIX}")
+STALE_PREFIXES = (
+    f".tmp-{CHECKPOINT_PREFIX}",
+    f".old-{CHECKPOINT_PREFIX}",
+    ".tmp-adapters-",
+    ".old-adapters-",
+)
 #: Files and directories a run writes into its output directory (besides checkpoint-STEP/).
-RUN_OUTPUT_NAMES = ("metrics.jsonl", "adapters", "learning_curve.png", "rollouts", "engine_adapters", "eval")
+RUN_OUTPUT_NAMES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "adapters",
+    "learning_curve.png",
+    "rollouts",
+    "engine_adapters",
+    "eval",
+)
 
 #: Config keys (a dotted key, or a section/prefix ending in ".") that may differ between a
 #: checkpoint and the run resuming it: they change how long the run goes and what it records,
@@ -101,7 +124,9 @@ def prepare_output_dir(config: Config, *, resuming: bool, remove: bool = True) -
     notes = [f"removed an unfinished checkpoint write: {p}" for p in stale]
     if resuming or not output_dir.is_dir():
         return notes
-    present = sorted(p.name for p in output_dir.iterdir() if not p.name.startswith(STALE_PREFIXES))
+    present = sorted(
+        p.name for p in output_dir.iterdir() if not p.name.startswith(STALE_PREFIXES) and p.name != LOCK_NAME
+    )
     if not present:
         return notes
     if not config.training.overwrite_output_dir:
@@ -204,19 +229,78 @@ def check_resume(checkpoint: str | Path, config: Config) -> ResumePoint:
     )
 
 
-def start_run(config: Config, checkpoint: Path | None, accelerator: Any) -> ResumePoint | None:
+def start_run(
+    config: Config, checkpoint: Path | None, accelerator: Any
+) -> tuple[ResumePoint | None, RunLock]:
     """What a trainer does before it loads the model: check the checkpoint against ``config``
-    (ConfigError) and say where the run resumes or that it is finished, prepare the output
-    directory (ConfigError for a new run into a non-empty one), and warn when the launcher started
-    fewer processes than it was asked for. Returns the resume point (None for a new run)."""
+    (ConfigError) and say where the run resumes or that it is finished, take the output
+    directory's lock (main process; :class:`~llm_zoo_train.run_lock.RunLockedError`), remove
+    stale temporaries and refuse a new run into a non-empty directory without
+    ``overwrite_output_dir`` (ConfigError; nothing is deleted yet: :func:`begin_run` does), and
+    warn when the launcher started fewer processes than it was asked for. Returns the resume point
+    (None for a new run) and the lock (release it when the run ends)."""
     point = check_resume(checkpoint, config) if checkpoint is not None else None
-    notes = prepare_output_dir(config, resuming=point is not None, remove=accelerator.is_main_process)
+    lock = RunLock(config.training.output_dir)
+    notes = []
+    if accelerator.is_main_process:
+        taken_over = lock.acquire()
+        notes += [taken_over] if taken_over else []
+    try:
+        notes += prepare_output_dir(config, resuming=point is not None, remove=False)
+        if accelerator.is_main_process:
+            notes += [
+                f"removed an unfinished checkpoint write: {p}"
+                for p in remove_stale_temporaries(config.training.output_dir)
+            ]
+    except BaseException:
+        lock.release()
+        raise
     if point is not None:
         notes.append(point.describe(config.training.max_steps))
     for note in notes:
         accelerator.print(note)
-    accelerator.wait_for_everyone()  # nothing is written before the main process has cleaned up
+    accelerator.wait_for_everyone()  # every process has checked before the main one writes
     warning = process_count_warning(accelerator.num_processes)
     if warning and accelerator.is_main_process:
         print(f"llm-zoo-train: {warning}", file=sys.stderr)
-    return point
+    return point, lock
+
+
+def begin_run(config: Config, resuming: bool, accelerator: Any) -> None:
+    """Once the model has loaded: with ``overwrite_output_dir``, delete the earlier run's outputs
+    (a new run only), then write the run's ``config.yaml`` (main process; the others wait)."""
+    if accelerator.is_main_process:
+        notes = [] if resuming else prepare_output_dir(config, resuming=False)
+        for note in notes:
+            accelerator.print(note)
+        save_config(config, Path(config.training.output_dir) / "config.yaml")
+    accelerator.wait_for_everyone()  # nothing is written before the main process has cleaned up
+
+
+def save_final_adapters(output_dir: str | Path, policy: Any, write_cards: Callable[[Path], object]) -> Path:
+    """Write ``output_dir/adapters`` atomically (a temporary directory renamed into place): every
+    adapter, then the model cards ``write_cards(directory)`` adds. A run killed while saving leaves
+    no half-written adapters; ``--resume`` then writes them from the last checkpoint
+    (:func:`restore_final_adapters`)."""
+    for name in policy.trainable:
+        check_finite_weights(name, policy.adapter_parameters(name))
+
+    def write(directory: Path) -> None:
+        policy.save_adapters(directory)
+        write_cards(directory)
+
+    return write_checkpoint(Path(output_dir) / "adapters", write, manifest=False)
+
+
+def restore_final_adapters(point: ResumePoint) -> str | None:
+    """For a finished run: write ``output_dir/adapters`` from its last checkpoint when they are
+    missing or incomplete (the run was killed, or the disk filled, during the final save).
+    Returns a note saying so (None: they were there)."""
+    final = point.checkpoint.parent / "adapters"
+    names = read_trainer_state(point.checkpoint).get("adapters", [])
+    if final.is_dir() and all((final / name / "adapter_config.json").is_file() for name in names):
+        return None
+    write_checkpoint(
+        final, lambda d: shutil.copytree(point.checkpoint / "adapters", d, dirs_exist_ok=True), manifest=False
+    )
+    return f"the final adapters were missing: wrote {final} from {point.checkpoint.name}"

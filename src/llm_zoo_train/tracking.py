@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from llm_zoo_train.advantages import group_samples
+from llm_zoo_train.checkpoint import write_error
 from llm_zoo_train.progress import RunProgress
 from llm_zoo_train.samples import Sample
 
@@ -123,6 +124,16 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any
     return flat
 
 
+def json_line(record: Mapping[str, Any]) -> str:
+    """One ``metrics.jsonl`` line: non-finite floats become the strings "nan", "inf", "-inf"."""
+    return (
+        json.dumps(
+            {k: v if not isinstance(v, float) or math.isfinite(v) else str(v) for k, v in record.items()}
+        )
+        + "\n"
+    )
+
+
 class RunLogger:
     """Writes metrics to ``metrics.jsonl``, Accelerate trackers and the console (main process only).
 
@@ -161,7 +172,7 @@ class RunLogger:
         self.console = Console(highlight=False, soft_wrap=True)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps(record) + "\n" for record in history)
+            handle.writelines(json_line(record) for record in history)
         done = max((int(r.get("step", 0)) for r in history), default=0)
         self.progress = RunProgress(self.console, total_steps=total_steps, done_steps=done, bars=progress_bar)
 
@@ -170,8 +181,14 @@ class RunLogger:
             self.console.print(text)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Record ``metrics`` of ``step`` (merged into that step's record if one exists)."""
-        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
+        """Record ``metrics`` of ``step`` (merged into that step's record if one exists).
+
+        A NaN or infinite value is kept: a float in the history and for the trackers, and
+        ``"nan"``, ``"inf"`` or ``"-inf"`` in ``metrics.jsonl`` (strings: JSON has no such numbers).
+        A write that fails (a full disk) raises a one-line
+        :class:`~llm_zoo_train.checkpoint.CheckpointWriteError` naming ``metrics.jsonl``.
+        """
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
         if self.history and self.history[-1].get("step") == step:
             self.history[-1].update(clean)
         else:
@@ -179,8 +196,11 @@ class RunLogger:
         self.accelerator.log(clean, step=step)
         if not self.enabled:
             return
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"step": step, **clean}) + "\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json_line({"step": step, **clean}))
+        except OSError as err:
+            raise write_error(self.path, err) from err
 
     def step_done(self, step: int, metrics: Mapping[str, float]) -> None:
         """Advance the progress bar; print a summary line every ``logging_steps``."""

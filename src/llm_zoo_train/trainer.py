@@ -38,7 +38,7 @@ import torch
 
 from llm_zoo_train.advantages import compute_advantages
 from llm_zoo_train.async_rollout import AsyncRollouts, algorithm_settings
-from llm_zoo_train.checkpoint import find_checkpoint
+from llm_zoo_train.checkpoint import find_checkpoint, warn_line
 from llm_zoo_train.config import (
     Config,
     ConfigError,
@@ -52,16 +52,23 @@ from llm_zoo_train.engines.replay import GenerationRecorder, ReplayEngine
 from llm_zoo_train.eval_defaults import eval_temperature
 from llm_zoo_train.eval_tasks import eval_tasks
 from llm_zoo_train.evaluate import EvalResult, evaluate, summarize
+from llm_zoo_train.finite import NonFiniteError, check_finite_metrics, check_finite_weights
+from llm_zoo_train.interrupts import InterruptGuard, RunInterrupted
 from llm_zoo_train.model_card import write_model_cards
 from llm_zoo_train.model_pools import ModelRouter, build_policy, live_engine, make_updater
 from llm_zoo_train.policy import Policy
 from llm_zoo_train.progress import RunProgress
-from llm_zoo_train.run_dir import ResumePoint, start_run
+from llm_zoo_train.run_dir import ResumePoint, begin_run, check_resume, save_final_adapters, start_run
 from llm_zoo_train.seeding import Stream, derive_seed
 from llm_zoo_train.step_rollout import StepRollout, play_step, save_step_rollout
 from llm_zoo_train.team_credit import team_credit_metrics
 from llm_zoo_train.tracking import RunLogger, flatten_config, plot_learning_curve, rollout_metrics
-from llm_zoo_train.trainer_state import load_trainer_checkpoint, save_trainer_checkpoint
+from llm_zoo_train.trainer_state import (
+    capture_save_point,
+    restore_trainer,
+    save_interrupted,
+    save_trainer_checkpoint,
+)
 from llm_zoo_train.update import mean_across_processes
 
 __all__ = ["Trainer", "derive_seed"]
@@ -79,6 +86,16 @@ class Trainer:
     """
 
     def __init__(self, config: Config, *, resume_from: str | Path | None = None, accelerator: Any = None):
+        #: The output directory's lock (llm_zoo_train.run_lock), released when train() ends.
+        self.run_lock: Any = None
+        try:
+            self._setup(config, resume_from, accelerator)
+        except BaseException:
+            if self.run_lock is not None:  # a model that does not load leaves the directory free
+                self.run_lock.release()
+            raise
+
+    def _setup(self, config: Config, resume_from: str | Path | None, accelerator: Any) -> None:
         self.config = config
         self.plan = validate(config)
         training = config.training
@@ -94,7 +111,10 @@ class Trainer:
             )
         self.accelerator = accelerator
         #: Where a resumed run continues (None: a new run); checked before any model loads.
-        self.resume_point: ResumePoint | None = start_run(config, checkpoint, accelerator)
+        self.resume_point: ResumePoint | None
+        self.resume_point, self.run_lock = start_run(config, checkpoint, accelerator)
+        #: Ctrl-C and SIGTERM while train() runs (llm_zoo_train.interrupts).
+        self.interrupts = InterruptGuard()
         from accelerate.utils import set_seed
 
         set_seed(training.seed)
@@ -155,8 +175,13 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         #: The generation process's side of rollout.async_steps > 0 (None: synchronous rollouts).
         self.async_rollouts = self._async_rollouts() if config.rollout.async_steps else None
+        # The model, the env and the config work: only now may an earlier run be replaced.
+        begin_run(config, checkpoint is not None, accelerator)
         if checkpoint is not None:
-            load_trainer_checkpoint(self, checkpoint)
+            loaded = restore_trainer(self, checkpoint, warn_line)
+            if loaded != checkpoint:  # the checkpoint could not be loaded: an older one was
+                self.resume_point = check_resume(loaded, config)
+                accelerator.print(self.resume_point.describe(training.max_steps))
         self._sync_engine()
 
     # ------------------------------------------------------------------ the loop
@@ -186,6 +211,8 @@ class Trainer:
             progress_bar=config.logging.progress_bar,
         )
         self.progress = logger.progress
+        self.interrupts.install()
+        self._save_point = capture_save_point(self)
         try:
             if self.step == 0 and not self.history and config.eval.eval_on_start and config.eval.num_episodes:
                 metrics = self._evaluation_metrics()
@@ -194,17 +221,22 @@ class Trainer:
             while self.step < max_steps:
                 step = self.step + 1
                 metrics = self.train_step(step)
+                self.step = step
+                self._save_point = capture_save_point(self)
                 logger.step_done(step, metrics)  # the step's line now, not after an evaluation of minutes
                 eval_steps = config.eval.eval_steps
-                if config.eval.num_episodes and (
-                    step == max_steps or (eval_steps and step % eval_steps == 0)
-                ):
-                    metrics.update(self._evaluation_metrics())
-                self.step = step
-                logger.log(step, metrics)
+                try:
+                    self.interrupts.end_update()  # a signal during the update stops here
+                    if config.eval.num_episodes and (
+                        step == max_steps or (eval_steps and step % eval_steps == 0)
+                    ):
+                        metrics.update(self._evaluation_metrics())
+                finally:
+                    logger.log(step, metrics)  # the step is complete, even when its evaluation is not
                 save_steps = config.training.save_steps
                 if step == max_steps or (save_steps and step % save_steps == 0):
                     self.save_checkpoint()
+                self._save_point = capture_save_point(self)
                 if stop_after_step is not None and step >= stop_after_step and step < max_steps:
                     return {"before": None, "after": None, "history": self.history}
             if (
@@ -213,12 +245,24 @@ class Trainer:
                 and not any("eval/success_rate" in r for r in self.history)
             ):
                 logger.log(0, self._evaluation_metrics())
+        except RunInterrupted as interrupted:
+            logger.close()
+            interrupted.checkpoint = save_interrupted(self, self._save_point)
+            self.run_lock.release()
+            raise
+        except BaseException:
+            self.run_lock.release()
+            raise
         finally:
+            self.interrupts.uninstall()
             if self.async_rollouts is not None:
                 self.async_rollouts.close()  # no generation process outlives train(), error or not
             logger.close()
             self.progress = RunProgress.disabled()
-        return self._finish(logger)
+        try:
+            return self._finish(logger)
+        finally:
+            self.run_lock.release()  # after the final adapters are written
 
     def train_step(self, step: int) -> dict[str, float]:
         """One rollout and one update of every trainable adapter; returns the step's metrics."""
@@ -251,9 +295,16 @@ class Trainer:
         sleep, wake_up = getattr(self.engine, "sleep", None), getattr(self.engine, "wake_up", None)
         if sleep is not None:
             sleep()  # vLLM with sleep mode gives its GPU memory to the update (no-op otherwise)
+        self.interrupts.begin_update()  # from here to the end of the step a signal waits for it
         for adapter in self.plan.trainable:
             with self.progress.update(step, adapter) as phase:
-                metrics.update(self.updater.update(adapter, [s for s in kept if s.adapter == adapter], phase))
+                try:
+                    result = self.updater.update(adapter, [s for s in kept if s.adapter == adapter], phase)
+                except NonFiniteError as err:
+                    raise NonFiniteError(f"step {step}: {err}") from None
+            check_finite_metrics(adapter, result, step)
+            check_finite_weights(adapter, self.policy.adapter_parameters(adapter), step)
+            metrics.update(result)
             # An adapter without samples makes no update and reports nothing: record its 0, so the
             # console, metrics.jsonl and the learning curve say what it trained.
             metrics.setdefault(f"update/{adapter}/samples", 0.0)
@@ -416,8 +467,13 @@ class Trainer:
             (r for r in reversed(evals) if r["step"] > 0 or self.config.training.max_steps == 0), None
         )
         if accelerator.is_main_process:
-            self.policy.save_adapters(self.output_dir / "adapters")
-            write_model_cards(self.output_dir / "adapters", self.config, self.plan, self.step, self.history)
+            save_final_adapters(
+                self.output_dir,
+                self.policy,
+                lambda directory: write_model_cards(
+                    directory, self.config, self.plan, self.step, self.history
+                ),
+            )
             if self.config.logging.plot and self.history:
                 plot = plot_learning_curve(
                     self.history,

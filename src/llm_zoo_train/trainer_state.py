@@ -9,30 +9,47 @@ resumed run continues exactly as the uninterrupted one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from llm_zoo_train.checkpoint import (
+    CheckpointDamagedError,
     capture_rng_state,
     checkpoint_path,
+    checkpoint_step,
+    find_checkpoint,
+    list_checkpoints,
     load_training_state,
     read_trainer_state,
     restore_rng_state,
     rotate_checkpoints,
     save_training_state,
+    warn_line,
     write_checkpoint,
 )
 from llm_zoo_train.config import save_config
+from llm_zoo_train.finite import check_finite_weights
 from llm_zoo_train.model_card import write_model_cards
 
-__all__ = ["load_trainer_checkpoint", "save_trainer_checkpoint"]
+__all__ = [
+    "capture_save_point",
+    "load_trainer_checkpoint",
+    "restore_trainer",
+    "save_interrupted",
+    "save_trainer_checkpoint",
+]
 
 
-def save_trainer_checkpoint(trainer: Any) -> Path:
+def save_trainer_checkpoint(trainer: Any, rng_state: dict[str, Any] | None = None) -> Path:
     """Write ``output_dir/checkpoint-STEP`` of ``trainer`` (the main process writes; every process
-    contributes its RNG states) and rotate old checkpoints; returns the checkpoint's path."""
+    contributes its RNG states: ``rng_state``, or those of now) and rotate old checkpoints; returns
+    the checkpoint's path. :class:`~llm_zoo_train.finite.NonFiniteError` before anything is
+    written when an adapter's weights are not finite."""
     accelerator = trainer.accelerator
-    rng_states = [capture_rng_state(trainer.rng)]
+    for name in trainer.plan.trainable:
+        check_finite_weights(name, trainer.policy.adapter_parameters(name), trainer.step)
+    rng_states = [rng_state if rng_state is not None else capture_rng_state(trainer.rng)]
     if accelerator.num_processes > 1:
         from accelerate.utils import gather_object
 
@@ -47,6 +64,10 @@ def save_trainer_checkpoint(trainer: Any) -> Path:
             "num_processes": accelerator.num_processes,
             "history": trainer.history,
         }
+        if getattr(trainer, "async_rollouts", None) is not None:
+            # Resume checks that each of them is in the checkpoint: a missing one is an error,
+            # never a rollout generated again with newer adapters.
+            state["async_rollout_steps"] = trainer.async_rollouts.ready_steps
 
         def write(directory: Path) -> None:
             save_training_state(
@@ -98,4 +119,52 @@ def load_trainer_checkpoint(trainer: Any, checkpoint: Path) -> None:
     trainer.step, trainer.version = int(state["step"]), int(state["version"])
     trainer.history = list(state["history"])
     if getattr(trainer, "async_rollouts", None) is not None:
-        trainer.async_rollouts.restore(checkpoint)
+        trainer.async_rollouts.restore(checkpoint, state.get("async_rollout_steps"))
+
+
+def restore_trainer(trainer: Any, checkpoint: Path, warn: Callable[[str], None]) -> Path:
+    """:func:`load_trainer_checkpoint`, falling back to older intact checkpoints when one cannot
+    be loaded (each is named through ``warn``, one line); returns the checkpoint loaded.
+    :class:`CheckpointDamagedError` (one line) when no checkpoint is left."""
+    while True:
+        try:
+            load_trainer_checkpoint(trainer, checkpoint)
+            return checkpoint
+        except CheckpointDamagedError as err:
+            step = checkpoint_step(checkpoint)
+            older = [c for c in reversed(list_checkpoints(checkpoint.parent)) if checkpoint_step(c) < step]
+            if not older:
+                raise CheckpointDamagedError(
+                    f"no intact checkpoint to resume from: {checkpoint.name}: {err}", err.path
+                ) from err
+            damaged = checkpoint
+            checkpoint = find_checkpoint(older[0], warn)
+            warn(f"skipped damaged checkpoint {damaged.name} ({err}); resuming from {checkpoint} instead")
+
+
+def capture_save_point(trainer: Any) -> tuple[int, dict[str, Any], set[int]]:
+    """What a checkpoint of the step ``trainer`` just completed needs beyond its live objects: the
+    RNG states now and the asynchronous rollouts asked for so far (:func:`save_interrupted`)."""
+    rollouts = getattr(trainer, "async_rollouts", None)
+    requested = rollouts.requested_steps if rollouts is not None else set()
+    return trainer.step, capture_rng_state(trainer.rng), requested
+
+
+def save_interrupted(trainer: Any, save_point: tuple[int, dict[str, Any], set[int]]) -> Path | None:
+    """Save a checkpoint of the last completed step after Ctrl-C or SIGTERM, from ``save_point``
+    (:func:`capture_save_point` at the end of that step). None: nothing to save (no step done,
+    or the step was already saved as it is), or the save failed, which is said in one line."""
+    step, rng_state, requested = save_point
+    if step == 0 or step != trainer.step:
+        return None
+    existing = checkpoint_path(trainer.output_dir, step)
+    if existing.is_dir():
+        return existing
+    try:
+        if trainer.async_rollouts is not None:
+            trainer.async_rollouts.wait_for_in_flight()
+            trainer.async_rollouts.keep_only(requested)  # those asked for during the next step go
+        return save_trainer_checkpoint(trainer, rng_state=rng_state)
+    except Exception as err:  # the run stops anyway: say why it could not be saved
+        warn_line(f"could not save a checkpoint of step {step}: {err}")
+        return None

@@ -22,11 +22,13 @@ Generic machinery over a *root* dataclass whose fields are section dataclasses (
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import difflib
 import functools
 import inspect
 import itertools
+import math
 import re
 import textwrap
 import types
@@ -54,6 +56,10 @@ __all__ = [
 
 class ConfigError(ValueError):
     """A configuration problem, with a message naming the key and the valid choices."""
+
+
+#: Larger config files are refused before they are parsed (a 50 MB YAML takes minutes).
+MAX_CONFIG_BYTES = 1 << 20
 
 
 #: Returned by an :attr:`Alias.convert` function when the value sets nothing (e.g. ``bf16: false``).
@@ -185,10 +191,14 @@ def _check_type(value: Any, annotation: Any, key: str) -> Any:
         raise fail()
     if annotation is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _FLOAT_TEXT.match(value.strip()):
-            return float(value)  # PyYAML reads `1e-5` (no dot) as a string
-        raise fail()
+            number = float(value)
+        elif isinstance(value, str) and _FLOAT_TEXT.match(value.strip()):
+            number = float(value)  # PyYAML reads `1e-5` (no dot) as a string
+        else:
+            raise fail()
+        if not math.isfinite(number):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return number
     if annotation is str:
         if isinstance(value, str):
             return value
@@ -203,7 +213,9 @@ def _unknown_key(key: str, name: str, valid: Sequence[str]) -> ConfigError:
     by_name = {v.rsplit(".", 1)[-1]: v for v in valid}
     close = [by_name[c] for c in difflib.get_close_matches(name, list(by_name), n=3, cutoff=0.5)]
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    return ConfigError(f"unknown config key {key!r}.{hint} Valid keys here: {', '.join(valid)}")
+    error = ConfigError(f"unknown config key {key!r}.{hint} Valid keys here: {', '.join(valid)}")
+    error.key = key  # type: ignore[attr-defined]  # load_dataclass names the file it came from
+    return error
 
 
 # --------------------------------------------------------------------------- dict <-> config
@@ -454,17 +466,34 @@ def load_dataclass(
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"{path}: {size / 2**20:.1f} MiB is too large for a config file (at most "
+                f"{MAX_CONFIG_BYTES // 2**20} MiB): is it the right file?"
+            )
         try:
             loaded = load_yaml(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise ConfigError(
+                f"{path}: not a text file (byte {err.start} is not UTF-8): give a YAML config"
+            ) from None
         except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top, got {loaded!r}")
         raw = loaded or {}
         _resolve_file_aliases(root, raw, aliases, f"{path}: ")
+    from_file = copy.deepcopy(raw)
     for key, value, text in _resolve_override_aliases(root, parse_overrides(overrides), aliases):
         _set_path(root, raw, key, value, text)
-    return config_from_dict(raw, root)
+    try:
+        return config_from_dict(raw, root)
+    except ConfigError as err:
+        bad_key = getattr(err, "key", None)
+        if path is not None and bad_key is not None and _has_path(from_file, bad_key):
+            raise ConfigError(f"{path}: {err}") from None
+        raise
 
 
 def format_fields(root: Any, aliases: Sequence[Alias] = ()) -> str:

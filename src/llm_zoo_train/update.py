@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from llm_zoo_train.config import AlgorithmConfig, TrainingConfig
+from llm_zoo_train.finite import gradient_error
 from llm_zoo_train.loss import completion_logprobs, policy_loss
 from llm_zoo_train.policy import Policy
 from llm_zoo_train.samples import Sample
@@ -224,6 +225,9 @@ class AdapterUpdater:
         max_norm = self.training.max_grad_norm
         norm = self.accelerator.clip_grad_norm_(parameters, max_norm if max_norm > 0 else float("inf"))
         optimizer = self.optimizers[adapter]
+        if not math.isfinite(float(norm)):  # a NaN loss or gradient: the weights must not see it
+            optimizer.zero_grad(set_to_none=True)
+            raise gradient_error(adapter, float(norm))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(norm)

@@ -1,0 +1,216 @@
+"""Runs that never go silently wrong: non-finite updates, interrupts, the run lock and full disks."""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+import toy_envs_trainer  # noqa: E402, F401
+from llm_zoo_train.__main__ import main  # noqa: E402
+from llm_zoo_train.trainer import Trainer  # noqa: E402
+from train_helpers import history_without_timing, one_line_error, toy_config, write_toy_config  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+QUICK = ["--eval.num_episodes", "0"]
+
+
+class _Accelerator:
+    """What RunLogger needs of an Accelerator."""
+
+    is_main_process = True
+
+    def log(self, values, step):
+        pass
+
+
+# --------------------------------------------------------------------------- finite or nothing
+
+
+def test_a_nan_loss_stops_the_step_before_anything_is_saved(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import llm_zoo_train.update as update
+
+    real = update.policy_loss
+
+    def poisoned(*args, **kwargs):
+        loss, metrics = real(*args, **kwargs)
+        return loss * float("nan"), metrics
+
+    monkeypatch.setattr(update, "policy_loss", poisoned)
+    config = write_toy_config(tiny_model_dir, tmp_path / "run", tmp_path / "c.yaml")
+    assert main([str(config), *QUICK, "--training.max_steps", "2", "--training.save_steps", "1"]) == 1
+    line = one_line_error(capsys.readouterr().err)
+    assert "step 1" in line and "adapter 'alice'" in line and "non-finite gradient norm" in line
+    names = sorted(p.name for p in (tmp_path / "run").iterdir())
+    assert not [n for n in names if n.startswith("checkpoint-")] and "adapters" not in names
+
+
+def test_non_finite_weights_are_never_saved(tiny_model_dir, tmp_path):
+    from llm_zoo_train.finite import NonFiniteError
+
+    config = toy_config(tiny_model_dir, tmp_path / "run", [*QUICK, "--training.max_steps", "1"])
+    trainer = Trainer(config)
+    with torch.no_grad():
+        trainer.policy.adapter_parameters("bob")[0].view(-1)[0] = float("inf")
+    trainer.step = 1
+    with pytest.raises(NonFiniteError, match=r"adapter 'bob' at step 1: 1 adapter weights are non-finite"):
+        trainer.save_checkpoint()
+    assert not (tmp_path / "run" / "checkpoint-1").exists()
+    trainer.run_lock.release()
+
+
+def test_metrics_jsonl_records_non_finite_values(tmp_path):
+    from llm_zoo_train.tracking import RunLogger
+
+    logger = RunLogger(_Accelerator(), tmp_path, [], total_steps=1, logging_steps=1, progress_bar=False)
+    logger.log(1, {"update/alice/loss": float("nan"), "update/alice/grad_norm": float("inf"), "x": 1.0})
+    record = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert record == {"step": 1, "update/alice/loss": "nan", "update/alice/grad_norm": "inf", "x": 1.0}
+    assert math.isnan(logger.history[-1]["update/alice/loss"])
+
+
+# --------------------------------------------------------------------------- interrupts
+
+
+@pytest.mark.parametrize(
+    ("phase", "signum", "saved_step", "code"),
+    [("rollout", signal.SIGINT, 2, 130), ("update", signal.SIGTERM, 3, 143)],
+)
+def test_an_interrupted_run_saves_its_last_step_and_resumes_identically(
+    tiny_model_dir, tmp_path, capsys, monkeypatch, phase, signum, saved_step, code
+):
+    """save_steps 0: without the save on interrupt nothing could be resumed. A signal during a
+    rollout stops at once (the adapters are those of the last step); during an update the step is
+    finished first. The resumed run equals an uninterrupted one."""
+    overrides = [*QUICK, "--training.max_steps", "4"]
+    straight = Trainer(toy_config(tiny_model_dir, tmp_path / "straight", overrides))
+    straight.train()
+
+    import llm_zoo_train.update as update
+
+    steps = iter(range(1, 100))
+    real_update = update.AdapterUpdater.update
+    calls = {}
+
+    def counting(self, adapter, samples, phase_=None):
+        if adapter == "alice":
+            calls["step"] = next(steps)
+        if phase == "update" and adapter == "bob" and calls["step"] == 3:
+            os.kill(os.getpid(), signum)
+        return real_update(self, adapter, samples, phase_)
+
+    monkeypatch.setattr(update.AdapterUpdater, "update", counting)
+    if phase == "rollout":
+        real_rollout = Trainer._rollout
+
+        def rollout(self, at, envs=None):
+            if at == 3:
+                os.kill(os.getpid(), signum)
+            return real_rollout(self, at, envs)
+
+        monkeypatch.setattr(Trainer, "_rollout", rollout)
+    config = write_toy_config(tiny_model_dir, tmp_path / "run", tmp_path / "c.yaml")
+    assert main([str(config), *overrides]) == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    name = signal.Signals(signum).name
+    (line,) = [line for line in err.splitlines() if line.startswith(f"llm-zoo-train: {name}: stopped")]
+    assert f"saved {tmp_path / 'run' / f'checkpoint-{saved_step}'}" in line and "--resume" in line
+    monkeypatch.undo()
+
+    assert main(["--resume", str(tmp_path / "run")]) == 0
+    resumed = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert history_without_timing(resumed) == history_without_timing(straight.history)
+
+
+def test_interrupted_eval_is_one_line(capsys, monkeypatch):
+    import llm_zoo_train.eval_cli as eval_cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(eval_cli, "main", interrupted)
+    assert main(["eval", "somewhere"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "llm-zoo-train eval: interrupted; nothing was written"
+
+
+# --------------------------------------------------------------------------- the run lock
+
+
+def test_a_second_live_run_is_refused_and_deletes_nothing(tiny_model_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    config = write_toy_config(tiny_model_dir, run, tmp_path / "c.yaml")
+    assert main([str(config), *QUICK, "--training.max_steps", "1"]) == 0
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = {"pid": holder.pid, "host": socket.gethostname(), "started": "2026-01-01T00:00:00+00:00"}
+        (run / ".llm-zoo-train.lock").write_text(json.dumps(lock))
+        before = sorted(p.name for p in run.iterdir())
+        argv = [str(config), *QUICK, "--training.max_steps", "1", "--training.overwrite_output_dir", "true"]
+        assert main(argv) == 2
+        line = one_line_error(capsys.readouterr().err)
+        assert f"is in use by a run still going (pid {holder.pid} on {socket.gethostname()}" in line
+        assert sorted(p.name for p in run.iterdir()) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder is gone: its lock is stale, reported and taken over.
+    assert main(argv) == 0
+    assert f"took over the stale lock of a run that is gone (pid {holder.pid}" in capsys.readouterr().out
+    assert not (run / ".llm-zoo-train.lock").exists()  # released at the end
+
+
+def test_a_lock_of_another_host_is_refused(tmp_path):
+    from llm_zoo_train.run_lock import RunLock, RunLockedError
+
+    (tmp_path / ".llm-zoo-train.lock").write_text(json.dumps({"pid": 1, "host": "elsewhere", "started": "x"}))
+    with pytest.raises(RunLockedError, match="used by a run on another host"):
+        RunLock(tmp_path).acquire()
+
+
+# --------------------------------------------------------------------------- full disks
+
+
+def test_a_full_disk_while_logging_metrics_is_one_line(tmp_path, monkeypatch):
+    import builtins
+
+    from llm_zoo_train.checkpoint import CheckpointWriteError
+    from llm_zoo_train.tracking import RunLogger
+
+    logger = RunLogger(_Accelerator(), tmp_path, [], total_steps=1, logging_steps=1, progress_bar=False)
+    real_open = builtins.open
+
+    def full(path, mode="r", *args, **kwargs):
+        if str(path).endswith("metrics.jsonl") and "a" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", full)
+    with pytest.raises(CheckpointWriteError) as error:
+        logger.log(1, {"x": 1.0})
+    assert str(error.value).startswith(f"cannot write {tmp_path / 'metrics.jsonl'}: no space left on device")
+
+
+def test_torch_save_enforce_fail_names_the_checkpoint(tmp_path):
+    from llm_zoo_train.checkpoint import CheckpointWriteError, checkpoint_path, write_checkpoint
+
+    def failing(directory):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 470")
+
+    with pytest.raises(CheckpointWriteError) as error:
+        write_checkpoint(checkpoint_path(tmp_path, 1), failing)
+    message = str(error.value)
+    assert message.startswith(f"cannot write {tmp_path / 'checkpoint-1'}:") and "\n" not in message
+    assert list(tmp_path.iterdir()) == []
