@@ -143,6 +143,24 @@ def test_concurrent_callers_share_a_sandbox(box):
     assert len(box._workers) <= box.workers
 
 
+def test_a_worker_killed_twice_closes_nothing_that_is_no_longer_its_own():
+    """A worker killed by hand and then found dead by the pool is killed again: the second kill
+    must not close the fd numbers the first one freed (another thread may hold them by then)."""
+    with sandbox.Sandbox(workers=1) as box:
+        assert box.run("print(1)").ok
+        (worker,) = box._workers
+        worker.kill()
+        reused = [os.open("/dev/null", os.O_RDONLY) for _ in range(8)]  # take the freed numbers
+        try:
+            worker.kill()
+            for fd in reused:
+                os.fstat(fd)  # EBADF if the second kill closed it
+        finally:
+            for fd in reused:
+                os.close(fd)
+        assert box.run("print(2)").stdout == "2\n"
+
+
 def test_dead_server_is_replaced():
     with sandbox.Sandbox(workers=1) as box:
         assert box.run("print(1)").ok

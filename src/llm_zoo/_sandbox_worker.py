@@ -68,6 +68,7 @@ sys.exit(sys.modules["llm_zoo._sandbox_server"].main(CONFIG))
 
 
 _reapers: set[threading.Thread] = set()  # servers being killed in the background
+_finish_lock = threading.Lock()
 
 
 def join_reapers(timeout_s: float = 10.0) -> None:
@@ -272,6 +273,7 @@ class Worker:
     """
 
     def __init__(self, plan: LayerPlan, disk_mb: int = 256) -> None:
+        self._finished = False
         self.plan = plan
         self.lease = UidLease() if plan.uid_drop else None
         self.init_pid: int | None = None
@@ -415,6 +417,13 @@ class Worker:
             self._finish_kill()
 
     def _finish_kill(self) -> None:
+        # Once only: a worker killed by hand and then found dead by the pool is killed twice, and a
+        # second pass would close fd numbers (and kill the processes of a uid) that belong to
+        # someone else by then.
+        with _finish_lock:
+            if self._finished:
+                return
+            self._finished = True
         process = getattr(self, "process", None)
         if process is not None:
             process.wait()
@@ -434,6 +443,7 @@ class Worker:
             self._scratch = None
         with contextlib.suppress(OSError):
             os.close(self._progress)
+        self._progress = -1
         self._log.close()
         _reapers.discard(threading.current_thread())
 
