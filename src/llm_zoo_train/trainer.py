@@ -471,7 +471,12 @@ class Trainer:
                 self.output_dir,
                 self.policy,
                 lambda directory: write_model_cards(
-                    directory, self.config, self.plan, self.step, self.history
+                    directory,
+                    self.config,
+                    self.plan,
+                    self.step,
+                    self.history,
+                    final_dir=self.output_dir / "adapters",  # written in a temporary dir, renamed
                 ),
             )
             if self.config.logging.plot and self.history:
