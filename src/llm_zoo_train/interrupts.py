@@ -37,7 +37,7 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 class InterruptGuard:
-    """Handles SIGINT and SIGTERM between :meth:`install` and :meth:`uninstall`;
+    """Handles SIGINT and SIGTERM between :meth:`~llm_zoo_train.interrupts.InterruptGuard.install` and :meth:`~llm_zoo_train.interrupts.InterruptGuard.uninstall`;
     :meth:`begin_update` ... :meth:`end_update` is the stretch during which a signal is deferred."""
 
     def __init__(self) -> None:
@@ -53,7 +53,7 @@ class InterruptGuard:
                 self._previous[number] = signal.signal(number, self._handle)
 
     def uninstall(self) -> None:
-        """Put the handlers back that were there before :meth:`install`."""
+        """Put the handlers back that were there before :meth:`~llm_zoo_train.interrupts.InterruptGuard.install`."""
         for number, handler in self._previous.items():
             signal.signal(number, handler)
         self._previous.clear()
