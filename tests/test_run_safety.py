@@ -214,3 +214,38 @@ def test_torch_save_enforce_fail_names_the_checkpoint(tmp_path):
     message = str(error.value)
     assert message.startswith(f"cannot write {tmp_path / 'checkpoint-1'}:") and "\n" not in message
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_while_safetensors_writes_names_the_checkpoint(tmp_path):
+    """safetensors reports a full disk as its own SafetensorError, neither OSError nor RuntimeError
+    (found by a real full tmpfs during the final adapter save: a raw traceback)."""
+    from safetensors import SafetensorError
+
+    from llm_zoo_train.checkpoint import CheckpointWriteError, write_checkpoint
+
+    def failing(directory):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with pytest.raises(CheckpointWriteError) as error:
+        write_checkpoint(tmp_path / "adapters", failing, manifest=False)
+    message = str(error.value)
+    assert message.startswith(f"cannot write {tmp_path / 'adapters'}: no space left on device")
+    assert "\n" not in message and list(tmp_path.iterdir()) == []
+
+
+def test_non_finite_env_rewards_stop_the_run_with_one_line_naming_the_step(
+    tiny_model_dir, tmp_path, capsys, monkeypatch
+):
+    real = toy_envs_trainer.ScriptedEnv._act
+
+    def nan_rewards(self, agent, action):
+        outcome = real(self, agent, action)
+        outcome.role_reward = float("nan")
+        return outcome
+
+    monkeypatch.setattr(toy_envs_trainer.ScriptedEnv, "_act", nan_rewards)
+    config = write_toy_config(tiny_model_dir, tmp_path / "run", tmp_path / "c.yaml")
+    assert main([str(config), *QUICK, "--training.max_steps", "2", "--training.save_steps", "1"]) == 1
+    line = one_line_error(capsys.readouterr().err)
+    assert line.startswith("llm-zoo-train: error: step 1:") and "non-finite rewards" in line
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith("checkpoint-")]

@@ -173,8 +173,11 @@ def write_checkpoint(
             write(tmp)
             if manifest:
                 write_manifest(tmp)  # last: a checkpoint without it is incomplete
-        except (OSError, RuntimeError) as err:
-            raise write_error(directory, err) from err
+        except Exception as err:  # safetensors reports a full disk as its own SafetensorError
+            converted = write_error(directory, err)
+            if converted is err:
+                raise
+            raise converted from err
         if directory.exists():
             old = directory.with_name(f".old-{directory.name}-{os.getpid()}")
             os.rename(directory, old)
@@ -190,7 +193,8 @@ def write_checkpoint(
 
 def write_error(path: Path, err: BaseException) -> BaseException:
     """A one-line :class:`CheckpointWriteError` naming ``path`` for a failed write (an OSError,
-    or torch.save's RuntimeError); other errors are returned unchanged."""
+    torch.save's RuntimeError, or safetensors' I/O SafetensorError); other errors are returned
+    unchanged."""
     path = Path(path)
     try:
         free = shutil.disk_usage(path.parent if path.parent.exists() else Path.cwd()).free
@@ -202,8 +206,13 @@ def write_error(path: Path, err: BaseException) -> BaseException:
     torch_write = isinstance(err, RuntimeError) and any(
         mark in text for mark in ("write", "enforce fail", "unexpected pos", "PytorchStreamWriter")
     )
-    out_of_space = (isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)) or (
-        torch_write and free < 1 << 30
+    # safetensors: "Error while serializing: I/O error: No space left on device (os error 28)"
+    safetensors_write = type(err).__name__ == "SafetensorError" and "I/O error" in text
+    torch_write = torch_write or safetensors_write
+    out_of_space = (
+        (isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT))
+        or (safetensors_write and "os error 28" in text)
+        or (torch_write and free < 1 << 30)
     )
     if out_of_space:
         return CheckpointWriteError(

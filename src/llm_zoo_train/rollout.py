@@ -53,7 +53,13 @@ from llm_zoo_train.team_credit import (
     run_lookahead,
 )
 
-__all__ = ["EpisodeResult", "evaluation_rollout", "independent_rollout", "tree_rollout"]
+__all__ = [
+    "EpisodeResult",
+    "NonFiniteRewardError",
+    "evaluation_rollout",
+    "independent_rollout",
+    "tree_rollout",
+]
 
 # Rewards this close to the best count as tied for the greedy choice.
 _TIE = 1e-12
@@ -142,10 +148,14 @@ def _still_live(envs: Sequence[Any]) -> list[bool]:
     return [not is_done(env) for env in envs]
 
 
+class NonFiniteRewardError(FloatingPointError, ValueError):
+    """An env gave a NaN or infinite reward; ``str(error)`` names the env, agent, env index and turn."""
+
+
 def _check_finite(env_id: str, agent: str, env_index: int, group: Sequence[Sample]) -> np.ndarray:
     rewards = np.array([s.reward for s in group])
     if not np.isfinite(rewards).all():
-        raise ValueError(
+        raise NonFiniteRewardError(
             f"{env_id} gave {agent} non-finite rewards {rewards.tolist()} (env {env_index}, turn {group[0].turn})"
         )
     return rewards

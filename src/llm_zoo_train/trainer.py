@@ -58,6 +58,7 @@ from llm_zoo_train.model_card import write_model_cards
 from llm_zoo_train.model_pools import ModelRouter, build_policy, live_engine, make_updater
 from llm_zoo_train.policy import Policy
 from llm_zoo_train.progress import RunProgress
+from llm_zoo_train.rollout import NonFiniteRewardError
 from llm_zoo_train.run_dir import ResumePoint, begin_run, check_resume, save_final_adapters, start_run
 from llm_zoo_train.seeding import Stream, derive_seed
 from llm_zoo_train.step_rollout import StepRollout, play_step, save_step_rollout
@@ -271,7 +272,12 @@ class Trainer:
         if self.async_rollouts is not None:
             produced, waited = self.async_rollouts.take(step, self.version, self.config.training.max_steps)
         else:
-            produced = self._rollout(step)
+            try:
+                produced = self._rollout(step)
+            except NonFiniteRewardError as err:  # one line from the CLI, like a non-finite update
+                raise NonFiniteError(
+                    f"step {step}: {err}; stopped before anything of this step was trained or saved"
+                ) from err
         samples = produced.samples
 
         kept, stats = compute_advantages(
