@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-import toy_envs_trainer  # noqa: E402, F401
+import toy_envs_trainer  # noqa: E402
 from llm_zoo_train.__main__ import main  # noqa: E402
 from llm_zoo_train.trainer import Trainer  # noqa: E402
 from train_helpers import history_without_timing, one_line_error, toy_config, write_toy_config  # noqa: E402
@@ -93,6 +93,10 @@ def test_an_interrupted_run_saves_its_last_step_and_resumes_identically(
     """save_steps 0: without the save on interrupt nothing could be resumed. A signal during a
     rollout stops at once (the adapters are those of the last step); during an update the step is
     finished first. The resumed run equals an uninterrupted one."""
+    # The command chooses torch's threads from the machine's load; both runs and the reference
+    # must use the same number, or float diagnostics (logp_mismatch) differ in the last bits.
+    threads = str(torch.get_num_threads())
+    monkeypatch.setenv("OMP_NUM_THREADS", threads)
     overrides = [*QUICK, "--training.max_steps", "4"]
     straight = Trainer(toy_config(tiny_model_dir, tmp_path / "straight", overrides))
     straight.train()
@@ -128,6 +132,7 @@ def test_an_interrupted_run_saves_its_last_step_and_resumes_identically(
     (line,) = [line for line in err.splitlines() if line.startswith(f"llm-zoo-train: {name}: stopped")]
     assert f"saved {tmp_path / 'run' / f'checkpoint-{saved_step}'}" in line and "--resume" in line
     monkeypatch.undo()
+    monkeypatch.setenv("OMP_NUM_THREADS", threads)
 
     assert main(["--resume", str(tmp_path / "run")]) == 0
     resumed = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
