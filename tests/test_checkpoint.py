@@ -290,7 +290,9 @@ def test_stale_temporary_checkpoints_are_removed_at_start(tmp_path):
     (run / ".tmp-checkpoint-3-abc").mkdir()
     (run / ".tmp-checkpoint-3-abc" / "optimizers.pt").write_text("half")
     (run / ".old-checkpoint-2-123").mkdir()
+    (run / ".tmp-adapters-k9x").mkdir()  # a run killed while it wrote its final adapters
+    (run / ".tmp-adapters-k9x" / "adapter_model.safetensors").write_text("half")
     config = make_config("no-model", run)
     notes = prepare_output_dir(config, resuming=True)
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint-2"]
-    assert len(notes) == 2 and all("unfinished checkpoint write" in n for n in notes)
+    assert len(notes) == 3 and all("removed an unfinished write (checkpoint or adapters)" in n for n in notes)

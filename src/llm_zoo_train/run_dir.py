@@ -121,7 +121,7 @@ def prepare_output_dir(config: Config, *, resuming: bool, remove: bool = True) -
     """
     output_dir = Path(config.training.output_dir)
     stale = remove_stale_temporaries(output_dir) if remove else []
-    notes = [f"removed an unfinished checkpoint write: {p}" for p in stale]
+    notes = [f"removed an unfinished write (checkpoint or adapters): {p}" for p in stale]
     if resuming or not output_dir.is_dir():
         return notes
     present = sorted(
@@ -249,7 +249,7 @@ def start_run(
         notes += prepare_output_dir(config, resuming=point is not None, remove=False)
         if accelerator.is_main_process:
             notes += [
-                f"removed an unfinished checkpoint write: {p}"
+                f"removed an unfinished write (checkpoint or adapters): {p}"
                 for p in remove_stale_temporaries(config.training.output_dir)
             ]
     except BaseException:
