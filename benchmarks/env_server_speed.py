@@ -33,7 +33,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS_DIR, finish, run_facts
+from _common import RESULTS_DIR, bar_chart, finish, run_facts
 
 import llm_zoo
 from llm_zoo import remote
@@ -149,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     results: dict[str, Any] = {
         **facts,
+        "quick": args.quick,
         "episodes": args.episodes,
         "clients_per_server": args.clients_per_server,
+        "overhead_steps": args.overhead_steps,
     }
     results["in_process"] = in_process(actions)
     print(f"in-process: {results['in_process']['steps_per_s']:.1f} steps/s")
@@ -178,8 +180,17 @@ def main(argv: list[str] | None = None) -> int:
         f"protocol: {protocol['served_ms_per_step']:.3f} ms/step served vs {protocol['in_process_ms_per_step']:.3f} "
         f"in-process: {protocol['overhead_ms_per_step']:.3f} ms overhead per step"
     )
-    finish(results, args.output)
+    finish(results, args.output, lambda png: plot(results, png))
     return 0
+
+
+def plot(results: dict[str, Any], png: Path) -> None:
+    """Code-v0 live steps per second, in-process and on each number of servers."""
+    labels = ["in-process"] + [f"{n} server{'s' if n != '1' else ''}" for n in results["servers"]]
+    rates = [results["in_process"]["steps_per_s"]]
+    rates += [entry["steps_per_s"] for entry in results["servers"].values()]
+    title = f"Code-v0 steps per second: {results['episodes']} episodes, {results['clients_per_server']} per server at a time"
+    bar_chart(png, title, labels, {"steps/s": rates}, "live env steps/s")
 
 
 if __name__ == "__main__":

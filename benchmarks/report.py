@@ -94,6 +94,35 @@ def env_speed(result: dict[str, Any]) -> str:
     return text
 
 
+def env_server_speed(result: dict[str, Any]) -> str:
+    inside = result["in_process"]
+    rows = [["in-process, one episode at a time", inside["steps"], _fmt(inside["seconds"]),
+             _fmt(inside["steps_per_s"]), "1x"]]  # fmt: skip
+    for count, entry in result["servers"].items():
+        clients = int(count) * result["clients_per_server"]
+        rows.append([f"{count} `llm-zoo serve` process(es), {clients} episodes at a time", entry["steps"],
+                     _fmt(entry["seconds"]), _fmt(entry["steps_per_s"]), f"{entry['ratio_to_in_process']:.2f}x"])  # fmt: skip
+    text = _table(
+        ["Code-v0 (oracle answers, sandboxed tests)", "live steps", "seconds", "steps/s", "ratio"], rows
+    )
+    protocol = result["protocol"]
+    text += (
+        f"\n\nProtocol overhead (trivial env, {result.get('overhead_steps', '?')} sequential steps, one server):"
+        f" {protocol['served_ms_per_step']:.3f} ms per step served against {protocol['in_process_ms_per_step']:.3f}"
+        f" ms in-process, {protocol['overhead_ms_per_step']:.3f} ms per step for the round trip."
+    )
+    machine = result.get("machine", {})
+    start, end = machine.get("load_average_at_start"), machine.get("load_average_at_end")
+    if start and end:
+        text += (
+            f" Load average (1, 5, 15 min) {', '.join(map(str, start))} at the start and"
+            f" {', '.join(map(str, end))} at the end, on {machine.get('usable_cpus', '?')} usable cores: the"
+            " servers compete with each other and with the client for them, so the ratios say what this"
+            " machine allows, not what separate CPU machines would give."
+        )
+    return text
+
+
 def sandbox_speed(result: dict[str, Any]) -> str:
     rows = [
         [r["category"], r["tests"], r["plain_tests_per_s"], r["sandbox_tests_per_s"], f"{r['ratio']}x"]
@@ -497,6 +526,11 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
     ("vllm_server_speed", "Rollout speed, vLLM server against colocated vLLM", vllm_server_speed),
     ("sandbox_speed", "Sandbox throughput against a fresh process per test", sandbox_speed),
     ("env_speed", "Environment speed", env_speed),
+    (
+        "env_server_speed",
+        "Env servers: Code-v0 scale-out over `llm-zoo serve` processes, and the protocol's cost",
+        env_server_speed,
+    ),
     ("threads", "Torch threads on a CPU: the command's choice against one thread and all cores", threads),
 ]
 

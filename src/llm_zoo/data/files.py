@@ -8,14 +8,17 @@ Shared by the code and math loaders (:mod:`llm_zoo.data.code`, :mod:`llm_zoo.dat
 :func:`cached_load` parses a file once per process: every env made on the same file shares one
 parsed, immutable problem list, so making 64 envs (or one per rollout) reads the file once, not 64
 times. An entry is keyed by the file's resolved path, size and modification time (and the loader
-and its arguments), so an edited file is read again; at most :data:`MAX_CACHED_FILES` entries are
-kept, least recently used first out.
+and its arguments), so an edited file is read again; a directory (a dataset saved with
+``save_to_disk``, :mod:`llm_zoo.data.saved_dataset`) by the sizes and modification times of the
+files in it and in its subdirectories. At most :data:`MAX_CACHED_FILES` entries are kept, least
+recently used first out.
 """
 
 from __future__ import annotations
 
 import gzip
 import os
+import stat
 import threading
 import zlib
 from collections import OrderedDict
@@ -40,7 +43,7 @@ MAX_CACHED_FILES = 8
 
 T = TypeVar("T")
 
-_cache: OrderedDict[tuple[Hashable, ...], tuple[tuple[int, int], Any]] = OrderedDict()
+_cache: OrderedDict[tuple[Hashable, ...], tuple[Hashable, Any]] = OrderedDict()
 _cache_lock = threading.RLock()  # re-entrant: a cached loader may call another one
 
 
@@ -48,11 +51,12 @@ def cached_load(path: str | os.PathLike[str], load: Callable[..., T], *args: Has
     """``load(path, *args)``, computed once per process for the file as it is now.
 
     The result is returned again, the same object, while the file at ``path`` (symlinks resolved)
-    keeps its size and modification time; it is shared by every caller, so ``load`` must return
-    something immutable (a tuple of frozen records). A file that changes while it is read is not
-    cached, errors are not cached, and a path that cannot be stat'ed is simply loaded (``load``
-    then reports it). ``args`` are part of the key (e.g. the dataset format). Warnings the loader
-    gives (a record skipped) come with the first parse only.
+    keeps its size and modification time (a directory: each of its files, two levels deep); it is
+    shared by every caller, so ``load`` must return something immutable (a tuple of frozen
+    records). A file that changes while it is read is not cached, errors are not cached, and a
+    path that cannot be stat'ed is simply loaded (``load`` then reports it). ``args`` are part of
+    the key (e.g. the dataset format). Warnings the loader gives (a record skipped) come with the
+    first parse only.
     """
     resolved = os.path.realpath(os.fspath(path))
     try:
@@ -94,9 +98,27 @@ def clear_cache() -> None:
         _cache.clear()
 
 
-def _signature(resolved: str) -> tuple[int, int]:
+def _signature(resolved: str) -> Hashable:
     status = os.stat(resolved)
-    return status.st_size, status.st_mtime_ns
+    if not stat.S_ISDIR(status.st_mode):
+        return status.st_size, status.st_mtime_ns
+    # save_to_disk rewrites a dataset's files in place, which leaves the directory's own size and
+    # times unchanged: the files decide. Two levels cover a DatasetDict's split directories.
+    return tuple(_tree_signature(resolved, "", depth=2))
+
+
+def _tree_signature(directory: str, prefix: str, depth: int) -> list[tuple[str, int, int]]:
+    """``(relative name, size, mtime)`` of each file under ``directory``, ``depth`` levels deep."""
+    found = []
+    with os.scandir(directory) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.is_dir():
+                if depth > 1:
+                    found += _tree_signature(entry.path, f"{prefix}{entry.name}/", depth - 1)
+            elif entry.is_file():
+                status = entry.stat()
+                found.append((prefix + entry.name, status.st_size, status.st_mtime_ns))
+    return found
 
 
 def base_suffix(path: str | os.PathLike[str]) -> str:

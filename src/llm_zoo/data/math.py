@@ -9,9 +9,11 @@ Built-in sets (offline, shipped in the package, written for llm-zoo):
 * ``"builtin"`` - both: each draw is a word problem with probability ``WORD_SHARE`` (0.25) and a
   generated one otherwise (level uniform among the allowed levels).
 
-Public formats (from local JSONL / JSON / parquet files, or from Hugging Face ``datasets``
-objects, which are used duck-typed: any iterable of dict records, or a mapping of split names to
-such iterables, e.g. a ``DatasetDict``):
+Public formats (from local JSONL / JSON / parquet files, directories written by ``datasets``'
+``save_to_disk`` (a ``DatasetDict``'s is narrowed to the env's split,
+:mod:`llm_zoo.data.saved_dataset`), or Hugging Face ``datasets`` objects, which are used
+duck-typed: any iterable of dict records, or a mapping of split names to such iterables, e.g. a
+``DatasetDict``):
 
 * ``"math"`` (Hendrycks MATH): ``problem``, ``level`` (``"Level 3"``, or an int), ``type`` (or
   ``subject``), ``solution``; the answer is the last ``\\boxed{}`` of the solution, or the
@@ -31,7 +33,7 @@ not fit its format, whose question or gold answer is not one string or finite nu
 ``{"a": 1}``, ``true``), or whose id another record already has raises :class:`DatasetError` naming
 the file and the record (its index, counted from 0 without blank lines, and its id).
 
-A file is parsed once per process (:func:`llm_zoo.data.files.cached_load`, keyed by its resolved
+A file or directory is parsed once per process (:func:`llm_zoo.data.files.cached_load`, keyed by its resolved
 path, size and modification time); envs made on it share one immutable :class:`ProblemSet`.
 """
 
@@ -59,6 +61,7 @@ from llm_zoo.data.math_fields import (
     split_of,
     text_field,
 )
+from llm_zoo.data.saved_dataset import SavedDatasetError, load_saved_dataset
 from llm_zoo.parsing import ParseError, extract_boxed
 
 __all__ = [
@@ -294,7 +297,8 @@ def build_problem_set(
     ):
         raise ValueError(
             f"unknown dataset {dataset!r}: use one of {', '.join(map(repr, BUILTIN_DATASETS))}, a path to a "
-            ".jsonl/.json/.parquet (or .jsonl.gz/.json.gz) file, or a list / datasets.Dataset of records"
+            ".jsonl/.json/.parquet (or .jsonl.gz/.json.gz) file or save_to_disk directory, or a list / "
+            "datasets.Dataset of records"
         )
     if isinstance(dataset, (str, os.PathLike)):
         # One ProblemSet per file, split and levels, shared by every env made on it.
@@ -307,7 +311,7 @@ def build_problem_set(
 
 
 def _file_problem_set(path: str, split: str, levels: tuple[int, ...] | None, format: str) -> ProblemSet:
-    return _selected(load_math_records(path, format=format), split, levels, path)
+    return _selected(load_math_records(path, format=format, split=split), split, levels, path)
 
 
 def _selected(
@@ -381,11 +385,14 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 def load_math_records(source: Any, *, format: str = "auto", split: str | None = None) -> list[MathProblem]:
     """Problems from a file path, a ``datasets`` object, or an iterable of record dicts.
 
-    A mapping of split names to record collections (a ``DatasetDict``) is narrowed to ``split``.
+    A mapping of split names to record collections (a ``DatasetDict``, in memory or a
+    ``save_to_disk`` directory) is narrowed to ``split``.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown dataset format {format!r}; valid formats: {', '.join(FORMATS)}")
     if isinstance(source, (str, os.PathLike)):
+        if os.path.isdir(source):
+            return list(cached_load(source, _parse_saved, format, split))
         return list(cached_load(source, _parse_file, format))  # parsed once per process
     if isinstance(source, Mapping):
         if split is None or split not in source:
@@ -403,6 +410,14 @@ def load_math_records(source: Any, *, format: str = "auto", split: str | None = 
 
 def _parse_file(path: str, format: str) -> tuple[MathProblem, ...]:
     return tuple(problems_from_records(read_records(path), format=format, origin=path))
+
+
+def _parse_saved(path: str, format: str, split: str | None) -> tuple[MathProblem, ...]:
+    try:
+        directory, records = load_saved_dataset(path, split)
+    except SavedDatasetError as error:
+        raise DatasetError(str(error)) from None
+    return tuple(problems_from_records(records, format=format, origin=directory))
 
 
 def problems_from_records(

@@ -244,7 +244,8 @@ class CodeEnv(TextAECEnv):
     Args:
         dataset: ``"builtin"`` (default, offline), a path to a local APPS / CodeContests /
             LiveCodeBench / HumanEval / MBPP / llm_zoo file (``.jsonl``, ``.json``, ``.parquet``,
-            ``.jsonl.gz``, ``.json.gz``), a list of
+            ``.jsonl.gz``, ``.json.gz``) or to a directory written by ``save_to_disk`` (a
+            ``DatasetDict``'s is read at ``split``), a list of
             :class:`~llm_zoo.data.code.CodeProblem`, or an iterable of records such as a
             ``datasets.Dataset``.
         split: ``"train"``, ``"test"`` or ``"all"``. Problems without a split of their own (public
@@ -300,7 +301,10 @@ class CodeEnv(TextAECEnv):
         elif isinstance(dataset, str) and dataset == "builtin":
             problems = load_code_problems("builtin", split=None if split == "all" else split)
         else:
-            loaded = load_code_problems(dataset, format=dataset_format)
+            # The env's split also picks the split of a DatasetDict saved with save_to_disk.
+            loaded = load_code_problems(
+                dataset, format=dataset_format, split=None if split == "all" else split
+            )
             problems = [p for p in loaded if split == "all" or p.split in (None, split)]
             if not problems:
                 found = sorted({str(p.split) for p in loaded})

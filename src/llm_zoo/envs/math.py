@@ -56,7 +56,8 @@ reasoner's final answer is correct (the tool agent's, when it plays alone).
 
 Problems (``dataset``, ``split``, ``difficulty``; see :mod:`llm_zoo.data.math`): ``"builtin"``
 (default, offline: word problems 25% of draws, generated problems 75%), ``"generated"``,
-``"word"``, a path to a MATH / GSM8K / AIME / generic JSONL, JSON or parquet file, a list of
+``"word"``, a path to a MATH / GSM8K / AIME / generic JSONL, JSON or parquet file or to a
+directory written by ``save_to_disk`` (a ``DatasetDict``'s is read at ``split``), a list of
 records or :class:`~llm_zoo.data.math.MathProblem`, or a ``datasets.Dataset`` / ``DatasetDict``.
 Each ``reset`` draws a problem with the env's rng; ``reset(options={"problem_id": id})`` picks
 one. ``env.problem_set.ids()`` lists a finite set's ids (e.g. for evaluation).
@@ -224,8 +225,8 @@ class MathEnv(TextAECEnv):
     """Math-v0 (see the module docstring for the full rules).
 
     Args:
-        dataset: ``"builtin"``, ``"generated"``, ``"word"``, a file path, a list of records or
-            problems, or a ``datasets`` object.
+        dataset: ``"builtin"``, ``"generated"``, ``"word"``, a file path, a ``save_to_disk``
+            directory, a list of records or problems, or a ``datasets`` object.
         split: ``"train"`` or ``"test"``.
         difficulty: Keep only these levels (int or list); ``None`` keeps all.
         dataset_format: Format of a file / record dataset: ``"auto"``, ``"math"``, ``"gsm8k"``,
