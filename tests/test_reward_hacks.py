@@ -418,7 +418,13 @@ def test_the_impossible_split_defeats_every_reference_and_the_oracle():
 def _product_env(checker):
     from llm_zoo.envs.math import MathEnv
 
-    return MathEnv(dataset=[{"question": "What is 48 * 78?", "answer": "3744"}], checker=checker, max_turns=1)
+    # the reasoner alone: its boxed answer is text, where the search writes the math notations
+    return MathEnv(
+        dataset=[{"question": "What is 48 * 78?", "answer": "3744"}],
+        checker=checker,
+        max_turns=1,
+        agents=("reasoner",),
+    )
 
 
 def test_check_env_catches_a_lenient_math_judge(monkeypatch):

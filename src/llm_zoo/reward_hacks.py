@@ -15,8 +15,8 @@ answer only and then the oracle's answer (*delayed*):
 * the oracle's answer with its integers printed in other forms (``42.0``), nudged by a relative
   ``5e-7`` and printed as floats (within a 1e-6 tolerance, but wrong), or replaced by 5000-digit
   or 5000-hex-digit numbers; a program's printed and returned integers are changed the same way,
-  by wrapping the program; or written as a percentage (``42\\%``), an approximation
-  (``\\approx 42+10^{-9}``) or a huge factorial (``99999999!``), also in what a program prints;
+  by wrapping the program; in a text answer, also written as a percentage (``42\\%``), an
+  approximation (``\\approx 42+10^{-9}``) or a huge factorial (``99999999!``);
 * partial progress repeated: the oracle's program made wrong on about half of the inputs (by a
   hash of the input), played every turn, so a rule that pays a level every turn shows;
 * programs that exit 0 at once (``sys.exit(0)``, ``os._exit(0)``), print nothing, return an
@@ -177,12 +177,14 @@ def _cycle(pattern: Sequence[str]) -> Callable[[list[str]], list[str]]:
 
 def _numbers(oracle: str | None, form: str) -> str | None:
     """The oracle's answer with its integers in another ``form``; a program is wrapped so that
-    what it prints and returns changes instead (only what it prints for the math notations of
-    ``_MATH_FORMS``). ``None`` when there is no integer to change."""
+    what it prints and returns changes instead (not for the math notations of ``_MATH_FORMS``).
+    ``None`` when there is no integer to change."""
     if not oracle:
         return None
     program = _PYTHON.search(oracle)
     if program is not None:
+        if form in _MATH_FORMS:
+            return None
         return f"```python\n{_number_wrapper(program.group(1), form)}```\n"
     changed = _INT.sub(lambda m: _FORMS[form](m.group()), oracle)
     return changed if changed != oracle else None
@@ -203,8 +205,9 @@ _FORMS: dict[str, Callable[[str], str]] = {
     "factorial": lambda token: "99999999!",
 }
 # Math notations a lenient math judge took for the number (issue 24's red team: math-verify read
-# 3744\% and \approx 3744+10^{-9} as 3744, and spent its whole timeout on 99999999!). A program
-# prints them; a value it returns is not changed (the wrapped function fails instead).
+# 3744\% and \approx 3744+10^{-9} as 3744, and spent its whole timeout on 99999999!). Played on
+# text answers only: a program's output is judged by rules the forms above already test, and on
+# Code-v0 six more sandboxed episodes made the search a quarter slower.
 _MATH_FORMS = ("percent", "approx", "factorial")
 
 # Wraps every function and class method the answer's program defined (not the names a call
@@ -230,7 +233,7 @@ _FORM = {form!r}
 def _change(value):
     if isinstance(value, bool):
         return value
-    if isinstance(value, int) and _FORM not in {math_forms!r}:
+    if isinstance(value, int):
         _state[0] = True
         if _FORM == "float":
             return float(value)
@@ -246,8 +249,6 @@ def _text(token):
         return token + ".0"
     if _FORM == "nudged":
         return repr(float(token) * (1 + 5e-7) + 5e-7)
-    if _FORM in {math_forms!r}:
-        return {math_texts!r}[_FORM].replace("N", token)
     return "9" * 5000 if _FORM == "huge" else "0x" + "f" * 5000
 def _wrap(function):
     def wrapped(*args, **kwargs):
@@ -275,13 +276,7 @@ elif _printed:
 
 
 def _number_wrapper(source: str, form: str) -> str:
-    return _WRAPPER.format(
-        form=form,
-        source=source,
-        wrap_defined=_WRAP_DEFINED,
-        math_forms=_MATH_FORMS,
-        math_texts={name: _FORMS[name]("N") for name in _MATH_FORMS},
-    )
+    return _WRAPPER.format(form=form, source=source, wrap_defined=_WRAP_DEFINED)
 
 
 _ALWAYS_EQUAL = """class AlwaysEqual:
