@@ -47,6 +47,7 @@ worst return of a succeeding one.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -478,12 +479,18 @@ def _play(
     rng: np.random.Generator,
     max_steps: int,
     memo: dict[tuple[str, str, str], str | None],
+    snapshots: dict[str, tuple[Any, Any]],
 ) -> Episode | None:
     """One episode; ``policies[agent] = (adversary or None for the oracle, delayed)``. ``None``
     when a policy does not apply (or the oracle fails) at some answer. ``memo`` holds the
-    oracle's answers of this task (see :func:`_ask_oracle`)."""
+    oracle's answers of this task (see :func:`_ask_oracle`); ``snapshots`` a clone of the env
+    after each sequence of answers played so far in this task, with the returns until then:
+    episodes of a task share beginnings (an adversary's first answer, played alone, delayed and
+    by every agent), and a clone fed the same answers stays identical to its original
+    (``check_env`` checks it), so a shared beginning is played (a program run) once."""
     env.reset(seed=seed)
     history = hashlib.sha256()
+    can_clone = isinstance(env, TextAECEnv)
     returns = {agent: 0.0 for agent in env.possible_agents}
     answered = dict.fromkeys(env.possible_agents, 0)
     success, team = False, 0.0
@@ -508,6 +515,11 @@ def _play(
         if text is None:
             return None
         history.update(f"{agent}\0{len(text)}\0".encode() + text.encode("utf-8", "surrogatepass"))
+        saved = snapshots.get(history.hexdigest()) if can_clone else None
+        if saved is not None:
+            env = saved[0].clone()
+            returns, answered, success, team, late = copy.deepcopy(saved[1])
+            continue
         try:
             env.step(text)
         except Exception as error:
@@ -524,6 +536,11 @@ def _play(
         info = env.infos.get(agent, {})
         success = bool(info.get("success", success))
         team += float(info.get("global_reward", 0.0))
+        if can_clone:
+            snapshots[history.hexdigest()] = (
+                env.clone(),
+                copy.deepcopy((returns, answered, success, team, late)),
+            )
     returns[TEAM] = team
     plays = {
         agent: "the oracle"
@@ -558,6 +575,7 @@ def search_reward_hacks(
             rng = np.random.default_rng(seed)
             episodes: list[Episode] = []
             memo: dict[tuple[str, str, str], str | None] = {}
+            snapshots: dict[str, tuple[Any, Any]] = {}
 
             def play(
                 group: str,
@@ -566,8 +584,9 @@ def search_reward_hacks(
                 rng: np.random.Generator = rng,
                 episodes: list[Episode] = episodes,
                 memo: dict[tuple[str, str, str], str | None] = memo,
+                snapshots: dict[str, tuple[Any, Any]] = snapshots,
             ) -> None:
-                episode = _play(env, seed, group, chosen, oracle, rng, max_steps, memo)
+                episode = _play(env, seed, group, chosen, oracle, rng, max_steps, memo, snapshots)
                 if episode is not None:
                     episodes.append(episode)
 
@@ -589,6 +608,8 @@ def search_reward_hacks(
                     play("all", dict.fromkeys(agents, (adversary, False)))
             report.episodes += episodes
             report.violations += _violations(episodes, agents, tightest)
+            for clone, _ in snapshots.values():
+                clone.close()  # gives back what the clones hold (a math checker's lease)
     finally:
         close = getattr(env, "close", None)
         if callable(close):
