@@ -137,6 +137,17 @@ def bench(session: nox.Session) -> None:
         "python", "benchmarks/team_credit_disagreement.py", "--quick", "--output", f"{out}/credit.json"
     )
     session.run("python", "benchmarks/async_rollouts.py", "--quick", "--output-dir", out)
+    session.run(
+        "python",
+        "benchmarks/cheating_rate.py",
+        "--quick",
+        "--steps",
+        "1",
+        "--episodes",
+        "4",
+        "--output-dir",
+        out,
+    )
     session.run("python", "benchmarks/threads.py", "--quick", "--states", "quiet", "--output-dir", out)
     session.run(
         "python", "benchmarks/reproduce_paper.py", "--smoke", "--rows", "plan_path", "--output-dir", out

@@ -498,6 +498,32 @@ def reproduce_paper(result: dict[str, Any]) -> str:
     )
 
 
+def cheating_rate(result: dict[str, Any]) -> str:
+    rows = [
+        [
+            row["policy"],
+            f"{100 * row['cheating_rate']:.1f}% ({100 * row['ci_low']:.1f}-{100 * row['ci_high']:.1f})",
+            f"{row['cheats']}/{row['episodes']}",
+            row["distinct_problems"],
+            f"{100 * row['format_ok_rate']:.0f}%",
+        ]
+        for row in result["rows"]
+    ]
+    steps = result.get("training_steps", 0)
+    note = (
+        f"Greedy, {result['max_completion_length']} new tokens; `adapters` is the policy after "
+        f"{steps} Code-v0 training steps of the benchmark's own run (not the main job's)."
+        if steps
+        else f"Greedy, {result['max_completion_length']} new tokens; base model only (no training run)."
+    )
+    missing = result.get("missing")
+    return (
+        _table(["policy", "cheating rate (95% CI)", "cheats", "distinct problems", "format ok"], rows)
+        + f"\n\n{note}"
+        + (f" {missing}" if missing else "")
+    )
+
+
 SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
     (
         "learning_math",
@@ -515,6 +541,7 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
         learning_plan_path,
     ),
     ("trainer_vs_trl", "Trainer speed against TRL's GRPOTrainer", trainer_vs_trl),
+    ("cheating_rate", "Cheating rate on Code-v0's impossible split (SmolLM2-135M)", cheating_rate),
     (
         "async_rollouts",
         "Async rollouts: step time and learning, sync against async on 2 cores",

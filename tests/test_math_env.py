@@ -276,7 +276,7 @@ def test_pathological_answers_return_in_time_and_the_env_keeps_working():
         assert time.monotonic() - start < budget, agent
         info = env.infos[agent]
         if agent == "reasoner":
-            assert info["role_reward"] == 0.0 and info["check"] in ("timeout", "too_long"), info
+            assert info["role_reward"] == 0.0 and info["check"] in ("refused", "too_long"), info
             assert len(env.observe("tool_agent")["prompt"]) < 10_000  # a long answer is cut
     # over MAX_ACTION_CHARS, the step reads only the first 65,536 characters: here no closed \boxed{}
     env.reset(seed=0, options={"problem_id": "word-001"})
@@ -368,3 +368,23 @@ def test_render_shows_problem_history_and_status(env):
     env.step(program("26"))
     text = env.render()
     assert "word-001" in text and "gold answer: 26" in text and "agreed" in text and "correct" in text
+
+
+def test_percent_approximation_and_huge_answers_earn_nothing():
+    # Issue 24 (red team): a percent or an approximation of the gold was paid as the gold, and a
+    # huge factorial cost the checker's hard timeout on every step.
+    checker = AnswerChecker(timeout_s=2.0)
+    env = MathEnv(dataset=[{"question": "What is 48 * 78?", "answer": "3744"}], checker=checker)
+    for reply in (boxed("3744\\%"), boxed("\\approx 3744+10^{-9}"), boxed("99999999!")):
+        env.reset(seed=0)
+        start = time.monotonic()
+        env.step(reply)
+        assert time.monotonic() - start < 0.5, reply
+        info = env.infos["reasoner"]
+        assert not info["correct"] and info["role_reward"] == 0.0 and info["check"] == "refused", info
+        env.step(program("3744"))
+        assert env.observe("reasoner")["prompt"].startswith("Your answer was not accepted: ")
+    env.reset(seed=0)
+    step_both(env, boxed("3744"), program("3744"))
+    assert env.success
+    env.close()

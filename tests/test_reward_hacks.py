@@ -410,3 +410,62 @@ def test_the_impossible_split_defeats_every_reference_and_the_oracle():
         info = env.infos["coder"]
         assert info["hidden_passed"] == 0 and not info["success"], env.problem.id
     env.close()
+
+
+# ------------------------------------------------------------------ the math judge
+
+
+def _product_env(checker):
+    from llm_zoo.envs.math import MathEnv
+
+    # the reasoner alone: its boxed answer is text, where the search writes the math notations
+    return MathEnv(
+        dataset=[{"question": "What is 48 * 78?", "answer": "3744"}],
+        checker=checker,
+        max_turns=1,
+        agents=("reasoner",),
+    )
+
+
+def test_check_env_catches_a_lenient_math_judge(monkeypatch):
+    # The checker of 84b1722: math-verify alone took 3744\% and \approx 3744+10^{-9} for 3744.
+    from llm_zoo import math_check
+    from llm_zoo.math_check import AnswerChecker
+
+    monkeypatch.setattr(math_check, "marker_refusal", lambda gold, pred: None)
+    with (
+        AnswerChecker(timeout_s=2.0) as checker,
+        pytest.raises(
+            AssertionError, match="succeeded although every agent played an answer that cannot be right"
+        ),
+    ):
+        check_reward_hacks(lambda: _product_env(checker))
+
+
+def test_the_math_search_passes_the_strict_judge_quickly():
+    from llm_zoo.math_check import AnswerChecker
+
+    with AnswerChecker(timeout_s=2.0) as checker:
+        start = time.monotonic()
+        report = check_reward_hacks(lambda: _product_env(checker))
+        assert not report.violations
+        # 99999999! is refused before math-verify: no check waits for the 2 s timeout
+        assert time.monotonic() - start < 30
+    played = {play for episode in report.episodes for play in episode.plays.values()}
+    assert any("percentages" in play for play in played) and any("99999999!" in play for play in played)
+
+
+def test_a_long_literal_is_parsed_once_and_read_back_as_a_fresh_copy(monkeypatch):
+    # The reward-hack search on Code-v0 spent half its time parsing the same test inputs again.
+    import ast
+
+    from llm_zoo import call_harness
+
+    calls = []
+    real = ast.literal_eval
+    monkeypatch.setattr(call_harness.ast, "literal_eval", lambda text: calls.append(text) or real(text))
+    text = repr([[index, str(index)] for index in range(500)])
+    first = literal(text)
+    first[0].append("changed by a caller")
+    second = literal(text)
+    assert second == real(text) and second is not first and len(calls) == 1

@@ -44,6 +44,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.math_check", "llm_zoo.math_check"),
     ("llm_zoo.math_workers", "llm_zoo.math_workers"),
     ("llm_zoo.math_normalize", "llm_zoo.math_normalize"),
+    ("llm_zoo.math_strict", "llm_zoo.math_strict"),
     ("llm_zoo.cli", "llm_zoo.cli"),
     ("llm_zoo.serve", "llm_zoo.serve"),
     ("llm_zoo.serve.app", "llm_zoo.serve.app"),

@@ -25,11 +25,16 @@ nesting, megabyte answers). So:
 * **Normalisation.** Spellings math-verify misjudges are rewritten first
   (:func:`llm_zoo.math_normalize.normalize_pair`: ``4pi`` -> ``4\\pi``; an inequality compared
   with an interval becomes that interval).
+* **Strict rules** (:mod:`llm_zoo.math_strict`, which says why). Without a worker, in
+  microseconds: a percent sign or an approximation marker the gold lacks makes an answer wrong,
+  and so does a value too large to evaluate (``99999999!``, ``9^{9^{9^{9}}}``; never a timeout).
+  An answer that starts with a relation (``= 3744+10^{-9}``, of which math-verify read only
+  ``3744``) is wrong too. When both answers are plain numbers, only exactly the gold's value is
+  right (``0.5000001`` is wrong for ``\\frac{1}{2}``), except that a decimal of at least 6 significant digits within one unit of its
+  last digit stands for a gold no decimal of its length can write (``0.333333`` for ``1/3``).
 * **Fast path.** Identical answers are correct without a worker. When both are plain numbers
   (integers, ``a/b``, ``\\frac{a}{b}``, decimals), they are compared exactly with
-  :class:`fractions.Fraction`, also without a worker: equal values are correct; different values
-  are wrong unless a decimal is involved, which goes to math-verify (it accepts a rounded decimal
-  such as ``0.333333`` for ``1/3``).
+  :class:`fractions.Fraction`, also without a worker, by the rules above.
 * **Cache.** Results are kept in an LRU cache keyed by ``(gold, pred)`` (RL samples the same
   answers again and again). A timeout is cached the second time the same pair times out: a
   legitimate check that was merely slow on a loaded machine gets a second chance, and a
@@ -56,6 +61,7 @@ from fractions import Fraction
 from typing import Any
 
 from llm_zoo.math_normalize import normalize_pair
+from llm_zoo.math_strict import marker_refusal, plain_verdict, size_refusal
 from llm_zoo.math_workers import MathWorker, PoolState, WorkerDied, shutdown_pool
 
 __all__ = [
@@ -81,6 +87,8 @@ class CheckResult:
         correct: ``pred`` is equivalent to ``gold``. Every failure mode below counts as wrong.
         method: How the verdict was reached: ``"exact"`` (fast path), ``"math_verify"``,
             ``"empty"`` (an answer was blank), ``"too_long"`` (over the length cap),
+            ``"refused"`` (a percent or approximation marker the gold lacks, or a value too large
+            to evaluate: :mod:`llm_zoo.math_strict`; ``detail`` says which),
             ``"timeout"`` (math-verify's own timeout or the hard timeout), ``"error"``
             (the worker died or could not start).
         detail: A short human-readable explanation (for logs, never shown to a model).
@@ -126,14 +134,14 @@ def exact_value(answer: str) -> tuple[Fraction, bool] | None:
 def _fast_verdict(gold: str, pred: str) -> CheckResult | None:
     if gold == pred:
         return CheckResult(True, "exact", "identical answers")
+    refusal = marker_refusal(gold, pred) or size_refusal(pred)
+    if refusal is not None:
+        return CheckResult(False, "refused", refusal)
     gold_value, pred_value = exact_value(gold), exact_value(pred)
     if gold_value is None or pred_value is None:
         return None
-    if gold_value[0] == pred_value[0]:
-        return CheckResult(True, "exact", "equal numbers")
-    if gold_value[1] or pred_value[1]:
-        return None  # a decimal may be a rounding of the other value: math-verify decides
-    return CheckResult(False, "exact", "different numbers")
+    correct, detail = plain_verdict(gold_value, pred_value)
+    return CheckResult(correct, "exact", detail)
 
 
 _LIVE_CHECKERS: weakref.WeakSet[AnswerChecker] = weakref.WeakSet()

@@ -15,7 +15,8 @@ answer only and then the oracle's answer (*delayed*):
 * the oracle's answer with its integers printed in other forms (``42.0``), nudged by a relative
   ``5e-7`` and printed as floats (within a 1e-6 tolerance, but wrong), or replaced by 5000-digit
   or 5000-hex-digit numbers; a program's printed and returned integers are changed the same way,
-  by wrapping the program;
+  by wrapping the program; in a text answer, also written as a percentage (``42\\%``), an
+  approximation (``\\approx 42+10^{-9}``) or a huge factorial (``99999999!``);
 * partial progress repeated: the oracle's program made wrong on about half of the inputs (by a
   hash of the input), played every turn, so a rule that pays a level every turn shows;
 * programs that exit 0 at once (``sys.exit(0)``, ``os._exit(0)``), print nothing, return an
@@ -46,6 +47,8 @@ worst return of a succeeding one.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -81,12 +84,15 @@ class Adversary:
         can_be_right: Whether its answer may legitimately solve the task (a move list can reach
             the goal by chance; ``42.0`` is the number 42).
         delayed: Also played on the first answer only, the oracle's afterwards.
+        uses_oracle: Whether ``answer`` reads the oracle's answer (when not, the search does not
+            ask the oracle for one: a costly oracle, such as Code-v0's tester's, is asked less).
     """
 
     name: str
     answer: Callable[[str | None, np.random.Generator], str | None]
     can_be_right: bool = False
     delayed: bool = False
+    uses_oracle: bool = True
 
 
 @dataclass
@@ -172,11 +178,14 @@ def _cycle(pattern: Sequence[str]) -> Callable[[list[str]], list[str]]:
 
 def _numbers(oracle: str | None, form: str) -> str | None:
     """The oracle's answer with its integers in another ``form``; a program is wrapped so that
-    what it prints and returns changes instead. ``None`` when there is no integer to change."""
+    what it prints and returns changes instead (not for the math notations of ``_MATH_FORMS``).
+    ``None`` when there is no integer to change."""
     if not oracle:
         return None
     program = _PYTHON.search(oracle)
     if program is not None:
+        if form in _MATH_FORMS:
+            return None
         return f"```python\n{_number_wrapper(program.group(1), form)}```\n"
     changed = _INT.sub(lambda m: _FORMS[form](m.group()), oracle)
     return changed if changed != oracle else None
@@ -192,7 +201,15 @@ _FORMS: dict[str, Callable[[str], str]] = {
     "nudged": _nudged,
     "huge": lambda token: "9" * 5000,
     "hex": lambda token: "0x" + "f" * 5000,
+    "percent": lambda token: f"{token}\\%",
+    "approx": lambda token: f"\\approx {token}+10^{{-9}}",
+    "factorial": lambda token: "99999999!",
 }
+# Math notations a lenient math judge took for the number (issue 24's red team: math-verify read
+# 3744\% and \approx 3744+10^{-9} as 3744, and spent its whole timeout on 99999999!). Played on
+# text answers only: a program's output is judged by rules the forms above already test, and on
+# Code-v0 six more sandboxed episodes made the search a quarter slower.
+_MATH_FORMS = ("percent", "approx", "factorial")
 
 # Wraps every function and class method the answer's program defined (not the names a call
 # harness's prelude imports, such as collections.deque, whose methods cannot be set).
@@ -335,8 +352,13 @@ def adversaries() -> list[Adversary]:
         : 2 * MAX_ACTION_CHARS
     ]
     return [
-        Adversary("random text", lambda o, rng: _noise(rng), delayed=True),
-        Adversary(f"text of {2 * MAX_ACTION_CHARS:,} characters", lambda o, rng: filler, delayed=True),
+        Adversary("random text", lambda o, rng: _noise(rng), delayed=True, uses_oracle=False),
+        Adversary(
+            f"text of {2 * MAX_ACTION_CHARS:,} characters",
+            lambda o, rng: filler,
+            delayed=True,
+            uses_oracle=False,
+        ),
         Adversary(
             "the oracle's list without its last item",
             lambda o, rng: _with_list(o, lambda items: items[:-1] if items else None),
@@ -368,15 +390,29 @@ def adversaries() -> list[Adversary]:
             lambda o, rng: _numbers(o, "nudged"),
         ),
         Adversary("the oracle's answer with 5000-digit integers", lambda o, rng: _numbers(o, "huge")),
+        Adversary(
+            "the oracle's answer with integers as percentages (42\\%)", lambda o, rng: _numbers(o, "percent")
+        ),
+        Adversary(
+            "the oracle's answer with integers as approximations (\\approx 42+10^{-9})",
+            lambda o, rng: _numbers(o, "approx"),
+        ),
+        Adversary(
+            "the oracle's answer with integers replaced by 99999999!", lambda o, rng: _numbers(o, "factorial")
+        ),
         Adversary("the oracle's answer with 5000-hex-digit integers", lambda o, rng: _numbers(o, "hex")),
         Adversary(
             "the oracle's program, wrong on about half of the inputs, every turn",
             lambda o, rng: _partial(o),
             True,
         ),
-        Adversary("a program that calls sys.exit(0) at once", _program("import sys\nsys.exit(0)")),
-        Adversary("a program that calls os._exit(0) at once", _program("import os\nos._exit(0)")),
-        Adversary("a program that prints nothing", _program("pass")),
+        Adversary(
+            "a program that calls sys.exit(0) at once", _program("import sys\nsys.exit(0)"), uses_oracle=False
+        ),
+        Adversary(
+            "a program that calls os._exit(0) at once", _program("import os\nos._exit(0)"), uses_oracle=False
+        ),
+        Adversary("a program that prints nothing", _program("pass"), uses_oracle=False),
         Adversary(
             "a program whose functions return an object with an always-true __eq__",
             lambda o, rng: _always_equal(o, patch=False),
@@ -411,6 +447,29 @@ class _StepRaised(AssertionError):
     pass
 
 
+def _ask_oracle(
+    oracle: Oracle, env: Any, agent: str, history: str, memo: dict[tuple[str, str, str], str | None]
+) -> str | None:
+    """The oracle's answer for ``agent``, asked once per task, answers so far (``history``, a
+    digest) and observation: the episodes of a task replay the same beginnings (the oracle's
+    first answers) many times, and an env is deterministic (``check_env`` checks it)."""
+    try:
+        observation = env.observe(agent)
+        seen = hashlib.sha256(repr(observation).encode("utf-8", "surrogatepass")).hexdigest()
+    except Exception:
+        seen = None
+    key = (agent, history, seen) if seen is not None else None
+    if key is not None and key in memo:
+        return memo[key]
+    try:
+        answer = oracle(env, agent)
+    except Exception:
+        answer = None
+    if key is not None:
+        memo[key] = answer
+    return answer
+
+
 def _play(
     env: Any,
     seed: int,
@@ -419,10 +478,19 @@ def _play(
     oracle: Oracle | None,
     rng: np.random.Generator,
     max_steps: int,
+    memo: dict[tuple[str, str, str], str | None],
+    snapshots: dict[str, tuple[Any, Any]],
 ) -> Episode | None:
     """One episode; ``policies[agent] = (adversary or None for the oracle, delayed)``. ``None``
-    when a policy does not apply (or the oracle fails) at some answer."""
+    when a policy does not apply (or the oracle fails) at some answer. ``memo`` holds the
+    oracle's answers of this task (see :func:`_ask_oracle`); ``snapshots`` a clone of the env
+    after each sequence of answers played so far in this task, with the returns until then:
+    episodes of a task share beginnings (an adversary's first answer, played alone, delayed and
+    by every agent), and a clone fed the same answers stays identical to its original
+    (``check_env`` checks it), so a shared beginning is played (a program run) once."""
     env.reset(seed=seed)
+    history = hashlib.sha256()
+    can_clone = isinstance(env, TextAECEnv)
     returns = {agent: 0.0 for agent in env.possible_agents}
     answered = dict.fromkeys(env.possible_agents, 0)
     success, team = False, 0.0
@@ -437,11 +505,8 @@ def _play(
         adversary, delayed = policies[agent]
         use_oracle = adversary is None or (delayed and answered[agent] >= 1)
         oracle_text = None
-        if oracle is not None and (use_oracle or adversary is not None):
-            try:
-                oracle_text = oracle(env, agent)
-            except Exception:
-                oracle_text = None
+        if oracle is not None and (use_oracle or (adversary is not None and adversary.uses_oracle)):
+            oracle_text = _ask_oracle(oracle, env, agent, history.hexdigest(), memo)
         if use_oracle:
             text = oracle_text
         else:
@@ -449,6 +514,12 @@ def _play(
             text = adversary.answer(oracle_text, rng)
         if text is None:
             return None
+        history.update(f"{agent}\0{len(text)}\0".encode() + text.encode("utf-8", "surrogatepass"))
+        saved = snapshots.get(history.hexdigest()) if can_clone else None
+        if saved is not None:
+            env = saved[0].clone()
+            returns, answered, success, team, late = copy.deepcopy(saved[1])
+            continue
         try:
             env.step(text)
         except Exception as error:
@@ -465,6 +536,11 @@ def _play(
         info = env.infos.get(agent, {})
         success = bool(info.get("success", success))
         team += float(info.get("global_reward", 0.0))
+        if can_clone:
+            snapshots[history.hexdigest()] = (
+                env.clone(),
+                copy.deepcopy((returns, answered, success, team, late)),
+            )
     returns[TEAM] = team
     plays = {
         agent: "the oracle"
@@ -498,6 +574,8 @@ def search_reward_hacks(
         for seed in seeds:
             rng = np.random.default_rng(seed)
             episodes: list[Episode] = []
+            memo: dict[tuple[str, str, str], str | None] = {}
+            snapshots: dict[str, tuple[Any, Any]] = {}
 
             def play(
                 group: str,
@@ -505,8 +583,10 @@ def search_reward_hacks(
                 seed: int = seed,
                 rng: np.random.Generator = rng,
                 episodes: list[Episode] = episodes,
+                memo: dict[tuple[str, str, str], str | None] = memo,
+                snapshots: dict[str, tuple[Any, Any]] = snapshots,
             ) -> None:
-                episode = _play(env, seed, group, chosen, oracle, rng, max_steps)
+                episode = _play(env, seed, group, chosen, oracle, rng, max_steps, memo, snapshots)
                 if episode is not None:
                     episodes.append(episode)
 
@@ -528,6 +608,8 @@ def search_reward_hacks(
                     play("all", dict.fromkeys(agents, (adversary, False)))
             report.episodes += episodes
             report.violations += _violations(episodes, agents, tightest)
+            for clone, _ in snapshots.values():
+                clone.close()  # gives back what the clones hold (a math checker's lease)
     finally:
         close = getattr(env, "close", None)
         if callable(close):

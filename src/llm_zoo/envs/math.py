@@ -17,7 +17,21 @@ the two. Prompts never say whether an answer is correct.
 
 Answers are checked against the gold answer with math-verify through
 :class:`llm_zoo.math_check.AnswerChecker` (gold first; worker process, hard timeout, exact fast
-path for plain numbers, cache). A check that times out or fails counts as wrong.
+path for plain numbers, cache). A check that times out or fails counts as wrong. Before
+math-verify, strict rules (:mod:`llm_zoo.math_strict`) judge in microseconds:
+
+* an answer with a percent sign (``3744\\%``), an approximation marker (``\\approx``, ``\\sim``, a
+  leading ``~``, "about", "approximately") or a leading relation (``= 3744``) is wrong unless
+  the gold answer is stated the same way;
+* an answer whose value would be huge or slow to evaluate (a factorial of more than 1000, a
+  power of more than 10,000 digits such as ``9^{9^{9^{9}}}``, brackets nested more than 50 deep)
+  is wrong without being evaluated (``check`` is ``refused``, never a timeout), and the agent's
+  next prompt says why;
+* when the gold and the answer are plain numbers (integers, decimals, ``a/b``,
+  ``\\frac{a}{b}``), only exactly the gold's value is right: ``3744.0`` and ``\\frac{2}{4}`` are
+  right for ``3744`` and ``1/2``, ``3744+10^{-9}`` and ``0.5000001`` are wrong. For a gold no
+  decimal of the answer's length can write (``1/3``), a decimal of at least 6 significant
+  digits within one unit of its last digit is right (``0.333333``, ``0.3333333333333333``).
 
 Rewards (``c_r``, ``c_t`` = 1 if the reasoner's / tool agent's latest answer is correct, else 0;
 a reply from which no answer can be read leaves its agent's latest answer wrong). Each agent is
@@ -103,6 +117,10 @@ agent acts per step). ``max_cycles`` is accepted as PettingZoo's name for ``max_
 
 Version history:
 
+* v0, strict answer checks (issue 24): percent and approximation markers, leading relations and
+  values too large to evaluate are wrong; plain-number answers must equal the gold exactly
+  (except a decimal of 6 or more significant digits for a gold no decimal of its length writes). Before, math-verify took ``3744\\%`` and ``\\approx 3744+10^{-9}`` for ``3744`` and
+  ``0.5000001`` for ``1/2``, and ``99999999!`` cost a hard timeout per check.
 * v0: first version. Later additions that keep the defaults' behaviour: the ``agents``,
   ``prompt_style``, ``answer_parser`` and ``code_parser`` options; then the order
   ``agents=("tool_agent",)`` (the tool agent alone). The reasoner alone, the first single-agent
@@ -149,7 +167,7 @@ from llm_zoo.envs.math_options import (
     read_reasoner_answer,
     read_tool_program,
 )
-from llm_zoo.math_check import AnswerChecker, default_checker
+from llm_zoo.math_check import AnswerChecker, CheckResult, default_checker
 from llm_zoo.parsing import ParseError, extract_boxed
 from llm_zoo.sandbox import run_python
 
@@ -202,6 +220,11 @@ def answer_from_output(stdout: str) -> str | None:
 
 
 _TRACEBACK_PATH = re.compile(r'File "(?:[^"\n]*/)?([^"/\n]+)"')
+
+
+def _refusal_feedback(result: CheckResult) -> str:
+    """Why the checker refused to evaluate an answer (a rule about the form, not the gold)."""
+    return f"Your answer was not accepted: {result.detail}." if result.method == "refused" else ""
 
 
 def _clean_output(text: str) -> str:
@@ -435,7 +458,7 @@ class MathEnv(TextAECEnv):
             return FORMAT_PENALTY, False, f"Your previous reply could not be used: {error}.", "none", {}
         result = self.checker.check(self.problem.answer, answer)
         self.reasoner_answer, self.reasoner_correct = answer, result.correct
-        return 0.0, True, "", result.method, {}
+        return 0.0, True, _refusal_feedback(result), result.method, {}
 
     def _tool_acts(self, action: str) -> tuple[float, bool, str, str, dict[str, Any]]:
         assert self.problem is not None
@@ -464,7 +487,7 @@ class MathEnv(TextAECEnv):
         assert answer is not None
         result = self.checker.check(self.problem.answer, answer)
         self.tool_answer, self.tool_correct = answer, result.correct
-        return 0.0, True, "", result.method, {"tool_status": status}
+        return 0.0, True, _refusal_feedback(result), result.method, {"tool_status": status}
 
     def _render_state(self) -> str:
         assert self.problem is not None
