@@ -109,21 +109,31 @@ def compare(run: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, A
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny random model, 4 problems")
     parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    parser.add_argument("--problems", type=int, default=100, help="distinct test problems (default: 100, all)")
-    parser.add_argument("--batch-sizes", default="8,1", help="comma-separated rows per call besides the config's")
+    parser.add_argument(
+        "--problems", type=int, default=100, help="distinct test problems (default: 100, all)"
+    )
+    parser.add_argument(
+        "--batch-sizes", default="8,1", help="comma-separated rows per call besides the config's"
+    )
     parser.add_argument("--shuffle-seed", type=int, default=1)
     parser.add_argument("--repeat", action="store_true", help="also repeat the reference composition")
     args, overrides = parser.parse_known_args(argv)
     if overrides[:1] and not overrides[0].startswith("--"):
-        parser.error(f"unexpected argument {overrides[0]!r}: config overrides look like --section.field VALUE")
+        parser.error(
+            f"unexpected argument {overrides[0]!r}: config overrides look like --section.field VALUE"
+        )
     try:
         args.batch_sizes = [int(part) for part in args.batch_sizes.split(",") if part.strip()]
     except ValueError:
-        parser.error(f"--batch-sizes must be integers separated by commas, e.g. 8,1; got {args.batch_sizes!r}")
+        parser.error(
+            f"--batch-sizes must be integers separated by commas, e.g. 8,1; got {args.batch_sizes!r}"
+        )
     if any(size < 1 for size in args.batch_sizes) or args.problems < 1:
         parser.error("--batch-sizes and --problems must be >= 1")
     return args, list(overrides)
@@ -178,8 +188,11 @@ def main(argv: list[str] | None = None) -> None:
             "max_tokens": eval_sampling(config).max_tokens,
             "reference_batch_size": default,
         },
-        "reference": {"successes": reference["successes"], "num_episodes": reference["num_episodes"],
-                      "wall_seconds": round(reference["wall_seconds"], 1)},  # fmt: skip
+        "reference": {
+            "successes": reference["successes"],
+            "num_episodes": reference["num_episodes"],
+            "wall_seconds": round(reference["wall_seconds"], 1),
+        },
         "comparisons": comparisons,
         "runs": {name: {k: v for k, v in run.items() if k != "texts"} for name, run in runs.items()},
     }

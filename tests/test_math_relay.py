@@ -28,7 +28,10 @@ def checker():
 
 
 def test_check_env_passes():
-    check_env("MathRelay-v0", sample_actions=[program("12"), "127", "\\boxed{127}", "I am not sure.", "```python\nprint(1/0)\n```"])
+    check_env(
+        "MathRelay-v0",
+        sample_actions=[program("12"), "127", "\\boxed{127}", "I am not sure.", "```python\nprint(1/0)\n```"],
+    )
 
 
 @pytest.mark.parametrize("agents", [["tool_agent"], ["reasoner"]])
@@ -129,15 +132,19 @@ def test_each_role_earns_most_when_the_team_solves(checker):
         env.reset(seed=0, options={"problem_id": problem_id, "key": "3"})
         gold = env.problem.answer
         env.step({"intermediate": program(gold), "team": program(f"{gold}3"), "none": "no code"}[tool])
+        tool_return = env.rewards["tool_agent"]  # the reasoner's action pays the tool agent nothing
         prompt = env.observe("reasoner")["prompt"]
         copied = re.search(r"printed: (\S+)", prompt)
-        env.step(reasoner_reading_its_prompt(prompt) if reasoner == "relays" else (copied[1] if copied else ""))
-        returns[name] = (env._cumulative_rewards["tool_agent"], env._cumulative_rewards["reasoner"], env.success)
+        env.step(
+            reasoner_reading_its_prompt(prompt) if reasoner == "relays" else (copied[1] if copied else "")
+        )
+        returns[name] = (tool_return + env.rewards["tool_agent"], env.rewards["reasoner"], env.success)
     assert returns["solved"] == (1.0, 1.5, True)
     # The tool agent that guesses the team answer is wrong for its role, and the team fails.
     assert returns["tool prints the team answer"] == (0.0, 0.0, False)
     assert returns["reasoner copies the printed number"] == (1.0, 0.0, False)
-    assert returns["no program"] == (-0.5, -0.5, False)  # nothing to relay: the reasoner's reply has no number
+    # Nothing to relay: the reasoner's reply has no number.
+    assert returns["no program"] == (-0.5, -0.5, False)
     env.close()
 
 
@@ -155,7 +162,7 @@ def test_the_reasoner_sees_the_printed_result_and_its_key():
 def test_bad_arguments_and_options_are_refused_with_a_message():
     with pytest.raises(ValueError, match="key_digits"):
         llm_zoo.make("MathRelay-v0", key_digits=0)
-    with pytest.raises(TypeError, match="unknown argument.*prompt_style"):  # its prompts are its own
+    with pytest.raises(TypeError, match=r"unknown argument.*prompt_style"):  # its prompts are its own
         llm_zoo.make("MathRelay-v0", prompt_style="full")
     env = llm_zoo.make("MathRelay-v0", key_digits=2)
     with pytest.raises(ValueError, match="2 digit"):

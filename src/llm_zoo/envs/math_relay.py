@@ -98,7 +98,10 @@ def relay_reasoner_prompt(key: str, *, tool_result: str | None, tool_ran: bool, 
     ``alone``: no tool agent plays (the reasoner is told the number is hidden from it)."""
     example = "for example 35 and the key 2 give 352"
     if alone:
-        parts = [f"Your key: {key}", f"The answer is a hidden number with your key written right after it ({example})."]
+        parts = [
+            f"Your key: {key}",
+            f"The answer is a hidden number with your key written right after it ({example}).",
+        ]
     else:
         if tool_result is not None:
             if len(tool_result) > _SHOWN_CHARS:
