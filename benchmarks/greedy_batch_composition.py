@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import RESULTS_DIR, finish, quick_overrides, run_facts
+from _common import RESULTS_DIR, bar_chart, finish, quick_overrides, run_facts
 
 from llm_zoo_train.config import eval_env_kwargs, load_config
 from llm_zoo_train.engines.hf import HFEngine
@@ -106,6 +106,23 @@ def compare(run: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, A
         "wall_seconds": round(run["wall_seconds"], 1),
         "time_ratio_to_reference": round(run["wall_seconds"] / reference["wall_seconds"], 2),
     }
+
+
+def plot(results: Mapping[str, Any], png: Path) -> None:
+    """Outcome flips and differing completions of each composition against the reference."""
+    rows = results["comparisons"]
+    settings = results["settings"]
+    bar_chart(
+        png,
+        f"Greedy evaluation, {settings['model']}: {settings['problems']} problems, "
+        f"reference {settings['reference_batch_size']} rows per call",
+        list(rows),
+        {
+            "outcome flips": [row["outcome_flips"] for row in rows.values()],
+            "completions differing": [row["completions_differing"] for row in rows.values()],
+        },
+        "against the reference composition",
+    )
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -196,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         "comparisons": comparisons,
         "runs": {name: {k: v for k, v in run.items() if k != "texts"} for name, run in runs.items()},
     }
-    finish(results, args.output_dir / f"{NAME}.json")
+    finish(results, args.output_dir / f"{NAME}.json", lambda png: plot(results, png))
 
 
 if __name__ == "__main__":
