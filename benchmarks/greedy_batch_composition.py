@@ -182,20 +182,17 @@ def main(argv: list[str] | None = None) -> None:
     ]
     run_composition(engine, config, ids[:2], seeds[:2], default)  # warm-up: the first call is slower
     runs: dict[str, dict[str, Any]] = {}
-    for name, problem_ids, episode_seeds, batch_size in plan:
+    for index, (name, problem_ids, episode_seeds, batch_size) in enumerate(plan):
         runs[name] = run_composition(engine, config, problem_ids, episode_seeds, batch_size)
         print(f"{name}: {runs[name]['successes']}/{runs[name]['num_episodes']} solved, "
               f"{runs[name]['wall_seconds']:.1f} s, load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
-    reference = runs["natural"]
-    comparisons = {name: compare(run, reference) for name, run in runs.items() if name != "natural"}
-    for name, row in comparisons.items():
+        if name == "natural":
+            continue
+        row = compare(runs[name], runs["natural"])
         print(f"{name} vs natural: {row['outcome_flips']} outcome flips (+{row['gained']} -{row['lost']}), "
               f"{row['completions_differing']}/{row['prompts_compared']} shared prompts answered differently, "
-              f"{row['prompts_only_here']} prompts only here; time x{row['time_ratio_to_reference']}")  # fmt: skip
-    results = {
-        **facts,
-        "quick": args.quick,
-        "settings": {
+              f"{row['prompts_only_here']} prompts only here; time x{row['time_ratio_to_reference']}", flush=True)  # fmt: skip
+        settings = {
             "config_file": str(CONFIG.relative_to(REPO)),
             "overrides": overrides,
             "threads": torch.get_num_threads(),
@@ -204,16 +201,30 @@ def main(argv: list[str] | None = None) -> None:
             "problems": len(ids),
             "max_tokens": eval_sampling(config).max_tokens,
             "reference_batch_size": default,
-        },
+        }
+        publish(facts, args, settings, runs, args.output_dir, partial=index < len(plan) - 1)
+
+
+def publish(
+    facts: dict[str, Any], args: argparse.Namespace, settings: dict[str, Any], runs: dict[str, dict[str, Any]],
+    output_dir: Path, partial: bool,
+) -> None:  # fmt: skip
+    """Write the JSON and PNG of the compositions run so far (``partial``: more are to come)."""
+    reference = runs["natural"]
+    results = {
+        **facts,
+        "quick": args.quick,
+        "partial": partial,
+        "settings": settings,
         "reference": {
             "successes": reference["successes"],
             "num_episodes": reference["num_episodes"],
             "wall_seconds": round(reference["wall_seconds"], 1),
         },
-        "comparisons": comparisons,
+        "comparisons": {name: compare(run, reference) for name, run in runs.items() if name != "natural"},
         "runs": {name: {k: v for k, v in run.items() if k != "texts"} for name, run in runs.items()},
     }
-    finish(results, args.output_dir / f"{NAME}.json", lambda png: plot(results, png))
+    finish(results, output_dir / f"{NAME}.json", lambda png: plot(results, png))
 
 
 if __name__ == "__main__":

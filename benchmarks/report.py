@@ -483,7 +483,13 @@ def greedy_batch_composition(result: dict[str, Any]) -> str:
         f" (`natural`): the problems in order, {settings['reference_batch_size']} rows per `generate` call:"
         f" {reference['successes']}/{reference['num_episodes']} solved in {reference['wall_seconds']:.0f} s."
         " Each other composition evaluates the same problems; `batch_1` computes every prompt alone, which no"
-        " other prompt can change.\n\n"
+        " other prompt can change."
+        + (
+            " **Partial run**: the compositions below finished before it was stopped."
+            if result.get("partial")
+            else ""
+        )
+        + "\n\n"
         + _table(
             [
                 "composition",
