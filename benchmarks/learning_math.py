@@ -23,12 +23,20 @@ McNemar test (:mod:`llm_zoo_train.paired`). Other team-credit choices run as ove
 ``--variants per_agent --rollout.team_credit_samples 4``. Writes ``OUTPUT_DIR/learning_math.json``
 and a PNG.
 
+``--task relay`` runs the same comparison on MathRelay-v0 (``examples/math_relay_smollm2_cpu.yaml``),
+where the team must cooperate: the tool agent sees the problem but not the reasoner's key, the
+reasoner the key but not the problem, so each agent alone is at chance (1 in 9, and the commonest
+answer's 4%). Its results go to ``learning_math_relay.json``. On either task the single-agent bar
+is the better of the two agents alone.
+
     python benchmarks/learning_math.py --threads 1 --seeds 0,1          # the full comparison
+    python benchmarks/learning_math.py --task relay --threads 1 --seeds 0,1
     python benchmarks/learning_math.py --quick --output-dir /tmp/bench   # smoke run, tiny model
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import tempfile
 import time
@@ -50,6 +58,11 @@ from llm_zoo_train.trainer import Trainer
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "examples" / "math_smollm2_cpu.yaml"
 NAME = "learning_math"
+#: ``--task``: the config and the results' name.
+TASKS = {
+    "math": (CONFIG, NAME),
+    "relay": (REPO / "examples" / "math_relay_smollm2_cpu.yaml", "learning_math_relay"),
+}
 #: Every variant evaluates all level-1 test problems once (100, fewer than 1000: all of them).
 EVAL_OVERRIDES = ["--eval.distinct_problems", "true", "--eval.num_episodes", "1000"]
 
@@ -77,7 +90,8 @@ BEFORE = {"per_agent": "team", "shared": "team", "lookahead_0": "team", "role_sw
 COMPARISONS = [
     ("per_agent", "tool_alone"), ("per_agent", "lookahead_0"), ("per_agent", "shared"),
     ("per_agent", "role_swap"), ("role_swap", "tool_alone"), ("lookahead_0", "tool_alone"),
-    ("shared", "tool_alone"), ("tool_alone", "reasoner_alone"),
+    ("shared", "tool_alone"), ("tool_alone", "reasoner_alone"), ("per_agent", "reasoner_alone"),
+    ("role_swap", "reasoner_alone"),
 ]  # fmt: skip
 
 
@@ -113,7 +127,12 @@ def describe(record: Mapping[str, Any] | None) -> str:
 
 
 def run_variant(
-    name: str, seed: int, overrides: list[str], workdir: Path, befores: dict[str, Any]
+    name: str,
+    seed: int,
+    overrides: list[str],
+    workdir: Path,
+    befores: dict[str, Any],
+    config_file: Path = CONFIG,
 ) -> dict[str, dict[str, Any]]:
     """Train one variant with one seed; returns its run (and the role swap's, for per_agent)."""
     run_dir = workdir / f"{name}-seed{seed}"
@@ -125,14 +144,14 @@ def run_variant(
         "--training.output_dir",
         str(run_dir),
     ]
-    config = load_config(CONFIG, common)
+    config = load_config(config_file, common)
     quiet = ["--eval.num_episodes", "0", "--logging.progress_bar", "false", "--logging.plot", "false"]
     print(
         f"\n=== {LABELS[name]}, seed {seed}: {config.env.kwargs}, adapters {config.agents.adapters}",
         flush=True,
     )
     start = time.perf_counter()
-    trainer = Trainer(load_config(CONFIG, [*common, *quiet]))
+    trainer = Trainer(load_config(config_file, [*common, *quiet]))
     adapters = dict(trainer.plan.agent_adapters)
     if BEFORE[name] not in befores:
         befores[BEFORE[name]] = evaluation(trainer, config, adapters)
@@ -188,26 +207,32 @@ def summarize(variants: Mapping[str, list[dict[str, Any]]], befores: Mapping[str
 
 
 def verdict(table: Mapping[str, Any], comparisons: Mapping[str, Any]) -> dict[str, Any]:
-    """The issue's targets from the figures: the per-agent team above the tool agent alone's interval
-    (and significantly so, paired), the role swap below the tool agent alone, and the default team
-    credit not below look-ahead 0."""
+    """The issue's targets from the figures: the per-agent team above the best single agent's
+    interval (the better of the tool agent alone and the reasoner alone that ran; and significantly
+    so, paired), the role swap below that single agent, and the default team credit not below
+    look-ahead 0."""
     checks: dict[str, Any] = {}
-    team, tool = table.get("per_agent"), table.get("tool_alone")
-    if team and tool:
-        checks["team above the tool agent alone's interval"] = team["success_rate"] > tool["ci_high"]
-        paired = comparisons["per_agent vs tool_alone"]
-        checks["team better than the tool agent alone, paired p < 0.05"] = (
+    singles = [name for name in ("tool_alone", "reasoner_alone") if table.get(name)]
+    best = max(singles, key=lambda name: table[name]["success_rate"]) if singles else None
+    team = table.get("per_agent")
+    if team and best:
+        single = table[best]
+        checks["best single agent"] = best
+        checks["team above the best single agent's interval"] = team["success_rate"] > single["ci_high"]
+        paired = comparisons[f"per_agent vs {best}"]
+        checks["team better than the best single agent, paired p < 0.05"] = (
             paired["only_a"] > paired["only_b"] and paired["p_value"] < 0.05
         )
-    if table.get("role_swap") and tool:
-        checks["role swap below the tool agent alone"] = (
-            table["role_swap"]["success_rate"] < tool["success_rate"]
+    if table.get("role_swap") and best:
+        checks["role swap below the best single agent"] = (
+            table["role_swap"]["success_rate"] < table[best]["success_rate"]
         )
     if team and table.get("lookahead_0"):
         checks["team credit not below look-ahead 0"] = (
             team["success_rate"] >= table["lookahead_0"]["success_rate"]
         )
-    checks["met"] = len(checks) == 4 and all(checks.values())
+    targets = [value for key, value in checks.items() if key != "best single agent"]
+    checks["met"] = len(targets) == 4 and all(targets)
     return checks
 
 
@@ -245,14 +270,19 @@ def plot(results: Mapping[str, Any], path: Path) -> None:
     bars.set_xticks(range(len(names)), [LABELS[n].split(",")[0][:22] for n in names], rotation=20, fontsize=7)
     bars.set(ylabel="greedy success (95% Wilson CI)", ylim=(0, 1), title="Distinct held-out test problems")
     bars.legend(fontsize=8)
-    figure.suptitle(f"SmolLM2-135M-Instruct on Math-v0, CPU: {results['settings']['steps']} steps")
+    env_id = results["settings"].get("env_id", "Math-v0")
+    figure.suptitle(f"SmolLM2-135M-Instruct on {env_id}, CPU: {results['settings']['steps']} steps")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args, names, extra = parse_learning_args(__doc__ or "", list(VARIANTS), argv, seeds=True)
+    tasks = argparse.ArgumentParser(add_help=False)
+    tasks.add_argument("--task", choices=sorted(TASKS), default="math")
+    known, rest = tasks.parse_known_args(argv)
+    config_file, name = TASKS[known.task]
+    args, names, extra = parse_learning_args(__doc__ or "", list(VARIANTS), rest, seeds=True)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning)
@@ -266,28 +296,30 @@ def main(argv: list[str] | None = None) -> None:
         variants: dict[str, list[dict[str, Any]]] = {}
         befores: dict[str, Any] = {}
         jobs = [(seed, name) for seed in args.seeds for name in names]  # seed-major: a cut run is balanced
-        for index, (seed, name) in enumerate(jobs):
-            for label, run in run_variant(name, seed, overrides, workdir, befores).items():
+        for index, (seed, variant) in enumerate(jobs):
+            for label, run in run_variant(variant, seed, overrides, workdir, befores, config_file).items():
                 variants.setdefault(label, []).append(run)
             partial = index < len(jobs) - 1
             publish(facts, args.quick, args.seeds, overrides, variants, befores, time.perf_counter() - start, partial,
-                    args.output_dir)  # fmt: skip
+                    args.output_dir, config_file, name)  # fmt: skip
 
 
 def publish(
     facts: dict[str, Any], quick: bool, seeds: list[int], overrides: list[str], variants: dict[str, Any],
-    befores: dict[str, Any], wall: float, partial: bool, output_dir: Path,
+    befores: dict[str, Any], wall: float, partial: bool, output_dir: Path, config_file: Path = CONFIG,
+    result_name: str = NAME,
 ) -> None:  # fmt: skip
     """Write the JSON and PNG of the runs so far (``partial``: more are to come)."""
-    config = load_config(CONFIG, overrides)
+    config = load_config(config_file, overrides)
     settings = {
-        "config_file": str(CONFIG.relative_to(REPO)),
+        "config_file": str(config_file.relative_to(REPO)),
+        "env_id": config.env.id,
         "overrides": overrides,
         "threads": torch.get_num_threads(),
         "steps": config.training.max_steps,
         "seeds": seeds,
         "description": (
-            f"{config.model.name_or_path} ({config.model.dtype}), Math-v0 {config.env.kwargs}; LoRA r={config.lora.r};"
+            f"{config.model.name_or_path} ({config.model.dtype}), {config.env.id} {config.env.kwargs}; LoRA r={config.lora.r};"
             f" K={config.rollout.num_generations}, {config.rollout.envs_per_step} envs/step,"
             f" {config.rollout.max_completion_length} tokens, T={config.rollout.temperature}; lr"
             f" {config.training.learning_rate}, {config.training.max_steps} steps; training seeds {seeds}; eval:"
@@ -308,7 +340,7 @@ def publish(
             f"  {pair}: only A {result['only_a']}, only B {result['only_b']}, McNemar p={result['p_value']:.3g}"
         )
     print(f"target: {summary['verdict']}; total {wall / 60:.1f} min")
-    finish(results, output_dir / f"{NAME}.json", lambda png: plot(results, png))
+    finish(results, output_dir / f"{result_name}.json", lambda png: plot(results, png))
 
 
 if __name__ == "__main__":

@@ -524,11 +524,57 @@ def cheating_rate(result: dict[str, Any]) -> str:
     )
 
 
+def greedy_batch_composition(result: dict[str, Any]) -> str:
+    settings, reference = result["settings"], result["reference"]
+    rows = [
+        [name, f"{row['successes']}/{reference['num_episodes']}", f"{row['outcome_flips']} (+{row['gained']} -{row['lost']})",
+         f"{row['completions_differing']}/{row['prompts_compared']}", row["prompts_only_here"],
+         f"{row['wall_seconds']:.0f}", f"{row['time_ratio_to_reference']:.2f}"]
+        for name, row in result["comparisons"].items()
+    ]  # fmt: skip
+    return (
+        f"{settings['model']}, `{settings['config_file']}`, greedy, {settings['max_tokens']} tokens,"
+        f" {settings['problems']} distinct test problems, {settings['threads']} torch thread(s). Reference"
+        f" (`natural`): the problems in order, {settings['reference_batch_size']} rows per `generate` call:"
+        f" {reference['successes']}/{reference['num_episodes']} solved in {reference['wall_seconds']:.0f} s."
+        " Each other composition evaluates the same problems; `batch_1` computes every prompt alone, which no"
+        " other prompt can change."
+        + (
+            " **Partial run**: the compositions below finished before it was stopped."
+            if result.get("partial")
+            else ""
+        )
+        + "\n\n"
+        + _table(
+            [
+                "composition",
+                "solved",
+                "outcome flips",
+                "completions differing",
+                "prompts only here",
+                "seconds",
+                "time / reference",
+            ],
+            rows,
+        )
+    )
+
+
 SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
     (
         "learning_math",
         "Two agents learning together: Math-v0 on CPU (SmolLM2-135M), team variants against the single agents",
         learning_math,
+    ),
+    (
+        "learning_math_relay",
+        "A task where the team must cooperate: MathRelay-v0 on CPU (SmolLM2-135M), team against each agent alone",
+        learning_math,
+    ),
+    (
+        "greedy_batch_composition",
+        "Greedy evaluation and batch composition: Math-v0 on CPU (SmolLM2-135M)",
+        greedy_batch_composition,
     ),
     (
         "learning_plan_path",
@@ -563,6 +609,10 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
 
 
 NOT_RUN = {
+    "learning_math_relay": (
+        "Not run yet: `python benchmarks/learning_math.py --task relay --threads 1 --seeds 0,1` (hours on"
+        " a quiet machine). A 2-step smoke run is not a result.\n"
+    ),
     "threads": (
         "Not run yet: it needs a machine with nothing else running (it starts the busy case's load"
         " itself): `python benchmarks/threads.py`. `python benchmarks/threads.py --quick --output-dir DIR`"

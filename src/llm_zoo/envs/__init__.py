@@ -20,6 +20,10 @@ BUILTIN_ENVS: dict[str, tuple[str, str]] = {
         "llm_zoo.envs.math:MathEnv",
         "Math problems: a reasoner answers in \\boxed{}, a tool agent writes a program that prints the answer.",
     ),
+    "MathRelay-v0": (
+        "llm_zoo.envs.math_relay:MathRelayEnv",
+        "Math with split information: a tool agent's program computes, a reasoner appends a key only it holds.",
+    ),
 }
 
 

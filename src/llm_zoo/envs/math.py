@@ -418,9 +418,7 @@ class MathEnv(TextAECEnv):
         answer = self.reasoner_answer if agent == "reasoner" else self.tool_answer
         shown = _short(answer) if format_ok and answer is not None else None
         self.history.append((self.turn, agent, shown, bool(correct and format_ok)))
-        self.agree = False
-        if self.reasoner_answer is not None and self.tool_answer is not None:
-            self.agree = self.checker.check(self.reasoner_answer, self.tool_answer).correct
+        self.agree = self._answers_agree()
         last_action = self.agree or (agent == self.possible_agents[-1] and self.turn + 1 >= self.max_turns)
         penalty = role_reward  # FORMAT_PENALTY or 0: part of the level (module docstring)
         # The team's answer is the reasoner's; the tool agent alone answers with its program.
@@ -443,6 +441,17 @@ class MathEnv(TextAECEnv):
             },
         )
 
+    def gold_answer(self, agent: str) -> str:
+        """The answer ``agent``'s answer is checked against (Math-v0: the problem's, for both)."""
+        assert self.problem is not None
+        return self.problem.answer
+
+    def _answers_agree(self) -> bool:
+        """Whether the two latest answers agree (which ends the episode)."""
+        if self.reasoner_answer is None or self.tool_answer is None:
+            return False
+        return self.checker.check(self.reasoner_answer, self.tool_answer).correct
+
     def _level_change(self, key: str, level: float) -> float:
         """Pay ``level`` as its change since ``key``'s last payment (module docstring: Bound)."""
         change, self._levels[key] = level - self._levels[key], level
@@ -456,7 +465,7 @@ class MathEnv(TextAECEnv):
         except ParseError as error:
             self.reasoner_answer, self.reasoner_correct = None, False
             return FORMAT_PENALTY, False, f"Your previous reply could not be used: {error}.", "none", {}
-        result = self.checker.check(self.problem.answer, answer)
+        result = self.checker.check(self.gold_answer("reasoner"), answer)
         self.reasoner_answer, self.reasoner_correct = answer, result.correct
         return 0.0, True, _refusal_feedback(result), result.method, {}
 
@@ -485,7 +494,7 @@ class MathEnv(TextAECEnv):
         if status != "ok":
             return FORMAT_PENALTY, False, "", "none", {"tool_status": status}
         assert answer is not None
-        result = self.checker.check(self.problem.answer, answer)
+        result = self.checker.check(self.gold_answer("tool_agent"), answer)
         self.tool_answer, self.tool_correct = answer, result.correct
         return 0.0, True, _refusal_feedback(result), result.method, {"tool_status": status}
 
@@ -512,9 +521,9 @@ class MathEnv(TextAECEnv):
 
 def oracle_action(env: MathEnv, agent: str) -> str:
     """A perfect reply for ``agent`` on ``env``'s current problem (tests and benchmarks):
-    ``\\boxed{gold}`` for the reasoner, a program printing the gold answer for the tool agent."""
-    assert env.problem is not None
-    gold = env.problem.answer
+    ``\\boxed{gold}`` for the reasoner, a program printing the gold answer for the tool agent (each
+    agent's gold: :meth:`MathEnv.gold_answer`)."""
+    gold = env.gold_answer(agent)
     if agent == "reasoner":
         return f"The answer follows from the problem statement.\n\n\\boxed{{{gold}}}"
     return f"```python\nanswer = {gold!r}\nprint(answer)\n```"
