@@ -82,6 +82,11 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     """Dtype of the frozen base weights (LoRA weights are always float32). Use `training.mixed_precision`
     for bf16/fp16 compute with float32 weights."""
+    attn_implementation: Literal["auto", "eager", "sdpa"] = "auto"
+    """Attention kernel of the base model (transformers' `attn_implementation`), used by the update
+    and by the `hf` engine alike (one model), so their log-probabilities match. `auto`: chosen by
+    device and dtype from benchmarks/attention_speed.py: eager on CPU in bfloat16/float16 (where
+    sdpa decodes slower), sdpa otherwise (transformers' default)."""
     system_prompt: str | None = None
     """System message put before every env prompt by the chat template (None: none)."""
     trust_remote_code: bool = False
