@@ -210,6 +210,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         summary[dtype] = {"phases": rows, "logp_gap": gap}
     return {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "quick": args.quick,
         "model_path": path if not args.quick else "tiny random Llama (tests/tiny_model.py)",
         "device": "cpu",
         "load_average_during": {"min": min(loads), "max": max(loads)},

@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-import toy_envs_trainer  # noqa: E402, F401  (registers test/Scripted-v0)
 import llm_zoo_train.update as update_module  # noqa: E402
+import toy_envs_trainer  # noqa: E402, F401  (registers test/Scripted-v0)
 from llm_zoo_train.trainer import Trainer  # noqa: E402
 from train_helpers import toy_config  # noqa: E402
 
@@ -32,6 +32,13 @@ def _trainer(tiny_model_dir, tmp_path, name, overrides):
         "keep",
     ]
     return Trainer(toy_config(tiny_model_dir, tmp_path / name, [*base, *overrides]))
+
+
+_STEPS_OF_8 = ["--training.per_device_train_batch_size", "4", "--training.gradient_accumulation_steps", "2"]
+
+
+def _order(order):
+    return ["--training.micro_batches", order]
 
 
 def _one_step(trainer, monkeypatch):
@@ -89,8 +96,13 @@ def test_grouped_micro_batches_give_the_sample_shuffle_gradient(
             tiny_model_dir,
             tmp_path,
             f"{order}-{loss_type}",
-            ["--training.per_device_train_batch_size", "8", "--algorithm.loss_type", loss_type]
-            + ["--training.micro_batches", order],
+            [
+                "--training.per_device_train_batch_size",
+                "8",
+                "--algorithm.loss_type",
+                loss_type,
+                *_order(order),
+            ],
         )
         (grads[order],), batches[order] = _one_step(trainer, monkeypatch)
     assert max(len(set(b)) for b in batches["samples"]) > 2  # the old order mixes groups
@@ -116,8 +128,7 @@ def test_several_optimizer_steps_change_only_which_samples_share_a_step(
             tiny_model_dir,
             tmp_path,
             f"{order}-{loss_type}",
-            ["--training.per_device_train_batch_size", "4", "--training.gradient_accumulation_steps", "2"]
-            + ["--algorithm.loss_type", loss_type, "--training.micro_batches", order],
+            [*_STEPS_OF_8, "--algorithm.loss_type", loss_type, *_order(order)],
         )
         grads[order], _ = _one_step(trainer, monkeypatch)
     assert len(grads["samples"]) == len(grads["groups"]) == 4
@@ -130,5 +141,5 @@ def test_several_optimizer_steps_change_only_which_samples_share_a_step(
 def test_micro_batches_choice_is_validated(tiny_model_dir, tmp_path):
     from llm_zoo_train.config import ConfigError
 
-    with pytest.raises(ConfigError, match="groups.*samples"):
+    with pytest.raises(ConfigError, match=r"groups.*samples"):
         toy_config(tiny_model_dir, tmp_path / "bad", ["--training.micro_batches", "prompts"])
