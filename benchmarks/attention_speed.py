@@ -10,6 +10,8 @@ each phase once per repeat, cases interleaved, so all see the same machine load:
 * ``decode_short`` / ``decode_long``: ``--decode-steps`` one-token steps of ``--decode-batch`` rows
   on top of a KV cache of ``--short-context`` / ``--long-context`` tokens (random keys and values
   of the model's shapes; the cache is cropped back after each measurement), as ``generate``'s loop;
+  every other row is left-padded by ``--pad-fraction`` of the context (masked), as a batch of
+  prompts of different lengths is (an all-ones mask lets sdpa skip the mask altogether);
 * ``update``: LoRA (r=8, all linear layers) forward + backward of
   :func:`~llm_zoo_train.loss.completion_logprobs` over ``--update-groups`` prompts x
   ``--update-rows`` rows each (``--update-prompt`` + ``--update-completion`` tokens), as the
@@ -58,6 +60,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--update-rows", type=int, default=4)
     parser.add_argument("--update-prompt", type=int, default=96)
     parser.add_argument("--update-completion", type=int, default=32)
+    parser.add_argument("--pad-fraction", type=float, default=0.25)
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {PHASES}")
     parser.add_argument("--quick", action="store_true", help="tiny random model, small shapes: a smoke run")
     parser.add_argument("--output-dir", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -112,6 +116,7 @@ def _decode(model: Any, cache: Any, args: argparse.Namespace, context: int, voca
     for step in range(args.decode_steps):
         ids = torch.randint(3, vocab, (batch, 1))
         mask = torch.ones((batch, context + step + 1), dtype=torch.long)
+        mask[::2, : int(context * args.pad_fraction)] = 0  # left padding of every other row
         positions = torch.full((batch, 1), context + step, dtype=torch.long)
         model(
             input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
@@ -151,6 +156,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     path = _model_path(args)
     dtypes = [d for d in args.dtypes.split(",") if d]
+    phases = [p for p in PHASES if p in args.phases.split(",")]
     models, caches = {}, {}
     for dtype in dtypes:
         base = AutoModelForCausalLM.from_pretrained(
@@ -166,7 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     vocab = int(models[dtypes[0]].config.vocab_size)
     prompts, completions = _update_batch(args, vocab)
     times: dict[str, dict[str, dict[str, list[float]]]] = {
-        d: {i: {p: [] for p in PHASES} for i in IMPLEMENTATIONS} for d in dtypes
+        d: {i: {p: [] for p in phases} for i in IMPLEMENTATIONS} for d in dtypes
     }
     logprobs: dict[str, dict[str, torch.Tensor]] = {d: {} for d in dtypes}
     loads = []
@@ -176,18 +182,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for implementation in IMPLEMENTATIONS:
                 model.get_base_model().set_attn_implementation(implementation)
                 short, long = caches[dtype]["decode_short"], caches[dtype]["decode_long"]
-                figures = {
-                    "prefill": _timed(functools.partial(_prefill, model, args, vocab)),
-                    "decode_short": _timed(
-                        functools.partial(_decode, model, short, args, args.short_context, vocab)
-                    ),
-                    "decode_long": _timed(
-                        functools.partial(_decode, model, long, args, args.long_context, vocab)
-                    ),
+                runs = {
+                    "prefill": functools.partial(_prefill, model, args, vocab),
+                    "decode_short": functools.partial(_decode, model, short, args, args.short_context, vocab),
+                    "decode_long": functools.partial(_decode, model, long, args, args.long_context, vocab),
                 }
-                start = time.perf_counter()
-                logprobs[dtype][implementation] = _update(model, prompts, completions)
-                figures["update"] = time.perf_counter() - start
+                figures = {phase: _timed(run) for phase, run in runs.items() if phase in phases}
+                if "update" in phases:
+                    start = time.perf_counter()
+                    logprobs[dtype][implementation] = _update(model, prompts, completions)
+                    figures["update"] = time.perf_counter() - start
                 loads.append(os.getloadavg()[0])
                 line = ", ".join(f"{p} {s:.3f} s" for p, s in figures.items())
                 print(f"repeat {repeat} {dtype} {implementation}: {line} (load {loads[-1]:.2f})", flush=True)
@@ -197,7 +201,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for dtype in dtypes:
         rows = {}
-        for phase in PHASES:
+        for phase in phases:
             best = {i: min(times[dtype][i][phase]) for i in IMPLEMENTATIONS}
             rows[phase] = {
                 "eager_best_s": best["eager"],
@@ -206,7 +210,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "sdpa_mean_s": statistics.fmean(times[dtype]["sdpa"][phase]),
                 "sdpa_over_eager": best["sdpa"] / best["eager"],
             }
-        gap = float((logprobs[dtype]["eager"] - logprobs[dtype]["sdpa"]).abs().max())
+        gap = (
+            float((logprobs[dtype]["eager"] - logprobs[dtype]["sdpa"]).abs().max())
+            if logprobs[dtype]
+            else None
+        )
         summary[dtype] = {"phases": rows, "logp_gap": gap}
     return {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -228,13 +236,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{dtype:9s} {phase:12s} eager {row['eager_best_s']:.3f} s  sdpa {row['sdpa_best_s']:.3f} s"
                 f"  sdpa/eager {row['sdpa_over_eager']:.2f}"
             )
-        print(f"{dtype:9s} logp gap eager vs sdpa: {figures['logp_gap']:.2e}")
+        if figures["logp_gap"] is not None:
+            print(f"{dtype:9s} logp gap eager vs sdpa: {figures['logp_gap']:.2e}")
 
     def plot(png: Path) -> None:
-        labels = [f"{d}\n{p}" for d in result["summary"] for p in PHASES]
-        ratios = [
-            result["summary"][d]["phases"][p]["sdpa_over_eager"] for d in result["summary"] for p in PHASES
-        ]
+        cases = [(d, p) for d, figures in result["summary"].items() for p in figures["phases"]]
+        labels = [f"{d}\n{p}" for d, p in cases]
+        ratios = [result["summary"][d]["phases"][p]["sdpa_over_eager"] for d, p in cases]
         bar_chart(png, "sdpa / eager time per phase (below 1: sdpa faster)", labels, {"sdpa/eager": ratios},
                   "time ratio", target=1.0)  # fmt: skip
 
