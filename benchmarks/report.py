@@ -302,17 +302,31 @@ def attention_speed(result: dict[str, Any]) -> str:
         for dtype, figures in result["summary"].items()
         for phase, row in figures["phases"].items()
     ]
-    gaps = ", ".join(f"{dtype} {figures['logp_gap']:.1e}" for dtype, figures in result["summary"].items())
+    phases = {phase for figures in result["summary"].values() for phase in figures["phases"]}
+    shapes = {
+        "prefill": f"prefill {settings['prefill_batch']} x {settings['prefill_tokens']} tokens",
+        "decode_short": f"decode {settings['decode_steps']} steps of {settings['decode_batch']} rows on"
+        f" {settings['short_context']} (short) / {settings['long_context']} (long) cached tokens, "
+        + (
+            f"every other row left-padded by {settings['pad_fraction']:g} of the context"
+            if settings.get("pad_fraction")
+            else "rows unpadded (an all-ones mask)"
+        ),
+        "update": f"update: LoRA forward + backward of {settings['update_groups']} prompts x"
+        f" {settings['update_rows']} rows ({settings['update_prompt']} + {settings['update_completion']} tokens)",
+    }
+    gaps = ", ".join(
+        f"{dtype} {figures['logp_gap']:.1e}"
+        for dtype, figures in result["summary"].items()
+        if figures.get("logp_gap") is not None
+    )
     return (
-        f"Best of {settings['repeats']} interleaved repeats, {settings['threads']} thread(s), load average"
-        f" {load['min']:.1f}-{load['max']:.1f} during the run. prefill: {settings['prefill_batch']} x"
-        f" {settings['prefill_tokens']} tokens; decode: {settings['decode_steps']} steps of"
-        f" {settings['decode_batch']} rows on {settings['short_context']} (short) / {settings['long_context']}"
-        f" (long) cached tokens; update: LoRA forward + backward of {settings['update_groups']} prompts x"
-        f" {settings['update_rows']} rows ({settings['update_prompt']} + {settings['update_completion']}"
-        " tokens).\n\n"
+        f"Best of {settings['repeats']} interleaved repeat(s) after one warm-up, {settings['threads']} thread(s),"
+        f" load average {load['min']:.1f}-{load['max']:.1f} during the run; "
+        + "; ".join(text for phase, text in shapes.items() if phase in phases)
+        + ".\n\n"
         + _table(["dtype", "phase", "eager s", "sdpa s", "sdpa / eager"], rows)
-        + f"\n\nLargest completion log-prob difference between the two: {gaps}."
+        + (f"\n\nLargest completion log-prob difference between the two: {gaps}." if gaps else "")
     )
 
 
@@ -524,6 +538,11 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
     ),
     ("trainer_vs_trl", "Trainer speed against TRL's GRPOTrainer", trainer_vs_trl),
     ("attention_speed", "Attention kernels: eager against sdpa per phase and dtype (CPU)", attention_speed),
+    (
+        "attention_speed_decode",
+        "Attention kernels: decode on left-padded batches, eager against sdpa (CPU)",
+        attention_speed,
+    ),
     (
         "async_rollouts",
         "Async rollouts: step time and learning, sync against async on 2 cores",
