@@ -230,8 +230,12 @@ def load_base_model(config: ModelConfig, device: torch.device | str | None = Non
 
 
 #: What ``model.attn_implementation: auto`` picks, by (device type, dtype) of the loaded weights;
-#: anything not listed gets transformers' default, sdpa. Measured by benchmarks/attention_speed.py
-#: (SmolLM2-135M, one CPU thread): in bfloat16 sdpa decodes slower than eager; no GPU was measured.
+#: anything not listed gets transformers' default, sdpa. From benchmarks/attention_speed.py
+#: (SmolLM2-135M, one CPU thread, RESULTS.md): in bfloat16, decoding left-padded batches on a
+#: 556-token cache (the bulk of a step's time) took 1.10-1.21x as long with sdpa as with eager
+#: (issue 29 measured 537 against 328 ms per step on a quieter machine); in float32 the figures
+#: went both ways, so float32 keeps the default. float16 follows bfloat16 (not measured); no GPU
+#: was measured (sdpa there).
 AUTO_ATTENTION: dict[tuple[str, torch.dtype], str] = {
     ("cpu", torch.bfloat16): "eager",
     ("cpu", torch.float16): "eager",
