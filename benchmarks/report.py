@@ -305,7 +305,58 @@ def trainer_vs_trl(result: dict[str, Any]) -> str:
         f" {breakdown.get('update_s', float('nan')):.1f} s, envs {breakdown.get('env_s', float('nan')):.3f} s;"
         f" TRL's generation {summary.get('trl_generation_mean_s', float('nan')):.1f} s."
     )
+    if "ours_old" in summary:
+        old = summary.get("breakdown_ours_old_mean_s", {})
+        text += (
+            f"\n\nSide by side, our trainer as before issue 29 (`--old-too`: samples shuffled one by one"
+            f" into micro-batches, sdpa attention): **{summary['ratio_old_median']:.2f}** (median; mean"
+            f" {summary['ratio_old_mean']:.2f}); its update {old.get('update_s', float('nan')):.1f} s"
+            f" ({old.get('update_cpu_s', float('nan')):.1f} s CPU) against"
+            f" {breakdown.get('update_s', float('nan')):.1f} s ({breakdown.get('update_cpu_s', float('nan')):.1f}"
+            " s CPU) now."
+        )
     return text
+
+
+def attention_speed(result: dict[str, Any]) -> str:
+    settings, load = result["settings"], result["load_average_during"]
+    rows = [
+        [
+            dtype,
+            phase,
+            f"{row['eager_best_s']:.3f}",
+            f"{row['sdpa_best_s']:.3f}",
+            f"{row['sdpa_over_eager']:.2f}",
+        ]
+        for dtype, figures in result["summary"].items()
+        for phase, row in figures["phases"].items()
+    ]
+    phases = {phase for figures in result["summary"].values() for phase in figures["phases"]}
+    shapes = {
+        "prefill": f"prefill {settings['prefill_batch']} x {settings['prefill_tokens']} tokens",
+        "decode_short": f"decode {settings['decode_steps']} steps of {settings['decode_batch']} rows on"
+        f" {settings['short_context']} (short) / {settings['long_context']} (long) cached tokens, "
+        + (
+            f"every other row left-padded by {settings['pad_fraction']:g} of the context"
+            if settings.get("pad_fraction")
+            else "rows unpadded (an all-ones mask)"
+        ),
+        "update": f"update: LoRA forward + backward of {settings['update_groups']} prompts x"
+        f" {settings['update_rows']} rows ({settings['update_prompt']} + {settings['update_completion']} tokens)",
+    }
+    gaps = ", ".join(
+        f"{dtype} {figures['logp_gap']:.1e}"
+        for dtype, figures in result["summary"].items()
+        if figures.get("logp_gap") is not None
+    )
+    return (
+        f"Best of {settings['repeats']} interleaved repeat(s) after one warm-up, {settings['threads']} thread(s),"
+        f" load average {load['min']:.1f}-{load['max']:.1f} during the run; "
+        + "; ".join(text for phase, text in shapes.items() if phase in phases)
+        + ".\n\n"
+        + _table(["dtype", "phase", "eager s", "sdpa s", "sdpa / eager"], rows)
+        + (f"\n\nLargest completion log-prob difference between the two: {gaps}." if gaps else "")
+    )
 
 
 LEARNING_VARIANTS = {
@@ -588,6 +639,12 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
     ),
     ("trainer_vs_trl", "Trainer speed against TRL's GRPOTrainer", trainer_vs_trl),
     ("cheating_rate", "Cheating rate on Code-v0's impossible split (SmolLM2-135M)", cheating_rate),
+    ("attention_speed", "Attention kernels: eager against sdpa per phase and dtype (CPU)", attention_speed),
+    (
+        "attention_speed_decode",
+        "Attention kernels: decode on left-padded batches, eager against sdpa (CPU)",
+        attention_speed,
+    ),
     (
         "async_rollouts",
         "Async rollouts: step time and learning, sync against async on 2 cores",

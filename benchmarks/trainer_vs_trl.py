@@ -145,7 +145,9 @@ def step_topics(seed: int, step: int, prompts_per_step: int) -> list[str]:
     return [TOPICS[int(s) % len(TOPICS)] for s in seeds]
 
 
-def make_ours(args: argparse.Namespace, path: str, workdir: Path, total_steps: int):
+def make_ours(args: argparse.Namespace, path: str, workdir: Path, total_steps: int, *, old: bool = False):
+    """Our trainer; ``old``: with the update and attention of before issue 29 (samples shuffled one
+    by one into micro-batches, transformers' default sdpa attention), for ``--old-too``."""
     from llm_zoo_train.config import (
         AgentsConfig,
         AlgorithmConfig,
@@ -161,7 +163,7 @@ def make_ours(args: argparse.Namespace, path: str, workdir: Path, total_steps: i
     from llm_zoo_train.trainer import Trainer
 
     config = Config(
-        model=ModelConfig(name_or_path=path, dtype=args.dtype),
+        model=ModelConfig(name_or_path=path, dtype=args.dtype, attn_implementation="sdpa" if old else "auto"),
         env=EnvConfig(id=ENV_ID),
         agents=AgentsConfig(adapters="shared"),
         lora=LoraSettings(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear"),
@@ -184,19 +186,32 @@ def make_ours(args: argparse.Namespace, path: str, workdir: Path, total_steps: i
             advantage_epsilon=1e-4,
         ),
         training=TrainingConfig(
-            output_dir=str(workdir / "ours"),
+            output_dir=str(workdir / ("ours_old" if old else "ours")),
             max_steps=total_steps,
             learning_rate=args.learning_rate,
             lr_scheduler_type="constant",
             max_grad_norm=1.0,
             per_device_train_batch_size=args.micro_batch,
             gradient_accumulation_steps=None,
+            micro_batches="samples" if old else "groups",
             seed=args.seed,
         ),
         eval=EvalConfig(num_episodes=0, eval_on_start=False),
         logging=LoggingConfig(progress_bar=False, plot=False),
     )
-    return Trainer(config), config
+    trainer = Trainer(config)
+    update = trainer.updater.update
+    trainer.update_cpu_s = []  # type: ignore[attr-defined]
+
+    def timed_update(*a, **k):  # the update's CPU time (one process; TRL never runs meanwhile)
+        start = time.process_time()
+        try:
+            return update(*a, **k)
+        finally:
+            trainer.update_cpu_s.append(time.process_time() - start)  # type: ignore[attr-defined]
+
+    trainer.updater.update = timed_update
+    return trainer, config
 
 
 def make_trl(args: argparse.Namespace, path: str, workdir: Path, total_steps: int, callback):
@@ -280,8 +295,9 @@ def _load() -> float:
     return os.getloadavg()[0]
 
 
-def make_callback(ours, args: argparse.Namespace):
-    """A TRL callback that times TRL's steps and runs our rounds between them."""
+def make_callback(ours, args: argparse.Namespace, ours_old=None):
+    """A TRL callback that times TRL's steps and runs our rounds between them (with ``ours_old``,
+    each of our steps is also run by the old trainer, alternating which goes first)."""
     from transformers import TrainerCallback
 
     steps_per_round = args.steps_per_round
@@ -290,33 +306,46 @@ def make_callback(ours, args: argparse.Namespace):
         def __init__(self):
             self.ours_step = 0
             self.ours: list[dict[str, Any]] = []
+            self.ours_old: list[dict[str, Any]] = []
             self.trl: list[dict[str, Any]] = []
             self.trl_generation_s: list[float] = []
             self.start = time.perf_counter()
             self.mark = self.start
 
+        def one_step(self, trainer, rows: list[dict[str, Any]], label: str, round_index: int) -> None:
+            begin = time.perf_counter()
+            metrics = trainer.train_step(self.ours_step)
+            end = time.perf_counter()
+            rows.append(
+                {
+                    "step": self.ours_step,
+                    "round": round_index,
+                    "seconds": end - begin,
+                    "t_end": end - self.start,
+                    "load_1min": _load(),
+                    "generation_s": metrics["time/generation"],
+                    "env_s": metrics["time/env"],
+                    "update_s": metrics["time/update"],
+                    "update_cpu_s": trainer.update_cpu_s[-1],
+                    "completion_length_mean": metrics.get("update/shared/completion_length"),
+                }
+            )
+            print(
+                f"  {label} step {self.ours_step:3d} (round {round_index}): {end - begin:6.2f} s", flush=True
+            )
+
         def run_ours(self, count: int, round_index: int) -> None:
             for _ in range(count):
                 self.ours_step += 1
-                begin = time.perf_counter()
-                metrics = ours.train_step(self.ours_step)
-                end = time.perf_counter()
-                self.ours.append(
-                    {
-                        "step": self.ours_step,
-                        "round": round_index,
-                        "seconds": end - begin,
-                        "t_end": end - self.start,
-                        "load_1min": _load(),
-                        "generation_s": metrics["time/generation"],
-                        "env_s": metrics["time/env"],
-                        "update_s": metrics["time/update"],
-                        "completion_length_mean": metrics.get("update/shared/completion_length"),
-                    }
-                )
-                print(
-                    f"  ours step {self.ours_step:3d} (round {round_index}): {end - begin:6.2f} s", flush=True
-                )
+                if ours_old is None:
+                    self.one_step(ours, self.ours, "ours", round_index)
+                    continue
+                order = [(ours, self.ours, "ours"), (ours_old, self.ours_old, "old ")]
+                for trainer, rows, label in order[:: 1 if self.ours_step % 2 else -1]:
+                    seen = len(WriteAboutEnv.resets)
+                    self.one_step(trainer, rows, label, round_index)
+                    if trainer is ours_old:  # the prompt check compares our new trainer's prompts with TRL's
+                        del WriteAboutEnv.resets[seen:]
 
         def on_train_begin(self, args_, state, control, **kwargs):
             self.run_ours(args.warmup_steps, 0)
@@ -489,6 +518,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--quick", action="store_true", help="tiny random model, 1 round of 1 step: a smoke run"
     )
     parser.add_argument(
+        "--old-too",
+        action="store_true",
+        help="also run our trainer as before issue 29 (samples shuffled one by one, sdpa), side by side",
+    )
+    parser.add_argument(
         "--output-dir",
         type=Path,
         default=None,
@@ -515,7 +549,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         workdir = Path(tmp)
         path = model_dir(args, workdir)
         ours, _ = make_ours(args, path, workdir, total_steps)
-        callback = make_callback(ours, args)
+        ours_old = make_ours(args, path, workdir, total_steps, old=True)[0] if args.old_too else None
+        callback = make_callback(ours, args, ours_old)
         trl_trainer, trl_config = make_trl(args, path, workdir, total_steps, callback)
         print(
             f"{total_steps} steps per side ({args.warmup_steps} warm-up + {args.rounds} rounds x "
@@ -535,8 +570,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     timed_ours = [r for r in callback.ours if r["round"] > 0]
     timed_trl = [r for r in callback.trl if r["round"] > 0]
     summary["breakdown_ours_mean_s"] = {
-        key: statistics.fmean(r[key] for r in timed_ours) for key in ("generation_s", "env_s", "update_s")
+        key: statistics.fmean(r[key] for r in timed_ours)
+        for key in ("generation_s", "env_s", "update_s", "update_cpu_s")
     }
+    if args.old_too:
+        timed_old = [r for r in callback.ours_old if r["round"] > 0]
+        summary["ours_old"] = summarize(callback.ours_old)
+        summary["ratio_old_median"] = summary["ours_old"]["median_s"] / summary["trl"]["median_s"]
+        summary["ratio_old_mean"] = summary["ours_old"]["mean_s"] / summary["trl"]["mean_s"]
+        summary["breakdown_ours_old_mean_s"] = {
+            key: statistics.fmean(r[key] for r in timed_old)
+            for key in ("generation_s", "env_s", "update_s", "update_cpu_s")
+        }
     summary["trl_generation_mean_s"] = statistics.fmean(r["generation_s"] for r in timed_trl)
     result = {
         "benchmark": "trainer_vs_trl",
@@ -592,7 +637,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "prompt_check": verification,
         "summary": summary,
-        "steps": {"ours": callback.ours, "trl": callback.trl},
+        "steps": {"ours": callback.ours, "trl": callback.trl, "ours_old": callback.ours_old},
         "trl_own_step_time_metric_s": trl_step_time,
     }
     print(f"ours: median {summary['ours']['median_s']:.2f} s/step, mean {summary['ours']['mean_s']:.2f}")
@@ -600,6 +645,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         f"ratio ours/TRL: median {summary['ratio_median']:.3f}, mean {summary['ratio_mean']:.3f} (target <= 0.8)"
     )
+    if args.old_too:
+        new, old = summary["breakdown_ours_mean_s"], summary["breakdown_ours_old_mean_s"]
+        print(
+            f"old ours/TRL: median {summary['ratio_old_median']:.3f}, mean {summary['ratio_old_mean']:.3f}; "
+            f"update CPU old {old['update_cpu_s']:.2f} s -> new {new['update_cpu_s']:.2f} s"
+        )
     print(
         f"same prompts: {verification['same_prompts_every_step']}, same prompt ids: {verification['same_prompt_token_ids']}"
     )

@@ -222,3 +222,30 @@ def test_the_converted_model_files_have_plain_modes(tmp_path):
         "model.safetensors": 0o666 & ~umask,
         "config.json": 0o666 & ~umask,
     }
+
+
+@pytest.mark.parametrize(
+    ("dtype", "setting", "expected"),
+    [
+        ("float32", "auto", "sdpa"),
+        ("bfloat16", "auto", "eager"),
+        ("bfloat16", "sdpa", "sdpa"),
+        ("float32", "eager", "eager"),
+    ],
+)
+def test_attention_is_chosen_by_device_and_dtype(tiny_model_dir, dtype, setting, expected):
+    """`auto` on CPU: eager in bfloat16 (sdpa decodes slower there, benchmarks/attention_speed.py),
+    sdpa in float32; an explicit choice is kept. The hf engine generates with this same model."""
+    model, _ = load_base_model(
+        ModelConfig(name_or_path=str(tiny_model_dir), dtype=dtype, attn_implementation=setting)
+    )
+    assert model.config._attn_implementation == expected
+
+
+def test_an_unknown_attention_is_refused_naming_the_choices(tmp_path):
+    from llm_zoo_train.config import ConfigError, load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {attn_implementation: flash}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"attn_implementation.*auto.*eager.*sdpa"):
+        load_config(path)

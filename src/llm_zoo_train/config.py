@@ -82,6 +82,11 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     """Dtype of the frozen base weights (LoRA weights are always float32). Use `training.mixed_precision`
     for bf16/fp16 compute with float32 weights."""
+    attn_implementation: Literal["auto", "eager", "sdpa"] = "auto"
+    """Attention kernel of the base model (transformers' `attn_implementation`), used by the update
+    and by the `hf` engine alike (one model), so their log-probabilities match. `auto`: chosen by
+    device and dtype from benchmarks/attention_speed.py: eager on CPU in bfloat16/float16 (where
+    sdpa decodes slower), sdpa otherwise (transformers' default)."""
     system_prompt: str | None = None
     """System message put before every env prompt by the chat template (None: none)."""
     trust_remote_code: bool = False
@@ -320,6 +325,14 @@ class TrainingConfig:
     gradient_accumulation_steps: int | None = None
     """Micro-batches accumulated into one optimizer step. None: all of an adapter's micro-batches of
     one iteration, i.e. one optimizer step per adapter per iteration (fully on-policy)."""
+    micro_batches: Literal["groups", "samples"] = "groups"
+    """How each pass splits the samples into micro-batches. `groups`: whole groups of samples
+    sharing a prompt are shuffled (a GRPO group's K candidates stay together), so a micro-batch
+    runs few distinct prompts and each prompt's forward pass is shared by its rows; a group at a
+    micro-batch boundary or larger than one spans consecutive micro-batches. `samples`: samples
+    shuffled one by one (the earlier behaviour: up to one distinct prompt per row). With one
+    optimizer step per pass both give the same gradient (up to float rounding); with several, they
+    put different samples into each optimizer step."""
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     """Autocast precision of forward/backward (Accelerate's mixed_precision)."""
     gradient_checkpointing: bool = False

@@ -4,7 +4,10 @@
 adapters never receive gradients) on the samples of the agents it acts for:
 
 * ``num_iterations`` passes; each pass shuffles the samples (with the trainer's generator) into
-  micro-batches of ``per_device_train_batch_size``;
+  micro-batches of ``per_device_train_batch_size``: whole groups of samples sharing a prompt
+  (``training.micro_batches: groups``, the default), so a micro-batch holds few distinct prompts
+  and :func:`~llm_zoo_train.loss.completion_logprobs` runs each of them once for all its rows, or
+  sample by sample (``samples``);
 * every ``gradient_accumulation_steps`` micro-batches (default: all) make one AdamW step, after the
   gradients are summed over processes and clipped to ``max_grad_norm``;
 * each micro-batch's loss (:func:`~llm_zoo_train.loss.policy_loss`) is weighted so the accumulated
@@ -36,7 +39,7 @@ from llm_zoo_train.loss import completion_logprobs, policy_loss
 from llm_zoo_train.policy import Policy
 from llm_zoo_train.samples import Sample
 
-__all__ = ["AdapterUpdater", "mean_across_processes", "reduce_value"]
+__all__ = ["AdapterUpdater", "mean_across_processes", "reduce_value", "rows_by_prompt"]
 
 
 class AdapterUpdater:
@@ -106,7 +109,7 @@ class AdapterUpdater:
             progress(0, local_batches)  # the phase shows its micro-batches before the first ends
         grad_norms = []
         for _ in range(algorithm.num_iterations):
-            order = self.rng.permutation(len(samples)).tolist()
+            order = self._pass_order(samples)
             batches = [order[i : i + micro_size] for i in range(0, len(order), micro_size)]
             for index in range(optimizer_steps):
                 chunk = batches[index * per_step : (index + 1) * per_step]
@@ -134,6 +137,15 @@ class AdapterUpdater:
         metrics[f"update/{adapter}/optimizer_steps"] = float(len(grad_norms))
         metrics[f"update/{adapter}/samples"] = float(len(samples))
         return mean_across_processes(self.accelerator, metrics)
+
+    def _pass_order(self, samples: list[Sample]) -> list[int]:
+        """One pass's sample order (cut into micro-batches in turn): the groups of samples sharing
+        a prompt in random order, each kept whole, or (``micro_batches: samples``) every sample
+        shuffled on its own."""
+        if self.training.micro_batches == "samples":
+            return self.rng.permutation(len(samples)).tolist()
+        groups = rows_by_prompt(samples)
+        return [row for group in self.rng.permutation(len(groups)).tolist() for row in groups[group]]
 
     def _micro_batch_loss(
         self, batch: list[Sample], old: list[torch.Tensor] | None, counts: Mapping[str, float]
@@ -199,9 +211,13 @@ class AdapterUpdater:
     def _logprobs_without_grad(self, samples: list[Sample]) -> list[torch.Tensor]:
         """Per-sample token logprobs of the current adapter (the ratio's fixed denominator)."""
         size = self.training.per_device_train_batch_size
-        out: list[torch.Tensor] = []
-        for start in range(0, len(samples), size):
-            batch = samples[start : start + size]
+        rows = list(range(len(samples)))
+        if self.training.micro_batches == "groups":  # rows sharing a prompt share its forward pass
+            rows = [row for group in rows_by_prompt(samples) for row in group]
+        out: list[torch.Tensor | None] = [None] * len(samples)
+        for start in range(0, len(rows), size):
+            chunk = rows[start : start + size]
+            batch = [samples[row] for row in chunk]
             with self.accelerator.autocast():
                 logprobs, _, _ = completion_logprobs(
                     self.policy.model,
@@ -210,10 +226,9 @@ class AdapterUpdater:
                     pad_token_id=self.pad_token_id,
                     temperature=self.temperature,
                 )
-            out.extend(
-                logprobs[row, : len(s.completion_token_ids)].float().cpu() for row, s in enumerate(batch)
-            )
-        return out
+            for position, (row, sample) in enumerate(zip(chunk, batch, strict=True)):
+                out[row] = logprobs[position, : len(sample.completion_token_ids)].float().cpu()
+        return [logprobs for logprobs in out if logprobs is not None]
 
     def _optimizer_step(self, adapter: str) -> float:
         parameters = self.policy.adapter_parameters(adapter)
@@ -231,6 +246,15 @@ class AdapterUpdater:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(norm)
+
+
+def rows_by_prompt(samples: Sequence[Sample]) -> list[list[int]]:
+    """The indices of ``samples`` grouped by identical prompt token ids, groups in order of first
+    appearance, rows in order within each."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for row, sample in enumerate(samples):
+        groups.setdefault(tuple(sample.prompt_token_ids), []).append(row)
+    return list(groups.values())
 
 
 def reduce_value(accelerator: Any, value: float, reduction: str = "sum") -> float:
