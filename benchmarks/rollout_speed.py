@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
             hits_before = shared.prefix_cache.hit_tokens if shared.prefix_cache else 0
             prefilled_before = shared.prefix_cache.prefilled_tokens if shared.prefix_cache else 0
             recorder = RecordingEngine(engine)
+            cpu_start = time.process_time()
             start = time.perf_counter()
             samples = tree_rollout(
                 args.env, {"max_turns": args.turns}, [1000 * repeat + i for i in range(args.envs)], recorder,
@@ -210,11 +211,13 @@ def main(argv: list[str] | None = None) -> dict:
                 team_credit_lookahead=lookahead,
             )  # fmt: skip
             seconds = time.perf_counter() - start
+            cpu_seconds = time.process_time() - cpu_start
             tokens = generated_tokens(samples)
             lookahead_tokens = sum(s.lookahead_tokens for s in samples)
             tree_runs[name].append(
                 {
                     "seconds": seconds,
+                    "cpu_seconds": cpu_seconds,
                     "tokens": tokens,
                     "lookahead_tokens": lookahead_tokens,
                     "engine_calls": len(recorder.calls),
@@ -231,7 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
                 replay_runs[name].append(twin)
                 print(
                     f"repeat {repeat} tree_rollout {name:33s} {tokens:6d} tokens ({lookahead_tokens} look-ahead) "
-                    f"{seconds:7.2f} s {tokens / seconds:8.1f} tok/s; {len(recorder.calls)} calls"
+                    f"{seconds:7.2f} s ({cpu_seconds:.2f} s CPU) {tokens / seconds:8.1f} tok/s; {len(recorder.calls)} calls"
                 )
                 continue
             replay_seconds, replay_tokens = 0.0, 0
@@ -249,7 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
             )
             print(
                 f"repeat {repeat} tree_rollout {name:17s} {tokens:6d} tokens ({lookahead_tokens} look-ahead) "
-                f"{seconds:7.2f} s {tokens / seconds:8.1f} tok/s; raw replay of its {len(recorder.calls)} calls "
+                f"{seconds:7.2f} s ({cpu_seconds:.2f} s CPU) {tokens / seconds:8.1f} tok/s; raw replay of its {len(recorder.calls)} calls "
                 f"{replay_tokens / replay_seconds:8.1f} tok/s"
             )
 
@@ -262,6 +265,7 @@ def main(argv: list[str] | None = None) -> dict:
             "runs": tree_runs[name],
             "raw_replay_runs": replay_runs[name],
             "seconds_best": min(r["seconds"] for r in tree_runs[name]),
+            "cpu_seconds_best": min(r["cpu_seconds"] for r in tree_runs[name]),
             "tokens_per_s_best": best_rate,
             "raw_replay_tokens_per_s_best": replay_rate,
             "tokens_per_s_over_raw": best_rate / replay_rate,
@@ -274,8 +278,11 @@ def main(argv: list[str] | None = None) -> dict:
         default, immediate = f"lookahead_default{suffix}", f"lookahead_0{suffix}"
         return {
             "seconds_ratio": tree_summary(default)["seconds_best"] / tree_summary(immediate)["seconds_best"],
+            "cpu_seconds_ratio": tree_summary(default)["cpu_seconds_best"]
+            / tree_summary(immediate)["cpu_seconds_best"],
             "generated_tokens_ratio": float(
-                np.mean([r["tokens"] for r in tree_runs[default]]) / np.mean([r["tokens"] for r in tree_runs[immediate]])
+                np.mean([r["tokens"] for r in tree_runs[default]])
+                / np.mean([r["tokens"] for r in tree_runs[immediate]])
             ),
         }
 
@@ -289,6 +296,11 @@ def main(argv: list[str] | None = None) -> dict:
         "tree_rollout_lookahead_0_without": tree_summary("lookahead_0_no_prefix_cache"),
         "seconds_with_over_without": {
             name: tree_summary(name)["seconds_best"] / tree_summary(f"{name}_no_prefix_cache")["seconds_best"]
+            for name in ("lookahead_default", "lookahead_0")
+        },
+        "cpu_seconds_with_over_without": {
+            name: tree_summary(name)["cpu_seconds_best"]
+            / tree_summary(f"{name}_no_prefix_cache")["cpu_seconds_best"]
             for name in ("lookahead_default", "lookahead_0")
         },
     }
@@ -339,6 +351,12 @@ def main(argv: list[str] | None = None) -> dict:
         f"{prefix_cache['team_credit_cost_without']['generated_tokens_ratio']:.2f} x the tokens; "
         "seconds with/without the cache: "
         + ", ".join(f"{k} {v:.2f}" for k, v in prefix_cache["seconds_with_over_without"].items())
+    )
+    print(
+        "CPU seconds of this process (torch on one thread; the machine's load does not inflate them): "
+        f"look-ahead costs {team_credit_cost['cpu_seconds_ratio']:.2f} x with the prefix cache, "
+        f"{prefix_cache['team_credit_cost_without']['cpu_seconds_ratio']:.2f} x without; with/without the cache: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in prefix_cache["cpu_seconds_with_over_without"].items())
     )
     finish(result, args.output, lambda png: plot_rollout_speed(result, png, "transformers engine"))
     return result

@@ -8,6 +8,8 @@ comparison exact up to matmul rounding.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -168,6 +170,6 @@ def test_decode_steps_write_the_kv_cache_in_place(model_and_tokenizer):
             storages.append((keys.shape[0], keys.untyped_storage().data_ptr()))
 
     decode(model, tokenizer, SamplingParams(max_tokens=12, seed=5), 3, preallocate_kv=True, on_step=on_step)
-    steady = [b for a, b in zip(storages, storages[1:], strict=False) if a[0] == b[0]]  # no row left
-    moved = [b for a, b in zip(storages, storages[1:], strict=False) if a[0] == b[0] and a[1] != b[1]]
+    steady = [b for a, b in itertools.pairwise(storages) if a[0] == b[0]]  # no row left
+    moved = [b for a, b in itertools.pairwise(storages) if a[0] == b[0] and a[1] != b[1]]
     assert len(steady) >= 3 and not moved

@@ -28,7 +28,9 @@ FP32_TOLERANCE = 1e-4
 
 
 def lora_config():
-    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
+    return LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False
+    )
 
 
 def peft_model(model_dir):
