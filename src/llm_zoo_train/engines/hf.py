@@ -128,7 +128,8 @@ class HFEngine:
         prefix_cache_mb: Keep the keys and values of recently prefilled prompts, per adapter, up to
             this many MiB, and prefill only what a new prompt adds to the longest stored prefix of
             it (:mod:`~llm_zoo_train.engines.hf_prefix_cache`; emptied whenever a weight changes).
-            0 (or ``share_prefill`` False): off. Same tokens; logprobs can differ in the last
+            The default holds ~23k positions of SmolLM2-135M in float32 (46 KB each), a tree
+            step's look-ahead prompts at 4 envs x K=4. 0 (or ``share_prefill`` False): off. Same tokens; logprobs can differ in the last
             bits (other matrix shapes).
     """
 
@@ -141,7 +142,7 @@ class HFEngine:
         system_prompt: str | None = None,
         share_prefill: bool = True,
         compact_finished_rows: bool = True,
-        prefix_cache_mb: float = 256.0,
+        prefix_cache_mb: float = 1024.0,
     ):
         if int(max_batch_size) < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
