@@ -22,6 +22,11 @@ teammates, one extra ``n=1`` generation per branch and teammate): ``team_credit_
 ratio of their best wall-clock seconds and of the tokens they generated. Token rates count every
 generated token, look-ahead included.
 
+Prefix cache: both tree rollouts are also timed on an engine without the per-adapter KV prefix
+cache (``prefix_cache_mb=0``, the engine before it), alternated with the cached ones; same seeds,
+so the same generation calls (their raw replay is shared). Every timed call starts with an empty
+cache (as after an update). ``--skip-engine-methods`` times only the tree rollouts.
+
 Methods alternate within each repeat; the best repeat of each is reported (least disturbed by
 other load). Ratios are printed and written with everything else to
 ``benchmarks/results/rollout_speed.json`` (and a PNG).
@@ -141,6 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--turns", type=int, default=1, help="max_turns of the timed tree rollouts")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--skip-engine-methods", action="store_true", help="time only the tree rollouts")
     args = parser.parse_args(argv)
     if args.quick:
         args.envs, args.k, args.max_tokens, args.repeats = 2, 2, 8, 1
@@ -154,16 +160,26 @@ def main(argv: list[str] | None = None) -> dict:
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=0)
     shared = HFEngine(model, tokenizer, max_batch_size=args.envs * args.k)
     unshared = HFEngine(model, tokenizer, max_batch_size=args.envs * args.k, share_prefill=False)
+    uncached = HFEngine(model, tokenizer, max_batch_size=args.envs * args.k, prefix_cache_mb=0)
+
+    def cold(method):
+        def timed():
+            shared.clear_prefix_cache()  # as after an update: nothing from earlier calls
+            return method()
+
+        return timed
 
     methods = {
-        "engine_n_k": lambda: time_engine(shared, prompts, args.k, sampling),
+        "engine_n_k": cold(lambda: time_engine(shared, prompts, args.k, sampling)),
         "engine_n_k_no_share": lambda: time_engine(unshared, prompts, args.k, sampling),
-        "engine_k_requests": lambda: time_k_requests(shared, prompts, args.k, sampling),
+        "engine_k_requests": cold(lambda: time_k_requests(shared, prompts, args.k, sampling)),
         "raw_generate": lambda: time_raw_generate(model, tokenizer, prompts, args.k, sampling),
     }
+    if args.skip_engine_methods:
+        methods = {}
     time_engine(shared, prompts[:1], 1, SamplingParams(max_tokens=2, seed=0))  # warm-up
     runs: dict[str, list[dict]] = {name: [] for name in methods}
-    for repeat in range(args.repeats):
+    for repeat in range(args.repeats if methods else 0):
         for name, method in methods.items():
             seconds, tokens = method()
             runs[name].append({"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds})
@@ -173,12 +189,21 @@ def main(argv: list[str] | None = None) -> dict:
     best = {name: max(r["tokens_per_s"] for r in rs) for name, rs in runs.items()}
 
     agents = llm_zoo.make(args.env).possible_agents
-    lookaheads = {"lookahead_0": 0, "lookahead_default": LOOKAHEAD_ROUND}
+    lookaheads = {
+        "lookahead_0": (0, shared),
+        "lookahead_default": (LOOKAHEAD_ROUND, shared),
+        "lookahead_0_no_prefix_cache": (0, uncached),
+        "lookahead_default_no_prefix_cache": (LOOKAHEAD_ROUND, uncached),
+    }
     tree_runs: dict[str, list[dict]] = {name: [] for name in lookaheads}
     replay_runs: dict[str, list[dict]] = {name: [] for name in lookaheads}
     for repeat in range(args.repeats):
-        for name, lookahead in lookaheads.items():
-            recorder = RecordingEngine(shared)
+        for name, (lookahead, engine) in lookaheads.items():
+            shared.clear_prefix_cache()
+            hits_before = shared.prefix_cache.hit_tokens if shared.prefix_cache else 0
+            prefilled_before = shared.prefix_cache.prefilled_tokens if shared.prefix_cache else 0
+            recorder = RecordingEngine(engine)
+            cpu_start = time.process_time()
             start = time.perf_counter()
             samples = tree_rollout(
                 args.env, {"max_turns": args.turns}, [1000 * repeat + i for i in range(args.envs)], recorder,
@@ -186,17 +211,32 @@ def main(argv: list[str] | None = None) -> dict:
                 team_credit_lookahead=lookahead,
             )  # fmt: skip
             seconds = time.perf_counter() - start
+            cpu_seconds = time.process_time() - cpu_start
             tokens = generated_tokens(samples)
             lookahead_tokens = sum(s.lookahead_tokens for s in samples)
             tree_runs[name].append(
                 {
                     "seconds": seconds,
+                    "cpu_seconds": cpu_seconds,
                     "tokens": tokens,
                     "lookahead_tokens": lookahead_tokens,
                     "engine_calls": len(recorder.calls),
                     "tokens_per_s": tokens / seconds,
                 }
             )
+            if engine is shared and shared.prefix_cache is not None:
+                hits = shared.prefix_cache.hit_tokens - hits_before
+                prefilled = shared.prefix_cache.prefilled_tokens - prefilled_before
+                tree_runs[name][-1]["prefix_cache_hit_share"] = hits / max(hits + prefilled, 1)
+            if name.endswith("_no_prefix_cache"):
+                # Same seeds and prompts as the cached run: the same calls, replayed there.
+                twin = replay_runs[name.removesuffix("_no_prefix_cache")][-1]
+                replay_runs[name].append(twin)
+                print(
+                    f"repeat {repeat} tree_rollout {name:33s} {tokens:6d} tokens ({lookahead_tokens} look-ahead) "
+                    f"{seconds:7.2f} s ({cpu_seconds:.2f} s CPU) {tokens / seconds:8.1f} tok/s; {len(recorder.calls)} calls"
+                )
+                continue
             replay_seconds, replay_tokens = 0.0, 0
             for call_prompts, _, n, call_sampling in recorder.calls:
                 call_seconds, call_tokens = time_raw_generate(
@@ -212,7 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
             )
             print(
                 f"repeat {repeat} tree_rollout {name:17s} {tokens:6d} tokens ({lookahead_tokens} look-ahead) "
-                f"{seconds:7.2f} s {tokens / seconds:8.1f} tok/s; raw replay of its {len(recorder.calls)} calls "
+                f"{seconds:7.2f} s ({cpu_seconds:.2f} s CPU) {tokens / seconds:8.1f} tok/s; raw replay of its {len(recorder.calls)} calls "
                 f"{replay_tokens / replay_seconds:8.1f} tok/s"
             )
 
@@ -221,10 +261,11 @@ def main(argv: list[str] | None = None) -> dict:
         replay_rate = max(r["tokens_per_s"] for r in replay_runs[name])
         return {
             "max_turns": args.turns,
-            "team_credit_lookahead": lookaheads[name],
+            "team_credit_lookahead": lookaheads[name][0],
             "runs": tree_runs[name],
             "raw_replay_runs": replay_runs[name],
             "seconds_best": min(r["seconds"] for r in tree_runs[name]),
+            "cpu_seconds_best": min(r["cpu_seconds"] for r in tree_runs[name]),
             "tokens_per_s_best": best_rate,
             "raw_replay_tokens_per_s_best": replay_rate,
             "tokens_per_s_over_raw": best_rate / replay_rate,
@@ -232,13 +273,36 @@ def main(argv: list[str] | None = None) -> dict:
 
     tree_default, tree_immediate = tree_summary("lookahead_default"), tree_summary("lookahead_0")
     tree_best, replay_best = tree_default["tokens_per_s_best"], tree_default["raw_replay_tokens_per_s_best"]
+
+    def credit_cost(suffix: str) -> dict:
+        default, immediate = f"lookahead_default{suffix}", f"lookahead_0{suffix}"
+        return {
+            "seconds_ratio": tree_summary(default)["seconds_best"] / tree_summary(immediate)["seconds_best"],
+            "cpu_seconds_ratio": tree_summary(default)["cpu_seconds_best"]
+            / tree_summary(immediate)["cpu_seconds_best"],
+            "generated_tokens_ratio": float(
+                np.mean([r["tokens"] for r in tree_runs[default]])
+                / np.mean([r["tokens"] for r in tree_runs[immediate]])
+            ),
+        }
+
     team_credit_cost = {
-        "seconds_ratio": tree_default["seconds_best"] / tree_immediate["seconds_best"],
-        "generated_tokens_ratio": float(
-            np.mean([r["tokens"] for r in tree_runs["lookahead_default"]])
-            / np.mean([r["tokens"] for r in tree_runs["lookahead_0"]])
-        ),
+        **credit_cost(""),
         "engine_calls": {name: runs[0]["engine_calls"] for name, runs in tree_runs.items()},
+    }
+    prefix_cache = {
+        "team_credit_cost_without": credit_cost("_no_prefix_cache"),
+        "tree_rollout_without": tree_summary("lookahead_default_no_prefix_cache"),
+        "tree_rollout_lookahead_0_without": tree_summary("lookahead_0_no_prefix_cache"),
+        "seconds_with_over_without": {
+            name: tree_summary(name)["seconds_best"] / tree_summary(f"{name}_no_prefix_cache")["seconds_best"]
+            for name in ("lookahead_default", "lookahead_0")
+        },
+        "cpu_seconds_with_over_without": {
+            name: tree_summary(name)["cpu_seconds_best"]
+            / tree_summary(f"{name}_no_prefix_cache")["cpu_seconds_best"]
+            for name in ("lookahead_default", "lookahead_0")
+        },
     }
 
     ratios = {f"engine_n_k/{name}": best["engine_n_k"] / best[name] for name in best if name != "engine_n_k"}
@@ -261,6 +325,7 @@ def main(argv: list[str] | None = None) -> dict:
         "tree_rollout": tree_default,
         "tree_rollout_lookahead_0": tree_immediate,
         "team_credit_cost": team_credit_cost,
+        "prefix_cache": prefix_cache,
         "torch": torch.__version__,
         "quick": args.quick,
     }
@@ -277,6 +342,21 @@ def main(argv: list[str] | None = None) -> dict:
         f"team credit: tree_rollout with the default look-ahead takes {team_credit_cost['seconds_ratio']:.2f} x "
         f"the time of look-ahead 0 ({tree_default['seconds_best']:.2f} s vs {tree_immediate['seconds_best']:.2f} s, "
         f"best repeat) and generates {team_credit_cost['generated_tokens_ratio']:.2f} x the tokens"
+    )
+    without = prefix_cache["tree_rollout_without"]
+    print(
+        f"without the prefix cache: tree_rollout {without['tokens_per_s_best']:.1f} tok/s = "
+        f"{without['tokens_per_s_over_raw']:.2f} x the raw replay; look-ahead takes "
+        f"{prefix_cache['team_credit_cost_without']['seconds_ratio']:.2f} x the time for "
+        f"{prefix_cache['team_credit_cost_without']['generated_tokens_ratio']:.2f} x the tokens; "
+        "seconds with/without the cache: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in prefix_cache["seconds_with_over_without"].items())
+    )
+    print(
+        "CPU seconds of this process (torch on one thread; the machine's load does not inflate them): "
+        f"look-ahead costs {team_credit_cost['cpu_seconds_ratio']:.2f} x with the prefix cache, "
+        f"{prefix_cache['team_credit_cost_without']['cpu_seconds_ratio']:.2f} x without; with/without the cache: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in prefix_cache["cpu_seconds_with_over_without"].items())
     )
     finish(result, args.output, lambda png: plot_rollout_speed(result, png, "transformers engine"))
     return result

@@ -8,6 +8,8 @@ comparison exact up to matmul rounding.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -118,3 +120,56 @@ def test_both_loops_report_tokens_while_they_generate_and_sample_the_same(model_
         assert any(done for _, done in reports[:-1])  # completions counted as rows end, not per batch
     else:
         assert reported >= generated  # model.generate carries finished rows to the batch's end
+
+
+def decode(model, tokenizer, sampling, n, *, preallocate_kv, on_step=None):
+    """decode_compacting on PROMPTS (left-padded, n rows each); ``on_step(cache)`` before each pass."""
+    encoded = [tokenizer(p)["input_ids"] for p in PROMPTS for _ in range(n)]
+    width = max(len(ids) for ids in encoded)
+    input_ids = torch.zeros((len(encoded), width), dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for row, ids in enumerate(encoded):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        mask[row, width - len(ids) :] = 1
+    hook = None
+    if on_step is not None:
+        hook = model.get_base_model().model.register_forward_pre_hook(
+            lambda module, args, kwargs: on_step(kwargs["past_key_values"]), with_kwargs=True
+        )
+    torch.manual_seed(sampling.seed or 0)
+    try:
+        return hf_decode.decode_compacting(
+            model, input_ids, mask, cache=None, max_new_tokens=sampling.max_tokens,
+            eos_token_ids=set(model.generation_config.eos_token_id), pad_token_id=0,
+            greedy=sampling.greedy, temperature=sampling.temperature, preallocate_kv=preallocate_kv,
+        )  # fmt: skip
+    finally:
+        if hook is not None:
+            hook.remove()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9], ids=["greedy", "sampled"])
+def test_preallocated_kv_gives_bit_identical_tokens_and_logprobs(model_and_tokenizer, temperature):
+    model, tokenizer = model_and_tokenizer
+    sampling = SamplingParams(max_tokens=12, temperature=temperature, seed=5)
+    in_place = decode(model, tokenizer, sampling, 3, preallocate_kv=True)
+    copied = decode(model, tokenizer, sampling, 3, preallocate_kv=False)
+    assert in_place == copied  # exact: the same numbers, only stored differently
+    assert len({len(tokens) for tokens in in_place[0]}) > 2  # rows left the batch at several steps
+
+
+def test_decode_steps_write_the_kv_cache_in_place(model_and_tokenizer):
+    """The cache is not re-allocated (re-copied) at every decode step: its storage stays put
+    between the steps where rows leave the batch."""
+    model, tokenizer = model_and_tokenizer
+    storages: list[tuple[int, int]] = []  # (rows, storage address of layer 0's keys)
+
+    def on_step(cache):
+        if cache.get_seq_length() > 0:
+            keys = cache.layers[0].keys
+            storages.append((keys.shape[0], keys.untyped_storage().data_ptr()))
+
+    decode(model, tokenizer, SamplingParams(max_tokens=12, seed=5), 3, preallocate_kv=True, on_step=on_step)
+    steady = [b for a, b in itertools.pairwise(storages) if a[0] == b[0]]  # no row left
+    moved = [b for a, b in itertools.pairwise(storages) if a[0] == b[0] and a[1] != b[1]]
+    assert len(steady) >= 3 and not moved

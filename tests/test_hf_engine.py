@@ -314,8 +314,9 @@ def test_encode_prompt_without_template_warns_once_and_tokenizes_plainly(tiny_mo
 
 
 def test_shared_prefill_gives_the_same_samples(peft_model, tokenizer):
-    shared = HFEngine(peft_model, tokenizer, max_batch_size=5)  # n=3: a batch splits a prompt's rows
-    separate = HFEngine(peft_model, tokenizer, max_batch_size=5, share_prefill=False)
+    # n=3: a batch splits a prompt's rows (the prefix cache, which replaces this prefill, off).
+    shared = HFEngine(peft_model, tokenizer, max_batch_size=5, prefix_cache_mb=0)
+    separate = HFEngine(peft_model, tokenizer, max_batch_size=5, share_prefill=False, prefix_cache_mb=0)
     prefills = []
     original = shared._prefill
     shared._prefill = lambda ids, mask, index: prefills.append(index.tolist()) or original(ids, mask, index)

@@ -96,6 +96,8 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.engines.base", "llm_zoo_train.engines.base"),
     ("llm_zoo_train.engines.hf", "llm_zoo_train.engines.hf"),
     ("llm_zoo_train.engines.hf_decode", "llm_zoo_train.engines.hf_decode"),
+    ("llm_zoo_train.engines.hf_prefix_cache", "llm_zoo_train.engines.hf_prefix_cache"),
+    ("llm_zoo_train.engines.hf_kv_buffer", "llm_zoo_train.engines.hf_kv_buffer"),
     ("llm_zoo_train.engines.vllm", "llm_zoo_train.engines.vllm"),
     ("llm_zoo_train.engines.vllm_requests", "llm_zoo_train.engines.vllm_requests"),
     ("llm_zoo_train.engines.vllm_server", "llm_zoo_train.engines.vllm_server"),

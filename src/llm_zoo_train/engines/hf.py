@@ -18,7 +18,10 @@ How one :meth:`HFEngine.generate` call runs:
    that are exactly ``SamplingParams`` (the model's own generation defaults such as a repetition
    penalty are neutralised, because the recorded logprobs must describe the real sampling).
    The ``n`` rows of one prompt share one prefill: the prompt's KV cache is computed once and
-   copied to its rows (``share_prefill``), as vLLM's prefix cache would. A row leaves the batch
+   copied to its rows (``share_prefill``), as vLLM's prefix cache would. Across calls, the keys and
+   values of recent prompts are kept per adapter and a prompt that starts with the tokens of one of
+   them prefills only the rest (``prefix_cache_mb``; :mod:`llm_zoo_train.engines.hf_prefix_cache`
+   says how prompts are matched and when the cache is emptied: after every weight update). A row leaves the batch
    at the step it ends (:mod:`llm_zoo_train.engines.hf_decode`, same sampling as
    ``model.generate``, which would carry it to the end of the batch's longest answer).
 4. Per-token logprobs are recorded during generation from the raw logits before any warper: ``log_softmax(logits / temperature)`` at the sampled token
@@ -50,6 +53,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from llm_zoo_train.chat import encode_prompt
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args, report_generated
 from llm_zoo_train.engines.hf_decode import decode_compacting, last_logits_only
+from llm_zoo_train.engines.hf_prefix_cache import PrefixKVCache
 
 __all__ = ["HFEngine"]
 
@@ -121,6 +125,12 @@ class HFEngine:
             (:func:`~llm_zoo_train.engines.hf_decode.decode_compacting`) instead of running
             ``model.generate``, which carries finished rows until the whole batch ends. Same
             sampling; faster when answers end at different lengths.
+        prefix_cache_mb: Keep the keys and values of recently prefilled prompts, per adapter, up to
+            this many MiB, and prefill only what a new prompt adds to the longest stored prefix of
+            it (:mod:`~llm_zoo_train.engines.hf_prefix_cache`; emptied whenever a weight changes).
+            The default holds ~23k positions of SmolLM2-135M in float32 (46 KB each), a tree
+            step's look-ahead prompts at 4 envs x K=4. 0 (or ``share_prefill`` False): off. Same tokens; logprobs can differ in the last
+            bits (other matrix shapes).
     """
 
     def __init__(
@@ -132,6 +142,7 @@ class HFEngine:
         system_prompt: str | None = None,
         share_prefill: bool = True,
         compact_finished_rows: bool = True,
+        prefix_cache_mb: float = 1024.0,
     ):
         if int(max_batch_size) < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
@@ -147,6 +158,11 @@ class HFEngine:
         pad = tokenizer.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else min(self.eos_token_ids)
         self._prompt_cache: OrderedDict[str, list[int]] = OrderedDict()
+        if float(prefix_cache_mb) < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb!r}")
+        self.prefix_cache: PrefixKVCache | None = (
+            PrefixKVCache(int(float(prefix_cache_mb) * 2**20)) if float(prefix_cache_mb) > 0 else None
+        )
 
     # ------------------------------------------------------------------ Engine interface
 
@@ -168,6 +184,8 @@ class HFEngine:
 
         results: list[list[Completion | None]] = [[None] * n for _ in prompts]
         generation_config = self._generation_config(sampling)
+        if self.prefix_cache is not None:
+            self.prefix_cache.validate(self.model)  # any weight changed since the last call: empty
         with self._preserved_model_state(), self._seeded(sampling.seed):
             for adapter, indices in by_adapter.items():
                 # Longest first: rows of similar length share a batch (less padding).
@@ -177,7 +195,7 @@ class HFEngine:
                     for start in range(0, len(rows), self.max_batch_size):
                         chunk = rows[start : start + self.max_batch_size]
                         completions = self._generate_batch(
-                            [encoded[i] for i, _ in chunk], sampling, generation_config
+                            [encoded[i] for i, _ in chunk], sampling, generation_config, adapter
                         )
                         for (i, j), completion in zip(chunk, completions, strict=True):
                             results[i][j] = completion
@@ -195,6 +213,7 @@ class HFEngine:
         cached by name.
         """
         del version
+        self.clear_prefix_cache()
         if not paths:
             return
         if not _is_peft(self.model):
@@ -218,6 +237,12 @@ class HFEngine:
                     raise ValueError(
                         f"{path} does not hold every weight of adapter {name!r}: missing {missing[:3]}"
                     )
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every stored prompt prefix (the engine also does so by itself whenever a weight
+        changed in place; call this after writing weights through ``param.data``)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     # ------------------------------------------------------------------ internals
 
@@ -294,7 +319,11 @@ class HFEngine:
         )
 
     def _generate_batch(
-        self, prompt_ids: list[list[int]], sampling: SamplingParams, generation_config: GenerationConfig
+        self,
+        prompt_ids: list[list[int]],
+        sampling: SamplingParams,
+        generation_config: GenerationConfig,
+        adapter: str | None = None,
     ) -> list[Completion]:
         """Generate one completion per row; rows that repeat a prompt (the n samples) are adjacent."""
         device = next(self.model.parameters()).device
@@ -315,7 +344,14 @@ class HFEngine:
         index = torch.tensor(row_to_unique, dtype=torch.long, device=device)
 
         cache = None
-        if self.share_prefill and len(unique) < len(prompt_ids) and min(len(ids) for ids in unique) >= 2:
+        if self.share_prefill and self.prefix_cache is not None and min(len(ids) for ids in unique) >= 2:
+            cache = self._prefill_from_prefixes(unique, adapter, width - 1, index)
+        if (
+            cache is None
+            and self.share_prefill
+            and len(unique) < len(prompt_ids)
+            and min(len(ids) for ids in unique) >= 2
+        ):
             cache = self._prefill(input_ids[:, :-1], attention_mask[:, :-1], index)
         if self.compact_finished_rows:
             new_tokens, logprobs = decode_compacting(
@@ -400,6 +436,68 @@ class HFEngine:
             )
             return None
         return cache
+
+    def _prefill_from_prefixes(
+        self, unique: list[list[int]], adapter: str | None, span: int, index: torch.Tensor
+    ) -> Any:
+        """Like :meth:`_prefill`, but each prompt prefills (one prompt per forward pass) only what
+        follows its longest prefix in :attr:`prefix_cache`, and is stored there afterwards. ``None``
+        (and the prefix cache off, with a warning) for models whose cache is not one plain
+        ``DynamicLayer`` per layer (sliding windows, linear attention)."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        store = self.prefix_cache
+        assert store is not None
+        device = index.device
+        only_last = last_logits_only(self.model)
+        per_prompt = []
+        for ids in unique:
+            tokens = ids[:-1]
+            reused, layers = store.longest_prefix(adapter, tokens)
+            store.hit_tokens += reused
+            if layers is not None and reused == len(tokens):
+                per_prompt.append([(k[:, :, :reused], v[:, :, :reused]) for k, v in layers])
+                continue
+            cache = DynamicCache(config=self.model.config)
+            for layer, (k, v) in enumerate(layers or []):
+                cache.update(k[:, :, :reused], v[:, :, :reused], layer)
+            with torch.no_grad():
+                self.model(
+                    input_ids=torch.tensor([tokens[reused:]], dtype=torch.long, device=device),
+                    attention_mask=torch.ones((1, len(tokens)), dtype=torch.long, device=device),
+                    position_ids=torch.arange(reused, len(tokens), device=device)[None],
+                    past_key_values=cache,
+                    use_cache=True,
+                    **only_last,
+                )
+            if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
+                self.prefix_cache = None
+                warnings.warn(
+                    f"HFEngine: no prefix cache for {type(self.model).__name__}: its KV cache is not one "
+                    "plain DynamicLayer per layer; every prompt is prefilled in full",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+                return None
+            store.prefilled_tokens += len(tokens) - reused
+            layers = [(layer.keys, layer.values) for layer in cache.layers]
+            store.store(adapter, tokens, layers)
+            per_prompt.append(layers)
+
+        # One left-padded batch (padding positions hold zeros; the attention mask hides them),
+        # then one row per sample.
+        batch = DynamicCache(config=self.model.config)
+        for layer in range(len(per_prompt[0])):
+            first = per_prompt[0][layer][0]
+            shape = (len(unique), first.shape[1], span, first.shape[3])
+            keys, values = first.new_zeros(shape), first.new_zeros(shape)
+            for row, layers in enumerate(per_prompt):
+                k, v = layers[layer]
+                keys[row, :, span - k.shape[2] :] = k[0]
+                values[row, :, span - v.shape[2] :] = v[0]
+            batch.update(keys[index], values[index], layer)
+        return batch
 
     @contextmanager
     def _adapter(self, adapter: str | None) -> Iterator[None]:

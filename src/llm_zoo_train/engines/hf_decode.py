@@ -31,6 +31,7 @@ import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from llm_zoo_train.engines.base import report_generated
+from llm_zoo_train.engines.hf_kv_buffer import preallocate
 
 __all__ = ["decode_compacting", "last_logits_only", "sampling_warpers"]
 
@@ -72,6 +73,7 @@ def decode_compacting(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    preallocate_kv: bool = True,
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Generate up to ``max_new_tokens`` per row; each row's tokens and their logprobs.
 
@@ -88,6 +90,10 @@ def decode_compacting(
         temperature: Sampling temperature, as in ``SamplingParams``.
         top_k: Keep the ``top_k`` most likely tokens (0: off).
         top_p: Nucleus sampling mass (1.0: off).
+        preallocate_kv: After the first forward pass, move the cache into buffers with room for
+            every remaining token (:mod:`~llm_zoo_train.engines.hf_kv_buffer`), so decode steps
+            write in place instead of re-copying the cache. Same numbers; plain
+            ``DynamicLayer`` caches only (others are left as they are).
 
     Returns:
         ``(tokens, logprobs)``: per row, the generated ids (ending with the end-of-sequence token
@@ -115,6 +121,7 @@ def decode_compacting(
     logprobs: list[list[float]] = [[] for _ in range(batch)]
     full_probs: torch.Tensor | None = None
     only_last = last_logits_only(model)
+    grow_in_place = preallocate_kv
 
     for _ in range(max_new_tokens):
         positions = (step_mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
@@ -130,6 +137,9 @@ def decode_compacting(
             .logits[:, -1]
             .to(copy=True, dtype=torch.float32)
         )
+        if grow_in_place:
+            preallocate(cache, max_new_tokens - 1)
+            grow_in_place = False
         log_probs = torch.log_softmax(logits / record_temperature, dim=-1)
         if greedy:
             chosen = torch.argmax(logits, dim=-1)
