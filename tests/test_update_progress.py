@@ -49,16 +49,16 @@ def test_forward_and_backward_layers_are_reported_and_the_gradients_are_unchange
     assert all(torch.equal(a, b) for a, b in zip(plain, watched, strict=True))
     forward = [f"forward, {i}/{layers} layers" for i in range(1, layers + 1)]
     backward = [f"backward, {i}/{layers} layers" for i in range(1, layers + 1)]
-    assert phase.infos == [*forward, *backward, ""]  # the text is cleared when the block ends
-    assert sum(len(layer._forward_hooks) for layer in decoder_layers(model)) == 0
+    head = ["forward, vocabulary projection and loss"], ["backward, vocabulary projection and loss"]
+    # the text is cleared when the block ends
+    assert phase.infos == [*forward, *head[0], *head[1], *backward, ""]
+    watched = [*decoder_layers(model), model.get_output_embeddings()]
+    assert sum(len(module._forward_hooks) for module in watched) == 0
 
 
 def test_a_pass_without_gradient_reports_its_forward_only(model):
     phase = RecordingPhase()
     with torch.no_grad(), update_layer_progress(model, phase):
         model(input_ids=torch.tensor([[3, 4, 5]]))
-    assert phase.infos[-2:] == [
-        f"forward, {model.config.num_hidden_layers}/{model.config.num_hidden_layers} layers",
-        "",
-    ]
+    assert phase.infos[-2:] == ["forward, vocabulary projection and loss", ""]
     assert not any(info.startswith("backward") for info in phase.infos)
