@@ -270,6 +270,58 @@ def test_tokens_and_tok_s_move_during_a_generate_call(terminal):
     progress.close()
 
 
+class _SlowReadingEngine:
+    """Reads two batches of prompts layer by layer, as the transformers engine's hooks report them
+    (llm_zoo_train.engines.hf_reading), with decode steps in between."""
+
+    def __init__(self, seen: list[str], phase_of):
+        self.seen, self.phase_of = seen, phase_of
+
+    def generate(self, prompts, adapters, n, sampling):
+        from llm_zoo_train.engines.base import Completion, report_generated, report_reading
+
+        for _ in range(2):  # two batches: each is read, then decoded
+            for layer in (1, 2, 3):
+                report_reading(len(prompts), 1097, layer, 3)
+                self.seen.append(self.phase_of().info)
+                time.sleep(0.3)  # the display redraws at most every 0.25 s
+            report_generated(len(prompts) * n)
+            self.seen.append(self.phase_of().info)
+            time.sleep(0.3)
+        return [[Completion("x", [1], [5, 6], [0.0] * 2, "length")] * n for _ in prompts]
+
+    def load_adapters(self, paths, version):
+        pass
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_the_layers_of_a_prompt_pass_move_before_and_between_the_tokens(terminal):
+    console, out = _console(terminal=terminal)
+    progress = RunProgress(console, total_steps=None, interval_s=0)
+    seen: list[str] = []
+    holder = {}
+    engine = _SlowReadingEngine(seen, lambda: holder["watched"].phase)
+    watched = holder["watched"] = progress.evaluation(engine, 2)
+    watched.generate(["a", "b"], [None, None], 1, SAMPLING)
+    reading = [re.search(r"reading.*", s).group(0) if "reading" in s else None for s in seen]
+    assert reading == [
+        "reading 2 prompts: 2 x 1,097 prompt tokens, layer 1/3",
+        "reading 2 prompts: 2 x 1,097 prompt tokens, layer 2/3",
+        "reading 2 prompts",  # the pass has ended: the first token comes next
+        None,
+        "reading 2 x 1,097 prompt tokens, layer 1/3",  # the second batch, after tokens
+        "reading 2 x 1,097 prompt tokens, layer 2/3",
+        None,
+        None,
+    ]
+    assert "2 tokens" in seen[4]
+    assert "reading" not in watched.describe()  # the call has returned
+    if not terminal:
+        assert "layer 2/3" in out.getvalue()  # plain lines carry the same words
+    watched.close()
+    progress.close()
+
+
 def test_vllm_progress_bar_class_counts_finished_requests_and_draws_nothing(capsys):
     """vLLM's LLM.generate(use_tqdm=cls) calls cls(iterable, desc=...) to add requests, then
     cls(total=...), reads format_dict and n, sets postfix, update(n) per finished request."""

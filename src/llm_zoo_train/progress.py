@@ -17,7 +17,9 @@ unchanged - same arguments, same results, so the rollout is the one it would be 
 and counts what it sees. During a call it also counts what the engine reports as it generates
 (:func:`llm_zoo_train.engines.base.generation_progress`: the transformers engine reports every
 decode step's tokens and the answers that end, the vLLM engines their finished requests), so the
-tokens and tok/s move while the model generates (after ``reading N prompts``), although all
+tokens and tok/s move while the model generates, and while it reads the prompts before a batch's
+first token the decoder layers the prompt pass has run move (``reading 64 prompts: 32 x 1,097
+prompt tokens, layer 12/30``, :mod:`llm_zoo_train.engines.hf_reading`), although all
 episodes of a batch end together at the last turn. Rollouts make one engine call per turn for
 every live episode, with ``n = K`` candidates in tree mode (a look-ahead call has ``n = 1``), so the prompts of a call with
 the episodes' ``n`` are the episodes still running; an episode counts as done once no call asks
@@ -166,6 +168,8 @@ class WatchedEngine:
         self._call_start: float | None = None
         self._call_prompts = 0
         self._last_draw = 0.0
+        #: The prompt pass now running, as the engine reports it: (rows, positions, layers done, layers).
+        self._reading: tuple[int, int, int, int] | None = None
 
     def generate(self, prompts: Sequence[str], adapters: Sequence[str | None], n: int, sampling: Any) -> Any:
         if n == self.episode_n and self.phase.total is not None:
@@ -178,12 +182,13 @@ class WatchedEngine:
         self._last_draw = 0.0
         self.phase.update(info=self.describe())  # the turn shows as it starts, not when it ends
         try:
-            with generation_progress(self._generated):
+            with generation_progress(self._generated, reading=self._read):
                 results = self.engine.generate(prompts, adapters, n, sampling)
         finally:
             self.generation_seconds += time.perf_counter() - self._call_start
             self._call_start = None
             self._live_tokens = self._live_completions = 0
+            self._reading = None
         # The results' own counts replace the live ones (exact, whatever the engine reported).
         self.completions += sum(len(group) for group in results)
         self.tokens += sum(len(c.token_ids) for group in results for c in group)
@@ -194,6 +199,15 @@ class WatchedEngine:
         """The engine's live report during a call; redraws at most every ``_REDRAW_S`` seconds."""
         self._live_tokens += tokens
         self._live_completions += completions
+        self._redraw()
+
+    def _read(self, rows: int, positions: int, layers_done: int, layers: int) -> None:
+        """The engine's report from a prompt pass: ``layers_done`` of ``layers`` decoder layers
+        have read ``rows`` prompts of ``positions`` tokens."""
+        self._reading = (rows, positions, layers_done, layers) if layers_done < layers else None
+        self._redraw()
+
+    def _redraw(self) -> None:
         now = time.perf_counter()
         if now - self._last_draw >= _REDRAW_S:
             self._last_draw = now
@@ -214,9 +228,16 @@ class WatchedEngine:
         if tokens or self._call_start is not None:
             rate = tokens / seconds if seconds > 0 else 0.0
             parts.append(f"{tokens:,} tokens ({rate:.0f} tok/s)")
-        if self._call_start is not None and not self._live_tokens:
-            # Before a call's first token the model reads the prompts (one long forward pass on a CPU).
-            parts.append(f"reading {self._call_prompts} prompts")
+        if self._call_start is not None:
+            # Before a call's first token the model reads the prompts (one long forward pass on a
+            # CPU), and again before each later batch: the engine may report its layers.
+            reading = f"reading {self._call_prompts} prompts" if not self._live_tokens else ""
+            if self._reading is not None:
+                rows, positions, done, layers = self._reading
+                reading += ": " if reading else "reading "
+                reading += f"{rows} x {positions:,} prompt tokens, layer {done}/{layers}"
+            if reading:
+                parts.append(reading)
         return ", ".join(parts)
 
     def close(self) -> None:

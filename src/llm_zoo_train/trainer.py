@@ -71,6 +71,7 @@ from llm_zoo_train.trainer_state import (
     save_trainer_checkpoint,
 )
 from llm_zoo_train.update import mean_across_processes
+from llm_zoo_train.update_progress import update_layer_progress
 
 __all__ = ["Trainer", "derive_seed"]
 
@@ -303,7 +304,10 @@ class Trainer:
             sleep()  # vLLM with sleep mode gives its GPU memory to the update (no-op otherwise)
         self.interrupts.begin_update()  # from here to the end of the step a signal waits for it
         for adapter in self.plan.trainable:
-            with self.progress.update(step, adapter) as phase:
+            with (
+                self.progress.update(step, adapter) as phase,
+                update_layer_progress(self.policy.model, phase),
+            ):
                 try:
                     result = self.updater.update(adapter, [s for s in kept if s.adapter == adapter], phase)
                 except NonFiniteError as err:

@@ -23,7 +23,9 @@ __all__ = [
     "SamplingParams",
     "check_generate_args",
     "generation_progress",
+    "reading_watched",
     "report_generated",
+    "report_reading",
 ]
 
 #: Where an engine reports what it has generated so far within one ``generate`` call (a context
@@ -33,16 +35,27 @@ _progress: ContextVar[Callable[[int, int], None] | None] = ContextVar(
 )
 
 
+#: Where an engine reports its progress through a prompt pass (prefill), see :func:`report_reading`.
+_reading: ContextVar[Callable[[int, int, int, int], None] | None] = ContextVar(
+    "llm_zoo_reading_progress", default=None
+)
+
+
 @contextmanager
-def generation_progress(callback: Callable[[int, int], None]) -> Iterator[None]:
+def generation_progress(
+    callback: Callable[[int, int], None], reading: Callable[[int, int, int, int], None] | None = None
+) -> Iterator[None]:
     """Within the block, engines call ``callback(new_tokens, finished_completions)`` while they
     generate (the transformers engine at every decode step, the vLLM engines as requests finish),
-    so a caller can show life during a ``generate`` call of minutes. Reporting changes nothing
-    that is generated."""
+    so a caller can show life during a ``generate`` call of minutes. Engines that can also call
+    ``reading(rows, positions, layers_done, layers)`` while they read prompts before the first
+    token (:func:`report_reading`). Reporting changes nothing that is generated."""
     token = _progress.set(callback)
+    reading_token = _reading.set(reading)
     try:
         yield
     finally:
+        _reading.reset(reading_token)
         _progress.reset(token)
 
 
@@ -52,6 +65,20 @@ def report_generated(tokens: int, completions: int = 0) -> None:
     callback = _progress.get()
     if callback is not None:
         callback(int(tokens), int(completions))
+
+
+def reading_watched() -> bool:
+    """Whether a caller listens to :func:`report_reading` (an engine sets up nothing otherwise)."""
+    return _reading.get() is not None
+
+
+def report_reading(rows: int, positions: int, layers_done: int, layers: int) -> None:
+    """Called by engines during a prompt pass (prefill): a forward pass over ``rows`` prompts of
+    ``positions`` tokens each (padding included) has run ``layers_done`` of the model's ``layers``
+    decoder layers (nothing happens outside :func:`generation_progress` with ``reading``)."""
+    callback = _reading.get()
+    if callback is not None:
+        callback(int(rows), int(positions), int(layers_done), int(layers))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ How one :meth:`HFEngine.generate` call runs:
    ``finish_reason`` is ``"stop"``) or at ``max_tokens`` (``"length"``); padding is removed.
 
 While it runs, the call reports every decode step's tokens and the completions as they end
-through :func:`llm_zoo_train.engines.base.report_generated`, so a progress display can count them
+through :func:`llm_zoo_train.engines.base.report_generated`, and before them each decoder layer of
+a prompt pass (:mod:`llm_zoo_train.engines.hf_reading`), so a progress display can count them
 during a call of minutes (:mod:`llm_zoo_train.progress`).
 
 Seeding: when ``SamplingParams.seed`` is set, the call samples from a forked torch RNG seeded with
@@ -54,6 +55,7 @@ from llm_zoo_train.chat import encode_prompt
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args, report_generated
 from llm_zoo_train.engines.hf_decode import decode_compacting, last_logits_only
 from llm_zoo_train.engines.hf_prefix_cache import PrefixKVCache
+from llm_zoo_train.engines.hf_reading import reading_progress
 
 __all__ = ["HFEngine"]
 
@@ -186,7 +188,7 @@ class HFEngine:
         generation_config = self._generation_config(sampling)
         if self.prefix_cache is not None:
             self.prefix_cache.validate(self.model)  # any weight changed since the last call: empty
-        with self._preserved_model_state(), self._seeded(sampling.seed):
+        with self._preserved_model_state(), self._seeded(sampling.seed), reading_progress(self.model):
             for adapter, indices in by_adapter.items():
                 # Longest first: rows of similar length share a batch (less padding).
                 indices = sorted(indices, key=lambda i: -len(encoded[i]))
