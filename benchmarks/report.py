@@ -568,6 +568,9 @@ def cheating_rate(result: dict[str, Any]) -> str:
         else f"Greedy, {result['max_completion_length']} new tokens; base model only (no training run)."
     )
     missing = result.get("missing")
+    seconds = ", ".join(f"{name} {value:.0f} s" for name, value in result.get("seconds", {}).items())
+    if seconds:
+        note += f" Wall time: {seconds}."
     return (
         _table(["policy", "cheating rate (95% CI)", "cheats", "distinct problems", "format ok"], rows)
         + f"\n\n{note}"
