@@ -233,9 +233,11 @@ def load_base_model(config: ModelConfig, device: torch.device | str | None = Non
 #: anything not listed gets transformers' default, sdpa. From benchmarks/attention_speed.py
 #: (SmolLM2-135M, one CPU thread, RESULTS.md): in bfloat16, decoding left-padded batches on a
 #: 556-token cache (the bulk of a step's time) took 1.10-1.21x as long with sdpa as with eager
-#: (issue 29 measured 537 against 328 ms per step on a quieter machine); in float32 the figures
-#: went both ways, so float32 keeps the default. float16 follows bfloat16 (not measured); no GPU
-#: was measured (sdpa there).
+#: (issue 29 measured 537 against 328 ms per step on a quieter machine), while the update's
+#: forward + backward took 0.74x: measured at load 11-12, to be confirmed on a quiet machine. In
+#: float32 the figures went both ways, so float32 keeps the default. float16 follows bfloat16 (not
+#: measured); no GPU was measured (sdpa there). The two kernels' bfloat16 log-probs differ by up
+#: to 0.24, which is why one model (one choice) serves both the engine and the update.
 AUTO_ATTENTION: dict[tuple[str, torch.dtype], str] = {
     ("cpu", torch.bfloat16): "eager",
     ("cpu", torch.float16): "eager",
