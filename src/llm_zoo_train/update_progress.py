@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from llm_zoo_train.engines.hf_reading import decoder_layers
+from llm_zoo_train.engines.hf_reading import decoder_layers, forward_hooks
 
 __all__ = ["update_layer_progress"]
 
@@ -59,13 +59,10 @@ def update_layer_progress(model: Any, phase: Any) -> Iterator[None]:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     # The projection onto a large vocabulary and the loss over it can take as long as all layers.
     watched = [*layers, head] if isinstance(head, torch.nn.Module) else layers
-    handles = [
-        module.register_forward_hook(_LayerWatch(phase, index, len(layers)))
-        for index, module in enumerate(watched)
-    ]
     try:
-        yield
+        with forward_hooks(
+            {module: _LayerWatch(phase, index, len(layers)) for index, module in enumerate(watched)}
+        ):
+            yield
     finally:
-        for handle in handles:
-            handle.remove()
         phase.update(info="")

@@ -24,7 +24,7 @@ import torch
 
 from llm_zoo_train.engines.base import reading_watched, report_reading
 
-__all__ = ["decoder_layers", "reading_progress"]
+__all__ = ["decoder_layers", "forward_hooks", "reading_progress"]
 
 
 def decoder_layers(model: Any) -> list[torch.nn.Module]:
@@ -62,10 +62,17 @@ def reading_progress(model: Any) -> Iterator[None]:
         yield
         return
     layers = decoder_layers(model)
-    handles = [
-        layer.register_forward_hook(_LayerDone(index, len(layers)), with_kwargs=True)
-        for index, layer in enumerate(layers)
-    ]
+    with forward_hooks(
+        {layer: _LayerDone(index, len(layers)) for index, layer in enumerate(layers)}, kwargs=True
+    ):
+        yield
+
+
+@contextmanager
+def forward_hooks(hooks: dict[torch.nn.Module, Any], *, kwargs: bool = False) -> Iterator[None]:
+    """``hooks[module]`` is ``module``'s forward hook within the block (``kwargs``: it also gets
+    the call's keyword arguments); all are removed when the block ends, error or not."""
+    handles = [module.register_forward_hook(hook, with_kwargs=kwargs) for module, hook in hooks.items()]
     try:
         yield
     finally:
