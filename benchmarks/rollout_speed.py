@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = env_prompts(args.env, args.envs)
     prompt_tokens = [len(encode_prompt(tokenizer, p)) for p in prompts]
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=0)
-    shared = HFEngine(model, tokenizer, max_batch_size=args.envs * args.k)
+    shared = HFEngine(model, tokenizer, max_batch_size=args.envs * args.k, prefix_cache_mb=1024)
     unshared = HFEngine(model, tokenizer, max_batch_size=args.envs * args.k, share_prefill=False)
     uncached = HFEngine(model, tokenizer, max_batch_size=args.envs * args.k, prefix_cache_mb=0)
 

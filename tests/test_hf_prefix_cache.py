@@ -72,7 +72,7 @@ def assert_same(a, b):
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_prefix_cache_gives_the_same_tokens_and_logprobs(model, tokenizer, sampling):
-    cached = HFEngine(model, tokenizer, max_batch_size=4)
+    cached = HFEngine(model, tokenizer, max_batch_size=4, prefix_cache_mb=64)
     plain = HFEngine(model, tokenizer, max_batch_size=4, prefix_cache_mb=0)
     assert cached.prefix_cache is not None and plain.prefix_cache is None
     assert_same(calls(cached, sampling), calls(plain, sampling))
@@ -94,7 +94,7 @@ def forward_positions(model, engine, prompts, adapters, n):
 
 
 def test_a_prompt_asked_again_is_not_prefilled_again(model, tokenizer):
-    engine = HFEngine(model, tokenizer)
+    engine = HFEngine(model, tokenizer, prefix_cache_mb=64)
     first = forward_positions(model, engine, BRANCHES, ["one"] * 3, 1)
     again = forward_positions(model, engine, BRANCHES[:1], ["one"], 4)  # the look-ahead's prompt, n=K
     longest = max(len(engine._encode(p)) for p in BRANCHES)
@@ -110,7 +110,7 @@ def test_a_prompt_asked_again_is_not_prefilled_again(model, tokenizer):
 
 def test_a_weight_update_empties_the_cache(tiny_model_dir, tokenizer):
     model = peft_model(tiny_model_dir)
-    cached = HFEngine(model, tokenizer)
+    cached = HFEngine(model, tokenizer, prefix_cache_mb=64)
     before = calls(cached, GREEDY)
     assert len(cached.prefix_cache) > 0
     # One optimizer step on adapter "one", in place, as the trainer's update does.

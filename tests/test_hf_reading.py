@@ -53,7 +53,12 @@ def test_each_layer_of_the_prompt_pass_is_reported_before_the_first_token(
     model, tokenizer = model_and_tokenizer
     layers = model.config.num_hidden_layers
     engine = HFEngine(
-        model, tokenizer, max_batch_size=64, share_prefill=share_prefill, compact_finished_rows=compact
+        model,
+        tokenizer,
+        max_batch_size=64,
+        share_prefill=share_prefill,
+        compact_finished_rows=compact,
+        prefix_cache_mb=0,  # the batched prompt pass; the prefix cache's own is tested below
     )
     events: list[tuple] = []
     with generation_progress(
@@ -72,6 +77,27 @@ def test_each_layer_of_the_prompt_pass_is_reported_before_the_first_token(
     assert hook_count(model) == 0
 
 
+def test_with_the_prefix_cache_each_prompt_read_alone_is_reported(model_and_tokenizer):
+    """The prefix cache prefills prompt by prompt (only what follows a stored prefix): each of
+    those passes reports its layers, one row at a time, before the first token."""
+    model, tokenizer = model_and_tokenizer
+    layers = model.config.num_hidden_layers
+    engine = HFEngine(model, tokenizer, max_batch_size=64, prefix_cache_mb=64)
+    assert engine.prefix_cache is not None
+    events: list[tuple] = []
+    with generation_progress(
+        lambda tokens, done: events.append(("tokens", tokens)),
+        reading=lambda *report: events.append(("reading", *report)),
+    ):
+        engine.generate(PROMPTS, ["one"] * len(PROMPTS), 2, SAMPLINGS["sampled"])
+    first_token = next(i for i, event in enumerate(events) if event[0] == "tokens")
+    reading = events[:first_token]
+    assert reading and all(event[1] == 1 for event in reading)  # one prompt per pass
+    assert [event[3] for event in reading] == list(range(1, layers + 1)) * (len(reading) // layers)
+    assert len(reading) // layers == len(PROMPTS)
+    assert hook_count(model) == 0
+
+
 @pytest.mark.parametrize("sampling", sorted(SAMPLINGS))
 @pytest.mark.parametrize(("share_prefill", "compact"), [(True, True), (False, False)])
 def test_watching_the_prompt_pass_changes_no_token_or_logprob(
@@ -79,7 +105,12 @@ def test_watching_the_prompt_pass_changes_no_token_or_logprob(
 ):
     model, tokenizer = model_and_tokenizer
     engine = HFEngine(
-        model, tokenizer, max_batch_size=4, share_prefill=share_prefill, compact_finished_rows=compact
+        model,
+        tokenizer,
+        max_batch_size=4,
+        share_prefill=share_prefill,
+        compact_finished_rows=compact,
+        prefix_cache_mb=0,  # the second call must read its prompts again
     )
     params = SAMPLINGS[sampling]
     plain = engine.generate(PROMPTS, ["one"] * len(PROMPTS), 3, params)
@@ -96,7 +127,7 @@ def test_watching_the_prompt_pass_changes_no_token_or_logprob(
 
 def test_hooks_live_only_during_a_watched_call(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
-    engine = HFEngine(model, tokenizer)
+    engine = HFEngine(model, tokenizer, prefix_cache_mb=0)
     layers = model.config.num_hidden_layers
     during: list[int] = []
     # Only token progress asked for: nothing is installed.

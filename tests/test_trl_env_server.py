@@ -22,6 +22,16 @@ import trl_grpo_env_server as example  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """GRPOTrainer sets Accelerate's process-wide state (bf16 mixed precision by TRL's default);
+    a Trainer built by a later test in this process would find it and refuse its own settings."""
+    from accelerate.state import AcceleratorState
+
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def test_trl_grpo_trains_on_math_through_the_server(tiny_model_dir, tmp_path):
     with ServerThread() as url:
         trainer, reward = example.build_trainer(

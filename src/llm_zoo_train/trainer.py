@@ -306,7 +306,7 @@ class Trainer:
         for adapter in self.plan.trainable:
             with (
                 self.progress.update(step, adapter) as phase,
-                update_layer_progress(self.policy.model, phase),
+                update_layer_progress(self._model_of(adapter), phase),
             ):
                 try:
                     result = self.updater.update(adapter, [s for s in kept if s.adapter == adapter], phase)
@@ -398,6 +398,11 @@ class Trainer:
 
             episodes = gather_object(episodes)
         return summarize(episodes)
+
+    def _model_of(self, adapter: str) -> Any:
+        """The base model that carries ``adapter`` (a pool of base models has several)."""
+        policy_of = getattr(self.policy, "policy_of", None)
+        return (policy_of(adapter) if policy_of is not None else self.policy).model
 
     def _evaluation_metrics(self) -> dict[str, float]:
         start = time.perf_counter()

@@ -26,7 +26,7 @@ answer and its own previous program). The reasoner's prompt holds its key, the t
 result (or that there was none) and the rule with an example. Prompts never say whether an answer
 is correct.
 
-Rewards are Math-v0's, with each agent's answer checked against its own gold answer
+Rewards: Math-v0's, with each agent's answer checked against its own gold answer
 (:meth:`MathRelayEnv.gold_answer`): the tool agent's against the intermediate, the reasoner's
 against the team answer; with the tool agent alone (``agents=("tool_agent",)``), its answer *is*
 the team's and is checked against the team answer. Each agent is paid the change of its level

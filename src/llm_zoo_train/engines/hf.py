@@ -20,7 +20,7 @@ How one :meth:`HFEngine.generate` call runs:
    The ``n`` rows of one prompt share one prefill: the prompt's KV cache is computed once and
    copied to its rows (``share_prefill``), as vLLM's prefix cache would. Across calls, the keys and
    values of recent prompts are kept per adapter and a prompt that starts with the tokens of one of
-   them prefills only the rest (``prefix_cache_mb``; :mod:`llm_zoo_train.engines.hf_prefix_cache`
+   them prefills only the rest (``prefix_cache_mb``, off by default; :mod:`llm_zoo_train.engines.hf_prefix_cache`
    says how prompts are matched and when the cache is emptied: after every weight update). A row leaves the batch
    at the step it ends (:mod:`llm_zoo_train.engines.hf_decode`, same sampling as
    ``model.generate``, which would carry it to the end of the batch's longest answer).
@@ -130,9 +130,10 @@ class HFEngine:
         prefix_cache_mb: Keep the keys and values of recently prefilled prompts, per adapter, up to
             this many MiB, and prefill only what a new prompt adds to the longest stored prefix of
             it (:mod:`~llm_zoo_train.engines.hf_prefix_cache`; emptied whenever a weight changes).
-            The default holds ~23k positions of SmolLM2-135M in float32 (46 KB each), a tree
-            step's look-ahead prompts at 4 envs x K=4. 0 (or ``share_prefill`` False): off. Same tokens; logprobs can differ in the last
-            bits (other matrix shapes).
+            1024 holds ~23k positions of SmolLM2-135M in float32 (46 KB each), a tree step's
+            look-ahead prompts at 4 envs x K=4. Off by default (0): the logprobs, and rarely the
+            tokens, then depend on what earlier calls left in the cache (other matrix shapes), so
+            a replayed or resumed step would not repeat the original bit for bit.
     """
 
     def __init__(
@@ -144,7 +145,7 @@ class HFEngine:
         system_prompt: str | None = None,
         share_prefill: bool = True,
         compact_finished_rows: bool = True,
-        prefix_cache_mb: float = 1024.0,
+        prefix_cache_mb: float = 0.0,
     ):
         if int(max_batch_size) < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
