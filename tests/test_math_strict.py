@@ -118,3 +118,20 @@ def test_a_marker_in_the_gold_allows_the_same_marker():
     assert "percent" in marker_refusal("0.5", "50\\%")
     assert "approximation" in marker_refusal("5", "about 5")
     assert marker_refusal("3744", "3~744") is None  # a LaTeX space inside, not a marker
+
+
+@pytest.mark.parametrize("pred", [".", "..", "1.2.3", "3.", "²", "- " * 3000 + "1", "+" * 100_000 + "1"])
+def test_odd_numbers_and_endless_signs_never_raise(pred):
+    """Found by the stop-34 red team: a tool program printing "." made ``float('.')`` raise out of
+    ``env.step``; thousands of signs in a row overflowed the reader's recursion."""
+    refusal = size_refusal(pred)  # returns, never raises
+    assert refusal is None or "not evaluated" in refusal
+
+
+def test_a_program_printing_a_dot_is_judged_not_raised():
+    import llm_zoo
+
+    env = llm_zoo.make("Math-v0", agents=("tool_agent",))
+    env.reset(seed=0)
+    env.step("```python\nprint('.')\n```")
+    assert env.rewards["tool_agent"] <= 0

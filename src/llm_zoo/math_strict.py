@@ -214,9 +214,13 @@ class _Magnitudes:
         if token in _OPEN:
             return self.group(_OPEN[token])
         if token[0].isdigit() or token[0] == ".":
-            if len(token) > 300:
-                return float(len(token.split(".")[0]))
-            return math.log10(max(float(token), 1.0))
+            whole_digits = len(token.split(".")[0])
+            if whole_digits > 300:
+                return float(whole_digits)
+            try:
+                return math.log10(max(float(token), 1.0))
+            except ValueError:  # "." or "1.2.3": not a number; bounded by its digits
+                return float(whole_digits)
         if token in _FRACTION:
             top = self.atom()
             self.atom()  # a denominator can only shrink a fraction; C(n, k) <= 2^n
@@ -250,4 +254,6 @@ def size_refusal(pred: str) -> str | None:
         _Magnitudes(_strip_math(pred)).whole()
     except _Refused as refused:
         return f"{refused}: not evaluated; write the value itself"
+    except RecursionError:  # thousands of signs in a row: "- - - - ... 1"
+        return "an expression nested too deeply: not evaluated; write the value itself"
     return None
