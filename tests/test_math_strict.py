@@ -135,3 +135,16 @@ def test_a_program_printing_a_dot_is_judged_not_raised():
     env.reset(seed=0)
     env.step("```python\nprint('.')\n```")
     assert env.rewards["tool_agent"] <= 0
+
+
+def test_a_huge_reasoner_answer_compared_with_the_tools_costs_no_checker_time_out():
+    """Math-v0 compares the two agents' answers with the reasoner's in the gold's place; the stop-34
+    red team found a reasoner's ``10^{10^{10^{10}}}`` then cost the checker's 2 s time-out each step."""
+    checker = AnswerChecker()
+    try:
+        start = time.perf_counter()
+        result = checker.check("10^{10^{10^{10}}}", "42")
+        assert not result.correct and result.method == "refused"
+        assert time.perf_counter() - start < 0.5
+    finally:
+        checker.close()

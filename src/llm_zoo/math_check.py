@@ -134,7 +134,9 @@ def exact_value(answer: str) -> tuple[Fraction, bool] | None:
 def _fast_verdict(gold: str, pred: str) -> CheckResult | None:
     if gold == pred:
         return CheckResult(True, "exact", "identical answers")
-    refusal = marker_refusal(gold, pred) or size_refusal(pred)
+    refusal = (
+        marker_refusal(gold, pred) or size_refusal(pred) or size_refusal(gold)
+    )  # gold: an agent's answer when two agents' answers are compared
     if refusal is not None:
         return CheckResult(False, "refused", refusal)
     gold_value, pred_value = exact_value(gold), exact_value(pred)
