@@ -44,6 +44,18 @@ def test_the_decoder_layers_are_found(model_and_tokenizer):
     assert all(type(layer).__name__ == "LlamaDecoderLayer" for layer in layers)
 
 
+def _reads_then_tokens(engine: HFEngine) -> tuple[list[tuple], list[tuple]]:
+    """The progress events of one sampled call: those before its first token, and the rest."""
+    events: list[tuple] = []
+    with generation_progress(
+        lambda tokens, done: events.append(("tokens", tokens)),
+        reading=lambda *report: events.append(("reading", *report)),
+    ):
+        engine.generate(PROMPTS, ["one"] * len(PROMPTS), 2, SAMPLINGS["sampled"])
+    first_token = next(i for i, event in enumerate(events) if event[0] == "tokens")
+    return events[:first_token], events[first_token:]
+
+
 @pytest.mark.parametrize(
     ("share_prefill", "compact"), [(True, True), (False, True), (True, False), (False, False)]
 )
@@ -60,20 +72,13 @@ def test_each_layer_of_the_prompt_pass_is_reported_before_the_first_token(
         compact_finished_rows=compact,
         prefix_cache_mb=0,  # the batched prompt pass; the prefix cache's own is tested below
     )
-    events: list[tuple] = []
-    with generation_progress(
-        lambda tokens, done: events.append(("tokens", tokens)),
-        reading=lambda *report: events.append(("reading", *report)),
-    ):
-        engine.generate(PROMPTS, ["one"] * len(PROMPTS), 2, SAMPLINGS["sampled"])
-    first_token = next(i for i, event in enumerate(events) if event[0] == "tokens")
-    reading = events[:first_token]
+    reading, after = _reads_then_tokens(engine)
     width = max(len(engine._encode(p)) for p in PROMPTS)
     # With a shared prefill the unique prompts are read once, all but their last token (the first
     # decode step runs it); otherwise every row (prompt x sample) is read whole.
     rows, positions = (len(PROMPTS), width - 1) if share_prefill else (2 * len(PROMPTS), width)
     assert reading == [("reading", rows, positions, done, layers) for done in range(1, layers + 1)]
-    assert all(event[0] == "tokens" for event in events[first_token:])  # decode steps are not reads
+    assert all(event[0] == "tokens" for event in after)  # decode steps are not reads
     assert hook_count(model) == 0
 
 
@@ -84,14 +89,7 @@ def test_with_the_prefix_cache_each_prompt_read_alone_is_reported(model_and_toke
     layers = model.config.num_hidden_layers
     engine = HFEngine(model, tokenizer, max_batch_size=64, prefix_cache_mb=64)
     assert engine.prefix_cache is not None
-    events: list[tuple] = []
-    with generation_progress(
-        lambda tokens, done: events.append(("tokens", tokens)),
-        reading=lambda *report: events.append(("reading", *report)),
-    ):
-        engine.generate(PROMPTS, ["one"] * len(PROMPTS), 2, SAMPLINGS["sampled"])
-    first_token = next(i for i, event in enumerate(events) if event[0] == "tokens")
-    reading = events[:first_token]
+    reading, _ = _reads_then_tokens(engine)
     assert reading and all(event[1] == 1 for event in reading)  # one prompt per pass
     assert [event[3] for event in reading] == list(range(1, layers + 1)) * (len(reading) // layers)
     assert len(reading) // layers == len(PROMPTS)
