@@ -1,6 +1,6 @@
 """Eager against sdpa attention for each phase of a training step, in float32 and bfloat16.
 
-``model.attn_implementation: auto`` (:func:`llm_zoo_train.policy.load_base_model`) picks the
+``model.attn_implementation: auto`` (:func:`llm_zoo_train.models.policy.load_base_model`) picks the
 attention by device and dtype from these figures. One model per dtype is loaded and switched
 between ``eager`` and ``sdpa`` (``set_attn_implementation``); every (dtype, attention) case runs
 each phase once per repeat, cases interleaved, so all see the same machine load:
@@ -13,7 +13,7 @@ each phase once per repeat, cases interleaved, so all see the same machine load:
   every other row is left-padded by ``--pad-fraction`` of the context (masked), as a batch of
   prompts of different lengths is (an all-ones mask lets sdpa skip the mask altogether);
 * ``update``: LoRA (r=8, all linear layers) forward + backward of
-  :func:`~llm_zoo_train.loss.completion_logprobs` over ``--update-groups`` prompts x
+  :func:`~llm_zoo_train.training.loss.completion_logprobs` over ``--update-groups`` prompts x
   ``--update-rows`` rows each (``--update-prompt`` + ``--update-completion`` tokens), as the
   update's grouped micro-batch.
 
@@ -80,7 +80,7 @@ def _model_path(args: argparse.Namespace) -> str:
         from tiny_model import build_tiny_model_dir
 
         return str(build_tiny_model_dir(Path(tempfile.mkdtemp(prefix="attention-tiny-")) / "model"))
-    from llm_zoo_train.policy import resolve_model_path
+    from llm_zoo_train.models.policy import resolve_model_path
 
     return resolve_model_path(args.model)
 
@@ -138,7 +138,7 @@ def _update_batch(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]]
 
 
 def _update(model: Any, prompts: list[list[int]], completions: list[list[int]]) -> torch.Tensor:
-    from llm_zoo_train.loss import completion_logprobs
+    from llm_zoo_train.training.loss import completion_logprobs
 
     model.zero_grad(set_to_none=True)
     logprobs, mask, _ = completion_logprobs(model, prompts, completions, pad_token_id=0)
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from llm_zoo_train.config import LoraSettings
-    from llm_zoo_train.policy import lora_config
+    from llm_zoo_train.models.policy import lora_config
 
     torch.set_num_threads(args.threads)
     path = _model_path(args)

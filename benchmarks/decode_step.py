@@ -29,7 +29,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from llm_zoo_train.engines.hf_kv_buffer import preallocate
-from llm_zoo_train.policy import resolve_model_path
+from llm_zoo_train.models.policy import resolve_model_path
 
 
 def prefilled(model, context: int, batch: int):

@@ -42,10 +42,10 @@ from _common import RESULTS_DIR, bar_chart, finish, quick_overrides, run_facts
 
 from llm_zoo_train.config import eval_env_kwargs, load_config
 from llm_zoo_train.engines.hf import HFEngine
-from llm_zoo_train.eval_plan import eval_sampling
-from llm_zoo_train.eval_tasks import eval_tasks
-from llm_zoo_train.evaluate import evaluate
-from llm_zoo_train.policy import load_base_model
+from llm_zoo_train.evaluation.evaluate import evaluate
+from llm_zoo_train.evaluation.plan import eval_sampling
+from llm_zoo_train.evaluation.tasks import eval_tasks
+from llm_zoo_train.models.policy import load_base_model
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "examples" / "math_smollm2_cpu.yaml"

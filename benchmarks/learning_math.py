@@ -19,7 +19,7 @@ every variant and every training seed of ``--seeds``, with the same model, steps
 Untrained LoRA adapters equal the base model (B starts at zero), so the "before" of each env
 (team, tool alone, reasoner alone) is evaluated once. Every evaluation records which problems were
 solved, so variants are compared **paired**, problem by problem, pooled over the seeds: the exact
-McNemar test (:mod:`llm_zoo_train.paired`). Other team-credit choices run as overrides, e.g.
+McNemar test (:mod:`llm_zoo_train.evaluation.paired`). Other team-credit choices run as overrides, e.g.
 ``--variants per_agent --rollout.team_credit_samples 4``. Writes ``OUTPUT_DIR/learning_math.json``
 and a PNG.
 
@@ -49,10 +49,10 @@ import torch
 from _common import finish, parse_learning_args, quick_overrides, run_facts
 
 from llm_zoo_train.config import Config, config_to_dict, eval_env_kwargs, load_config
-from llm_zoo_train.eval_plan import eval_sampling
-from llm_zoo_train.eval_tasks import eval_tasks
-from llm_zoo_train.evaluate import evaluate, wilson_interval
-from llm_zoo_train.paired import paired_comparison
+from llm_zoo_train.evaluation.evaluate import evaluate, wilson_interval
+from llm_zoo_train.evaluation.paired import paired_comparison
+from llm_zoo_train.evaluation.plan import eval_sampling
+from llm_zoo_train.evaluation.tasks import eval_tasks
 from llm_zoo_train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parent.parent

@@ -41,7 +41,7 @@ from _common import finish, parse_learning_args, quick_overrides, run_facts
 
 from llm_zoo_train.config import config_to_dict, eval_env_kwargs, load_config
 from llm_zoo_train.engines.base import SamplingParams
-from llm_zoo_train.evaluate import EvalResult, evaluate
+from llm_zoo_train.evaluation.evaluate import EvalResult, evaluate
 from llm_zoo_train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parent.parent

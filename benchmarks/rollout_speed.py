@@ -49,11 +49,11 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import llm_zoo
-from llm_zoo_train.chat import encode_prompt
 from llm_zoo_train.engines.base import SamplingParams
 from llm_zoo_train.engines.hf import HFEngine
-from llm_zoo_train.rollout import tree_rollout
-from llm_zoo_train.team_credit import LOOKAHEAD_ROUND, generated_tokens
+from llm_zoo_train.models.chat import encode_prompt
+from llm_zoo_train.rollout.team_credit import LOOKAHEAD_ROUND, generated_tokens
+from llm_zoo_train.rollout.tree import tree_rollout
 
 RESULTS = Path(__file__).parent / "results" / "rollout_speed.json"
 ADAPTER = "policy"
@@ -63,7 +63,7 @@ def load_model(name: str, dtype: str):
     if os.path.isdir(name):
         path = name
     else:
-        from llm_zoo_train.policy import resolve_model_path
+        from llm_zoo_train.models.policy import resolve_model_path
 
         path = resolve_model_path(name)
     tokenizer = AutoTokenizer.from_pretrained(path)

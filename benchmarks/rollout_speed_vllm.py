@@ -105,7 +105,7 @@ def time_raw_generate(engine, prompts, k, sampling) -> tuple[float, int]:
     import vllm
     from vllm.inputs import TokensPrompt
 
-    from llm_zoo_train.chat import encode_prompt
+    from llm_zoo_train.models.chat import encode_prompt
 
     requests = [
         TokensPrompt(prompt_token_ids=encode_prompt(engine.tokenizer, p)) for p in prompts for _ in range(k)
@@ -127,8 +127,8 @@ def time_raw_generate(engine, prompts, k, sampling) -> tuple[float, int]:
 def time_tree_rollout(engine, env_id, turns, envs, agents, k, sampling, repeat) -> tuple[float, int, list]:
     """One whole tree rollout (generation, env clones and steps, sandbox runs), timed; returns the
     generation calls it made so they can be replayed."""
-    from llm_zoo_train.rollout import tree_rollout
-    from llm_zoo_train.team_credit import generated_tokens
+    from llm_zoo_train.rollout.team_credit import generated_tokens
+    from llm_zoo_train.rollout.tree import tree_rollout
 
     recorder = RecordingEngine(engine)
     cold_cache(engine)
@@ -148,7 +148,7 @@ def time_replay(engine, calls) -> tuple[float, int]:
     import vllm
     from vllm.inputs import TokensPrompt
 
-    from llm_zoo_train.chat import encode_prompt
+    from llm_zoo_train.models.chat import encode_prompt
 
     prepared = []
     for prompts, adapters, n, sampling in calls:
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
     import llm_zoo
     from llm_zoo_train.engines.base import SamplingParams
     from llm_zoo_train.engines.vllm import VLLMEngine
-    from llm_zoo_train.policy import resolve_model_path
+    from llm_zoo_train.models.policy import resolve_model_path
 
     facts = run_facts(__file__, argv)
     model_path = resolve_model_path(args.model)

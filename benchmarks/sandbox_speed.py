@@ -10,7 +10,7 @@ reference solutions, plus, for each problem, a wrong program (prints a count ins
 answer) and a crashing one (exceptions of several kinds, a failed 1 TiB allocation), and for every
 ``--slow-every``-th problem a slow one (reads the input, then loops past the timeout). Call-based
 problems form the ``call`` category: the reference through the call harness
-(:mod:`llm_zoo.call_harness`), judged by return value. Each
+(:mod:`llm_zoo.checkers.call_harness`), judged by return value. Each
 category is timed on both sides, alternating, and the verdicts (passed / failed / timed out) of the
 two sides are compared test by test. The overall ratio is total plain time / total sandbox time.
 

@@ -12,7 +12,7 @@ clone, and credits the *same* branches under every rule of ``--credits``:
   is the default team credit);
 * ``greedy`` - the reasoner's greedy answer.
 
-It counts, per rule (:func:`llm_zoo_train.team_credit.credit_disagreements`): failed programs
+It counts, per rule (:func:`llm_zoo_train.rollout.team_credit.credit_disagreements`): failed programs
 credited (credited >= 0.5), correct programs not credited, sibling pairs (one right, one wrong
 program) ordered wrongly or tied, and groups where an advantage's global part has the wrong sign;
 and the look-ahead's generation time. Untrained adapters equal the base model, so the base model
@@ -38,10 +38,10 @@ from _common import RESULTS_DIR, finish, quick_overrides, run_facts
 import llm_zoo
 from llm_zoo_train.config import load_config, train_env_kwargs
 from llm_zoo_train.engines.base import SamplingParams
-from llm_zoo_train.env_play import generate_checked, seeded_sampling
-from llm_zoo_train.eval_plan import local_engine, saved_adapters
-from llm_zoo_train.seeding import Stream, derive_seed
-from llm_zoo_train.team_credit import LOOKAHEAD_ROUND, credit_disagreements, run_lookahead
+from llm_zoo_train.evaluation.plan import local_engine, saved_adapters
+from llm_zoo_train.rollout.env_play import generate_checked, seeded_sampling
+from llm_zoo_train.rollout.team_credit import LOOKAHEAD_ROUND, credit_disagreements, run_lookahead
+from llm_zoo_train.runs.seeding import Stream, derive_seed
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "examples" / "math_smollm2_cpu.yaml"

@@ -2,7 +2,7 @@
 
 Each job runs as ``llm-zoo-train CONFIG`` in a fresh process, under three settings:
 
-* ``default``: no ``OMP_NUM_THREADS``; the command chooses (:mod:`llm_zoo_train.threads`: the idle
+* ``default``: no ``OMP_NUM_THREADS``; the command chooses (:mod:`llm_zoo_train.runs.threads`: the idle
   physical cores) and says what it chose;
 * ``one``: ``OMP_NUM_THREADS=1``;
 * ``all``: ``OMP_NUM_THREADS`` = every CPU the process may run on;

@@ -130,14 +130,14 @@ def model_dir(args: argparse.Namespace, workdir: Path) -> str:
         from tiny_model import build_tiny_model_dir
 
         return str(build_tiny_model_dir(workdir / "tiny-model"))
-    from llm_zoo_train.policy import resolve_model_path
+    from llm_zoo_train.models.policy import resolve_model_path
 
     return resolve_model_path(args.model)
 
 
 def step_topics(seed: int, step: int, prompts_per_step: int) -> list[str]:
     """The topics our trainer's step ``step`` draws (its task seeds, derived as in Trainer.train_step)."""
-    from llm_zoo_train.seeding import Stream, derive_seed
+    from llm_zoo_train.runs.seeding import Stream, derive_seed
 
     seeds = np.random.default_rng(derive_seed(seed, step, 0, Stream.TASKS)).integers(
         0, 2**30, size=prompts_per_step
@@ -220,7 +220,7 @@ def make_trl(args: argparse.Namespace, path: str, workdir: Path, total_steps: in
     from trl import GRPOConfig, GRPOTrainer
 
     from llm_zoo_train.config import LoraSettings
-    from llm_zoo_train.policy import lora_config
+    from llm_zoo_train.models.policy import lora_config
 
     topics = [
         t for step in range(1, total_steps + 1) for t in step_topics(args.seed, step, args.prompts_per_step)
@@ -263,7 +263,7 @@ def make_trl(args: argparse.Namespace, path: str, workdir: Path, total_steps: in
     )
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token  # as llm_zoo_train.policy.load_base_model
+        tokenizer.pad_token = tokenizer.eos_token  # as llm_zoo_train.models.policy.load_base_model
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype))
     settings = LoraSettings(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear")
     trainer = GRPOTrainer(
@@ -396,7 +396,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def check_same_prompts(ours_trainer, trl_trainer, total_steps: int, prompts_per_step: int) -> dict[str, Any]:
     """Both sides saw the same prompts at each step, tokenized to the same ids (each side's own path)."""
-    from llm_zoo_train.chat import encode_prompt
+    from llm_zoo_train.models.chat import encode_prompt
 
     ours_steps = [
         WriteAboutEnv.resets[i * prompts_per_step : (i + 1) * prompts_per_step] for i in range(total_steps)

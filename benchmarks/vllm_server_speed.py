@@ -56,8 +56,8 @@ def time_generate(engine, prompts, k, sampling) -> tuple[float, int, list]:
 
 
 def time_tree_rollout(engine, env_id, turns, envs, agents, k, sampling, repeat) -> tuple[float, int, list]:
-    from llm_zoo_train.rollout import tree_rollout
-    from llm_zoo_train.team_credit import generated_tokens
+    from llm_zoo_train.rollout.team_credit import generated_tokens
+    from llm_zoo_train.rollout.tree import tree_rollout
 
     reset_prefix_cache(engine)
     start = time.perf_counter()
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     from llm_zoo_train.engines.vllm import VLLMEngine
     from llm_zoo_train.engines.vllm_server import VLLMServerEngine
     from llm_zoo_train.engines.vllm_server_launch import LocalVLLMServer
-    from llm_zoo_train.policy import resolve_model_path
+    from llm_zoo_train.models.policy import resolve_model_path
 
     facts = run_facts(__file__, argv)
     model_path = resolve_model_path(args.model)

@@ -42,9 +42,9 @@ def one_torch_thread():
 def no_model_loading(monkeypatch):
     """Fail the test if anything tries to load a model."""
     pytest.importorskip("torch")
-    import llm_zoo_train.policy
+    import llm_zoo_train.models.policy
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a model was loaded although the config is bad")
 
-    monkeypatch.setattr(llm_zoo_train.policy, "load_base_model", forbidden)
+    monkeypatch.setattr(llm_zoo_train.models.policy, "load_base_model", forbidden)

@@ -1,4 +1,4 @@
-"""Group-relative advantages (llm_zoo_train.advantages) against hand-computed values."""
+"""Group-relative advantages (llm_zoo_train.training.advantages) against hand-computed values."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from llm_zoo_train.advantages import compute_advantages, group_samples
-from llm_zoo_train.samples import Sample, group_key
+from llm_zoo_train.rollout.samples import Sample, group_key
+from llm_zoo_train.training.advantages import compute_advantages, group_samples
 
 # (env_index, turn, agent, reward) of three groups: A has rewards 3, 1; B is flat (2, 2, 2);
 # C has 0, 0.5, 1. A and C are both alice at turn 0, in different envs: they must not mix.

@@ -19,10 +19,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 import toy_envs_trainer  # noqa: E402, F401  (registers test/Scripted-v0)
-from llm_zoo_train.async_rollout import RolloutWorkerError, algorithm_settings  # noqa: E402
 from llm_zoo_train.config import ConfigError, validate  # noqa: E402
-from llm_zoo_train.samples import read_jsonl  # noqa: E402
-from llm_zoo_train.step_rollout import merge_parts, play_step  # noqa: E402
+from llm_zoo_train.rollout.asynchronous import RolloutWorkerError, algorithm_settings  # noqa: E402
+from llm_zoo_train.rollout.samples import read_jsonl  # noqa: E402
+from llm_zoo_train.rollout.step import merge_parts, play_step  # noqa: E402
 from llm_zoo_train.trainer import Trainer  # noqa: E402
 from train_helpers import history_without_timing, toy_config  # noqa: E402
 

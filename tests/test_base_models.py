@@ -20,16 +20,16 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 import toy_envs_trainer  # noqa: E402, F401  (registers test/Scripted-v0)
-from llm_zoo_train.base_models import base_model_label  # noqa: E402
-from llm_zoo_train.chat import encode_prompt  # noqa: E402
-from llm_zoo_train.checkpoint import find_checkpoint  # noqa: E402
 from llm_zoo_train.config import ConfigError, load_config, plan_agents, save_config  # noqa: E402
+from llm_zoo_train.config.base_models import base_model_label  # noqa: E402
 from llm_zoo_train.engines.base import Completion, SamplingParams  # noqa: E402
-from llm_zoo_train.engines.replay import ReplayEngine  # noqa: E402
-from llm_zoo_train.eval_cli import main as eval_main  # noqa: E402
-from llm_zoo_train.model_pools import ModelRouter, PolicyGroup, UpdaterByModel  # noqa: E402
-from llm_zoo_train.progress import run_summary  # noqa: E402
+from llm_zoo_train.evaluation.cli import main as eval_main  # noqa: E402
+from llm_zoo_train.models.chat import encode_prompt  # noqa: E402
+from llm_zoo_train.reporting.progress import run_summary  # noqa: E402
+from llm_zoo_train.rollout.replay import ReplayEngine  # noqa: E402
+from llm_zoo_train.runs.checkpoint import find_checkpoint  # noqa: E402
 from llm_zoo_train.trainer import Trainer  # noqa: E402
+from llm_zoo_train.training.model_pools import ModelRouter, PolicyGroup, UpdaterByModel  # noqa: E402
 from tiny_model import train_byte_level_bpe  # noqa: E402
 from train_helpers import history_without_timing, toy_config  # noqa: E402
 

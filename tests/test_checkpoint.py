@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 import toy_envs_trainer  # noqa: E402, F401
-from llm_zoo_train.checkpoint import (  # noqa: E402
+from llm_zoo_train.runs.checkpoint import (  # noqa: E402
     capture_rng_state,
     checkpoint_path,
     find_checkpoint,
@@ -209,7 +209,7 @@ def test_resume_after_extending_the_run_follows_the_new_schedule(tiny_model_dir,
 
 def test_resume_refuses_another_runs_checkpoint_and_names_the_keys(tiny_model_dir, tmp_path):
     from llm_zoo_train.config import ConfigError
-    from llm_zoo_train.run_dir import check_resume
+    from llm_zoo_train.runs.run_dir import check_resume
 
     config = toy_config(
         tiny_model_dir, tmp_path / "run", ["--training.max_steps", "1", "--eval.num_episodes", "0"]
@@ -262,7 +262,7 @@ def test_a_finished_run_says_so_and_trains_nothing(tiny_model_dir, tmp_path, cap
 def test_a_full_disk_during_a_checkpoint_is_one_clear_error(tmp_path, monkeypatch):
     import errno
 
-    from llm_zoo_train.checkpoint import CheckpointWriteError
+    from llm_zoo_train.runs.checkpoint import CheckpointWriteError
 
     _fake_checkpoint(tmp_path, 1)
 
@@ -282,7 +282,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_clear_error(tmp_path, monkeypatc
 
 
 def test_stale_temporary_checkpoints_are_removed_at_start(tmp_path):
-    from llm_zoo_train.run_dir import prepare_output_dir
+    from llm_zoo_train.runs.run_dir import prepare_output_dir
     from train_helpers import toy_config as make_config
 
     run = tmp_path / "run"

@@ -17,8 +17,8 @@ pytest.importorskip("peft")
 
 import toy_envs_trainer  # noqa: E402, F401
 from llm_zoo_train.__main__ import main  # noqa: E402
-from llm_zoo_train.checkpoint import find_checkpoint  # noqa: E402
-from llm_zoo_train.manifest import CheckpointDamagedError, write_manifest  # noqa: E402
+from llm_zoo_train.runs.checkpoint import find_checkpoint  # noqa: E402
+from llm_zoo_train.runs.manifest import CheckpointDamagedError, write_manifest  # noqa: E402
 from llm_zoo_train.trainer import Trainer  # noqa: E402
 from train_helpers import toy_config, write_toy_config  # noqa: E402
 
@@ -136,7 +136,7 @@ def test_missing_final_adapters_are_written_from_the_last_checkpoint(run, capsys
 
 def test_async_rollouts_in_flight_must_all_be_in_the_checkpoint(tmp_path):
     """A missing or emptied rollout in flight is an error naming the file, never regenerated."""
-    from llm_zoo_train.async_rollout import AsyncRollouts
+    from llm_zoo_train.rollout.asynchronous import AsyncRollouts
 
     config = toy_config("no-model", tmp_path / "run", ["--rollout.async_steps", "1"])
     rollouts = AsyncRollouts(config, policy=None, output_dir=tmp_path / "run")  # type: ignore[arg-type]

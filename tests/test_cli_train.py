@@ -184,8 +184,8 @@ def test_two_cpu_processes_keep_identical_adapters(tiny_model_dir, tmp_path):
         (tmp_path / "run" / "rollouts" / f"step_000001-rank{r}.jsonl").read_text() for r in (0, 1)
     )
     assert first != second  # the processes played different tasks
-    from llm_zoo_train.checkpoint import list_checkpoints, read_trainer_state
-    from llm_zoo_train.samples import read_jsonl
+    from llm_zoo_train.rollout.samples import read_jsonl
+    from llm_zoo_train.runs.checkpoint import list_checkpoints, read_trainer_state
 
     for step in (1, 2):
         tasks = [
@@ -322,7 +322,7 @@ def test_a_full_disk_while_checkpointing_is_a_one_line_error(tiny_model_dir, tmp
     import errno
 
     import toy_envs_trainer  # noqa: F401
-    from llm_zoo_train import checkpoint
+    from llm_zoo_train.runs import checkpoint
 
     def full_disk(directory, **kwargs):
         (directory / "optimizers.pt").write_bytes(b"partial")
@@ -338,7 +338,7 @@ def test_a_full_disk_while_checkpointing_is_a_one_line_error(tiny_model_dir, tmp
 
 
 def test_accelerate_launch_cpu_with_two_processes_says_it_started_one(tiny_model_dir, tmp_path):
-    from llm_zoo_train.launch_check import process_count_warning, requested_processes
+    from llm_zoo_train.runs.launch_check import process_count_warning, requested_processes
 
     assert (
         requested_processes(["/venv/bin/accelerate", "launch", "--cpu", "--num_processes", "2", "-m", "x"])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_zoo.call_harness import literal
+from llm_zoo.checkers.call_harness import literal
 from llm_zoo.data.code import CallSpec, CodeDatasetError, TestCase, load_code_problems, sniff_format
 from llm_zoo.data.code_call_formats import convert_asserts, static_value
 from llm_zoo.data.code_problem import CHECK_TEST

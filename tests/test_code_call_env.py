@@ -18,7 +18,13 @@ import pytest
 
 import llm_zoo
 from llm_zoo import sandbox
-from llm_zoo.call_harness import args_text, call_stdin, harness_program, read_call_result, values_match
+from llm_zoo.checkers.call_harness import (
+    args_text,
+    call_stdin,
+    harness_program,
+    read_call_result,
+    values_match,
+)
 from llm_zoo.data.code import CallSpec, CodeProblem, TestCase, load_builtin_problems, load_code_problems
 from llm_zoo.data.code_problem import call_test
 from llm_zoo.envs.code import FORMAT_PENALTY, INVALID_TEST_SCORE, oracle_action, parse_tests

@@ -1,5 +1,5 @@
 """Code-v0's checked call-based problems: a dataset's ``check(candidate)`` run in a sandbox
-process apart from the candidate's, with calls relayed by the host (:mod:`llm_zoo.call_checker`);
+process apart from the candidate's, with calls relayed by the host (:mod:`llm_zoo.checkers.call_checker`);
 also infinite return values and APPS's int-keyed dicts."""
 
 from __future__ import annotations
@@ -12,8 +12,13 @@ import pytest
 
 import llm_zoo
 from llm_zoo import sandbox
-from llm_zoo.call_checker import CHECK_TIME_FACTOR, MAX_CHECK_CALLS, REPORT_MARKER, read_checker_report
-from llm_zoo.call_harness import (
+from llm_zoo.checkers.call_checker import (
+    CHECK_TIME_FACTOR,
+    MAX_CHECK_CALLS,
+    REPORT_MARKER,
+    read_checker_report,
+)
+from llm_zoo.checkers.call_harness import (
     args_text,
     call_stdin,
     harness_program,

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("yaml")
 
 from llm_zoo_train.config import Config, ConfigError, config_to_dict, format_help, load_config
-from llm_zoo_train.config_aliases import RENAMED, TRL_ALIASES, TRL_REFUSED
+from llm_zoo_train.config.aliases import RENAMED, TRL_ALIASES, TRL_REFUSED
 
 
 def _load(tmp_path, text="", overrides=()):

@@ -38,8 +38,8 @@ def test_bad_values_are_one_line_before_any_model_loads(tmp_path, capsys, no_mod
 
 
 def test_require_positive_refuses_nan():
-    from llm_zoo_train.config_checks import require_positive
-    from llm_zoo_train.typed_config import ConfigError
+    from llm_zoo_train.config.checks import require_positive
+    from llm_zoo_train.config.typed import ConfigError
 
     with pytest.raises(ConfigError, match=r"x must be > 0 \(a finite number\), got nan"):
         require_positive("x", float("nan"))

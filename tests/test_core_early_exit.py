@@ -13,7 +13,7 @@ from pettingzoo.test import api_test
 
 import llm_zoo
 from llm_zoo_train.engines.base import SamplingParams
-from llm_zoo_train.rollout import evaluation_rollout, tree_rollout
+from llm_zoo_train.rollout.tree import evaluation_rollout, tree_rollout
 from tiny_model import tiny_lora_engine
 from toy_envs_early import SCOUT_QUITS_ENV_ID, ScoutQuitsEnv
 from toy_envs_trainer import ScriptedEngine

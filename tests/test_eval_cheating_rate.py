@@ -14,7 +14,7 @@ import yaml
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from llm_zoo_train.eval_cli import main
+from llm_zoo_train.evaluation.cli import main
 from train_helpers import TOY_CONFIG
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

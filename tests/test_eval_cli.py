@@ -22,9 +22,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 import toy_envs_trainer  # noqa: E402  (registers test/Scripted-v0)
-from llm_zoo_train import eval_cli  # noqa: E402
 from llm_zoo_train.__main__ import main as train_main  # noqa: E402
-from llm_zoo_train.eval_cli import main  # noqa: E402
+from llm_zoo_train.evaluation import cli as eval_cli  # noqa: E402
+from llm_zoo_train.evaluation.cli import main  # noqa: E402
 from llm_zoo_train.trainer import Trainer  # noqa: E402
 from train_helpers import toy_config  # noqa: E402
 
@@ -197,7 +197,7 @@ def test_dispatch_from_the_training_command_and_python_m(trained_run, capsys):
     )  # fmt: skip
     assert result.returncode == 2 and "no/such/run: no such file or directory" in result.stderr
     result = subprocess.run(
-        [sys.executable, "-m", "llm_zoo_train.eval_cli", "--help"],
+        [sys.executable, "-m", "llm_zoo_train.evaluation.cli", "--help"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -6,9 +6,9 @@ import pytest
 
 from llm_zoo_train.config import Config, load_config
 from llm_zoo_train.engines.base import SamplingParams
-from llm_zoo_train.eval_plan import UsageError, plan_splits
-from llm_zoo_train.eval_tasks import eval_tasks, task_ids
-from llm_zoo_train.evaluate import evaluate
+from llm_zoo_train.evaluation.evaluate import evaluate
+from llm_zoo_train.evaluation.plan import UsageError, plan_splits
+from llm_zoo_train.evaluation.tasks import eval_tasks, task_ids
 from toy_envs_trainer import ScriptedEngine
 
 SOLO_TEST = {"dataset": "generated", "difficulty": 1, "split": "test", "max_turns": 1, "agents": ["reasoner"],

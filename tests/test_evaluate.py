@@ -24,9 +24,9 @@ import yaml
 import oracles
 from llm_zoo_train.engines.base import Engine, SamplingParams
 from llm_zoo_train.engines.openai_compat import EndpointError, OpenAICompatEngine
-from llm_zoo_train.eval_cli import main
-from llm_zoo_train.evaluate import summarize, wilson_interval
-from llm_zoo_train.rollout import EpisodeResult
+from llm_zoo_train.evaluation.cli import main
+from llm_zoo_train.evaluation.evaluate import summarize, wilson_interval
+from llm_zoo_train.rollout.tree import EpisodeResult
 
 # --------------------------------------------------------------------------- the fake server
 
@@ -163,7 +163,7 @@ def test_wilson_interval_known_values():
 
 def test_splits_follow_the_env():
     from llm_zoo_train.config import load_config
-    from llm_zoo_train.eval_plan import UsageError, plan_splits
+    from llm_zoo_train.evaluation.plan import UsageError, plan_splits
 
     math = load_config(
         None, ["--env.id", "Math-v0", "--eval.env_kwargs", "{split: test}", "--eval.num_episodes", "2"]

@@ -17,10 +17,10 @@ torch = pytest.importorskip("torch")
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from llm_zoo_train.chat import NoChatTemplateWarning, encode_prompt  # noqa: E402
 from llm_zoo_train.engines.base import Engine, SamplingParams  # noqa: E402
 from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
-from llm_zoo_train.loss import completion_logprobs  # noqa: E402
+from llm_zoo_train.models.chat import NoChatTemplateWarning, encode_prompt  # noqa: E402
+from llm_zoo_train.training.loss import completion_logprobs  # noqa: E402
 
 PROMPTS = ["hello", "apple banana cherry, reply with one word", "say the word", "U D L R"]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)

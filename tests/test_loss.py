@@ -1,4 +1,4 @@
-"""The policy loss and token logprobs (llm_zoo_train.loss) against hand-computed values.
+"""The policy loss and token logprobs (llm_zoo_train.training.loss) against hand-computed values.
 
 The fixed batch: 3 sequences, width 3, advantages (+1, -2, -1), clip range [0.8, 1.28]
 (epsilon 0.2, epsilon_high 0.28). Per token the ratio r = exp(logp - old) and the loss is
@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from llm_zoo_train.loss import completion_logprobs, policy_loss  # noqa: E402
+from llm_zoo_train.training.loss import completion_logprobs, policy_loss  # noqa: E402
 
 JUNK = 5.0
 LOGP = [[-1.0, -2.0, -0.5], [-0.2, -1.5, JUNK], [-1.0 + math.log(0.7), -0.7, JUNK]]
@@ -235,7 +235,7 @@ def test_rows_sharing_a_prompt_match_separate_forwards(tiny_model_dir, monkeypat
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    import llm_zoo_train.loss as loss_module
+    import llm_zoo_train.training.loss as loss_module
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

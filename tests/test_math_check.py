@@ -17,9 +17,9 @@ from fractions import Fraction
 
 import pytest
 
-from llm_zoo import math_check
-from llm_zoo.math_check import AnswerChecker, CheckResult, exact_value
-from llm_zoo.math_normalize import inequality_as_interval, normalize_pair, spell_pi
+from llm_zoo.checkers import math_check
+from llm_zoo.checkers.math_check import AnswerChecker, CheckResult, exact_value
+from llm_zoo.checkers.math_normalize import inequality_as_interval, normalize_pair, spell_pi
 
 
 def _gone(pid: int, wait_s: float = 5.0) -> bool:
@@ -111,7 +111,7 @@ def test_math_verify_equivalence(checker, gold, pred, correct):
 
 # Tricky pairs, both verdicts. The first rows are the misses found when the checker agreed with the
 # expected verdict on 44 of 46 pairs (issue 18): spelled-out pi, and an interval against an
-# inequality. Measured: without llm_zoo.math_normalize 31 of these 45 rows get the expected
+# inequality. Measured: without llm_zoo.checkers.math_normalize 31 of these 45 rows get the expected
 # verdict, with it 44 (the one left is marked xfail).
 TRICKY_PAIRS = [
     ("4\\pi", "4pi", True),
@@ -220,7 +220,7 @@ def test_constructor_rejects_bad_arguments():
 # ---------------------------------------------------------------------------- pathological inputs
 
 
-# Slow for math-verify (it expands a trinomial) but not refused by llm_zoo.math_strict: the
+# Slow for math-verify (it expands a trinomial) but not refused by llm_zoo.checkers.math_strict: the
 # timeouts below still need a worker that does not answer.
 SLOW = "(x+y+1)^{3000}"
 
@@ -385,13 +385,13 @@ def test_no_worker_outlives_the_interpreter():
     script = textwrap.dedent(
         """
         import threading
-        from llm_zoo.math_check import AnswerChecker, check_answer
+        from llm_zoo.checkers.math_check import AnswerChecker, check_answer
         checker = AnswerChecker(max_workers=2)
         assert check_answer("\\\\sqrt{2}", "sqrt(2)").correct
         threads = [threading.Thread(target=checker.check, args=("x^2", f"x*x+{i}-{i}")) for i in range(2)]
         for t in threads: t.start()
         for t in threads: t.join()
-        from llm_zoo.math_check import default_checker
+        from llm_zoo.checkers.math_check import default_checker
         print(*(default_checker().worker_pids() + checker.worker_pids()))
         """
     )

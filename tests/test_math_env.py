@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 import llm_zoo
+from llm_zoo.checkers.math_check import AnswerChecker
 from llm_zoo.data import math_generator
 from llm_zoo.data.math import word_problems
 from llm_zoo.envs.math import FORMAT_PENALTY, MathEnv, answer_from_output, oracle_action
-from llm_zoo.math_check import AnswerChecker
 from llm_zoo.testing import check_env, play_episode
 
 FIXTURES = Path(__file__).parent / "fixtures" / "math"
@@ -296,7 +296,7 @@ def test_close_leaves_no_worker_processes():
         """
         import os, time
         import llm_zoo
-        from llm_zoo.math_check import default_checker
+        from llm_zoo.checkers.math_check import default_checker
         first = llm_zoo.make("Math-v0", dataset=[{"question": "q", "answer": "\\\\sqrt{2}"}])
         second = llm_zoo.make("Math-v0")
         first.reset(seed=0)

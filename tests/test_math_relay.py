@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 
 import llm_zoo
+from llm_zoo.checkers.math_check import AnswerChecker
 from llm_zoo.data.math import UnknownProblemError
 from llm_zoo.envs.math_relay import MathRelayEnv, oracle_action, relay_answer
-from llm_zoo.math_check import AnswerChecker
 from llm_zoo.testing import check_env
 
 KEYS = [str(k) for k in range(1, 10)]

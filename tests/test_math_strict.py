@@ -1,4 +1,4 @@
-"""The strict answer rules (llm_zoo.math_strict) as AnswerChecker applies them (issue 24: a red
+"""The strict answer rules (llm_zoo.checkers.math_strict) as AnswerChecker applies them (issue 24: a red
 team found that math-verify took a percent and an approximation of the gold as the gold, and that
 ``99999999!`` cost a hard timeout per check)."""
 
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from llm_zoo.math_check import AnswerChecker
-from llm_zoo.math_strict import marker_refusal, size_refusal
+from llm_zoo.checkers.math_check import AnswerChecker
+from llm_zoo.checkers.math_strict import marker_refusal, size_refusal
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 import toy_envs_trainer  # noqa: E402, F401  (registers test/Scripted-v0)
-from llm_zoo_train import model_card  # noqa: E402
 from llm_zoo_train.config import load_config, plan_agents  # noqa: E402
-from llm_zoo_train.eval_cli import main as eval_main  # noqa: E402
-from llm_zoo_train.model_card import FACTS_FILE, write_model_cards  # noqa: E402
-from llm_zoo_train.policy import public_model_id  # noqa: E402
+from llm_zoo_train.evaluation.cli import main as eval_main  # noqa: E402
+from llm_zoo_train.models.policy import public_model_id  # noqa: E402
+from llm_zoo_train.reporting import model_card  # noqa: E402
+from llm_zoo_train.reporting.model_card import FACTS_FILE, write_model_cards  # noqa: E402
 from llm_zoo_train.trainer import Trainer  # noqa: E402
 from train_helpers import toy_config  # noqa: E402
 

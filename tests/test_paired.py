@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from llm_zoo_train.paired import mcnemar_exact, paired_comparison
+from llm_zoo_train.evaluation.paired import mcnemar_exact, paired_comparison
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from llm_zoo_train.advantages import compute_advantages
 from llm_zoo_train.config import AlgorithmConfig, EvalConfig
-from llm_zoo_train.eval_defaults import eval_temperature
-from llm_zoo_train.samples import Sample
+from llm_zoo_train.evaluation.defaults import eval_temperature
+from llm_zoo_train.rollout.samples import Sample
+from llm_zoo_train.training.advantages import compute_advantages
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from llm_zoo_train.config import LoraSettings, ModelConfig  # noqa: E402
-from llm_zoo_train.policy import (  # noqa: E402
+from llm_zoo_train.models.policy import (  # noqa: E402
     EMBEDDED_MODELS,
     ModelNotAvailableError,
     Policy,
@@ -177,7 +177,7 @@ def test_embedded_smollm2_converts_once_and_answers(tmp_path):
 
 
 def test_the_hub_check_says_unreachable_quickly():
-    from llm_zoo_train.policy import hub_reachable
+    from llm_zoo_train.models.policy import hub_reachable
 
     start = time.perf_counter()
     assert hub_reachable("http://127.0.0.1:9", timeout_s=2.0) is False  # nothing listens there
@@ -186,7 +186,7 @@ def test_the_hub_check_says_unreachable_quickly():
 
 def test_a_hub_id_without_network_fails_at_once_with_a_clear_error(monkeypatch):
     """No minute of download retries: an uncached hub id with the hub unreachable is refused at once."""
-    from llm_zoo_train import policy
+    from llm_zoo_train.models import policy
 
     monkeypatch.setattr(policy, "hub_reachable", lambda: False)
     start = time.perf_counter()
@@ -200,7 +200,7 @@ def test_a_hub_id_without_network_fails_at_once_with_a_clear_error(monkeypatch):
 def test_a_cached_hub_model_loads_from_the_cache_without_network(monkeypatch):
     import huggingface_hub
 
-    from llm_zoo_train import policy
+    from llm_zoo_train.models import policy
 
     monkeypatch.setattr(policy, "hub_reachable", lambda: False)
     monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: f"/cache/{repo}/{name}")
@@ -210,7 +210,7 @@ def test_a_cached_hub_model_loads_from_the_cache_without_network(monkeypatch):
 
 
 def test_the_converted_model_files_have_plain_modes(tmp_path):
-    from llm_zoo_train import policy
+    from llm_zoo_train.models import policy
 
     (tmp_path / "model.safetensors").write_bytes(b"x")
     os.chmod(tmp_path / "model.safetensors", 0o600)  # as safetensors writes it

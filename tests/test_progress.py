@@ -18,8 +18,8 @@ from rich.console import Console
 
 import toy_envs_trainer
 from llm_zoo_train.engines.base import SamplingParams
-from llm_zoo_train.progress import RunProgress
-from llm_zoo_train.rollout import evaluation_rollout, independent_rollout, tree_rollout
+from llm_zoo_train.reporting.progress import RunProgress
+from llm_zoo_train.rollout.tree import evaluation_rollout, independent_rollout, tree_rollout
 
 TESTS = Path(__file__).parent
 ENV = toy_envs_trainer.SCRIPTED_ENV_ID
@@ -346,7 +346,7 @@ def test_vllm_progress_bar_class_counts_finished_requests_and_draws_nothing(caps
 
 def test_the_run_summary_counts_in_words():
     from llm_zoo_train.config import load_config
-    from llm_zoo_train.progress import run_summary
+    from llm_zoo_train.reporting.progress import run_summary
 
     one = load_config(
         str(TESTS.parent / "examples" / "math_smollm2_cpu.yaml"),

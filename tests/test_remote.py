@@ -145,8 +145,8 @@ def test_training_on_two_env_servers_matches_in_process(tiny_model_dir, tmp_path
     import dataclasses
 
     import toy_envs_trainer  # noqa: F401  (registers test/Scripted-v0 here, so the servers have it)
-    from llm_zoo_train import env_servers
-    from llm_zoo_train.samples import read_jsonl
+    from llm_zoo_train.rollout import env_servers
+    from llm_zoo_train.rollout.samples import read_jsonl
     from llm_zoo_train.trainer import Trainer
     from train_helpers import toy_config
 
@@ -199,7 +199,7 @@ def test_training_on_two_env_servers_matches_in_process(tiny_model_dir, tmp_path
 
 
 def test_env_servers_skip_a_dead_server_and_name_them_all_when_none_answers(server):
-    from llm_zoo_train import env_servers
+    from llm_zoo_train.rollout import env_servers
 
     _, url = server
     with socket.socket() as probe:  # a port nobody listens on
@@ -215,17 +215,21 @@ def test_env_servers_skip_a_dead_server_and_name_them_all_when_none_answers(serv
 
 
 def test_env_servers_config_is_checked():
-    from llm_zoo_train import env_servers
-    from llm_zoo_train.config import ConfigError, configure_env_servers
+    from llm_zoo_train.config import ConfigError, load_config, validate
+    from llm_zoo_train.rollout import env_servers
 
     for bad in (["localhost:8000"], ["http://"], [8000], "http://a:1"):
         with pytest.raises(ConfigError, match=r"env\.servers"):
-            configure_env_servers(bad)
+            env_servers.configure_env_servers(bad)
+        config = load_config(overrides=["--training.max_steps", "0"])
+        config.env.servers = bad
+        with pytest.raises(ConfigError, match=r"env\.servers"):
+            validate(config)  # the config check alone refuses it too, before any env is made
     try:
-        configure_env_servers(["http://10.0.0.2:8000"])
+        env_servers.configure_env_servers(["http://10.0.0.2:8000"])
         assert env_servers.map_envs(lambda x: x * 2, [1, 2, 3]) == [2, 4, 6]
     finally:
-        configure_env_servers([])
+        env_servers.configure_env_servers([])
 
 
 def test_an_episode_moves_to_a_failover_server_when_its_server_dies(server):

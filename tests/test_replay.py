@@ -12,8 +12,8 @@ pytest.importorskip("peft")
 
 import toy_envs_trainer  # noqa: E402, F401  (registers test/Scripted-v0)
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
-from llm_zoo_train.engines.replay import ReplayEngine, ReplayMismatchError  # noqa: E402
-from llm_zoo_train.samples import read_jsonl  # noqa: E402
+from llm_zoo_train.rollout.replay import ReplayEngine, ReplayMismatchError  # noqa: E402
+from llm_zoo_train.rollout.samples import read_jsonl  # noqa: E402
 from llm_zoo_train.trainer import Trainer  # noqa: E402
 from train_helpers import history_without_timing, toy_config  # noqa: E402
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 import llm_zoo
-from llm_zoo.call_harness import RESULT_MARKER, literal, read_call_results, small_index, values_match
+from llm_zoo.checkers.call_harness import RESULT_MARKER, literal, read_call_results, small_index, values_match
 from llm_zoo.core import MAX_ACTION_CHARS
 from llm_zoo.data.code import CallSpec, CodeProblem, TestCase
 from llm_zoo.data.code_problem import call_test
@@ -429,8 +429,8 @@ def _product_env(checker):
 
 def test_check_env_catches_a_lenient_math_judge(monkeypatch):
     # The checker of 84b1722: math-verify alone took 3744\% and \approx 3744+10^{-9} for 3744.
-    from llm_zoo import math_check
-    from llm_zoo.math_check import AnswerChecker
+    from llm_zoo.checkers import math_check
+    from llm_zoo.checkers.math_check import AnswerChecker
 
     monkeypatch.setattr(math_check, "marker_refusal", lambda gold, pred: None)
     with (
@@ -443,7 +443,7 @@ def test_check_env_catches_a_lenient_math_judge(monkeypatch):
 
 
 def test_the_math_search_passes_the_strict_judge_quickly():
-    from llm_zoo.math_check import AnswerChecker
+    from llm_zoo.checkers.math_check import AnswerChecker
 
     with AnswerChecker(timeout_s=2.0) as checker:
         start = time.monotonic()
@@ -459,7 +459,7 @@ def test_a_long_literal_is_parsed_once_and_read_back_as_a_fresh_copy(monkeypatch
     # The reward-hack search on Code-v0 spent half its time parsing the same test inputs again.
     import ast
 
-    from llm_zoo import call_harness
+    from llm_zoo.checkers import call_harness
 
     calls = []
     real = ast.literal_eval

@@ -1,4 +1,4 @@
-"""Tree, independent and evaluation rollouts (llm_zoo_train.rollout).
+"""Tree, independent and evaluation rollouts (llm_zoo_train.rollout.tree).
 
 Structural tests use ScriptedEngine (exact, no model) on ScriptedEnv, whose reward is the fraction
 of the reply that is the agent's letter ("a" for alice, "b" for bob) and which records every action
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from llm_zoo.core import Outcome
-from llm_zoo_train.advantages import compute_advantages, group_samples
 from llm_zoo_train.engines.base import Engine, SamplingParams
-from llm_zoo_train.rollout import evaluation_rollout, independent_rollout, tree_rollout
-from llm_zoo_train.samples import read_jsonl, write_jsonl
+from llm_zoo_train.rollout.samples import read_jsonl, write_jsonl
+from llm_zoo_train.rollout.tree import evaluation_rollout, independent_rollout, tree_rollout
+from llm_zoo_train.training.advantages import compute_advantages, group_samples
 from toy_envs_trainer import SCRIPTED_ENV_ID, ScriptedEngine, ScriptedEnv, letter_fraction
 
 ADAPTERS = {"alice": "alice_lora", "bob": "bob_lora"}
@@ -304,7 +304,7 @@ def test_tree_rollout_end_to_end_with_the_hf_engine(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from llm_zoo_train.engines.hf import HFEngine
-    from llm_zoo_train.loss import completion_logprobs
+    from llm_zoo_train.training.loss import completion_logprobs
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     torch.manual_seed(0)

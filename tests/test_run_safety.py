@@ -39,7 +39,7 @@ class _Accelerator:
 
 
 def test_a_nan_loss_stops_the_step_before_anything_is_saved(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    import llm_zoo_train.update as update
+    import llm_zoo_train.training.update as update
 
     real = update.policy_loss
 
@@ -57,7 +57,7 @@ def test_a_nan_loss_stops_the_step_before_anything_is_saved(tiny_model_dir, tmp_
 
 
 def test_non_finite_weights_are_never_saved(tiny_model_dir, tmp_path):
-    from llm_zoo_train.finite import NonFiniteError
+    from llm_zoo_train.runs.finite import NonFiniteError
 
     config = toy_config(tiny_model_dir, tmp_path / "run", [*QUICK, "--training.max_steps", "1"])
     trainer = Trainer(config)
@@ -71,7 +71,7 @@ def test_non_finite_weights_are_never_saved(tiny_model_dir, tmp_path):
 
 
 def test_metrics_jsonl_records_non_finite_values(tmp_path):
-    from llm_zoo_train.tracking import RunLogger
+    from llm_zoo_train.reporting.tracking import RunLogger
 
     logger = RunLogger(_Accelerator(), tmp_path, [], total_steps=1, logging_steps=1, progress_bar=False)
     logger.log(1, {"update/alice/loss": float("nan"), "update/alice/grad_norm": float("inf"), "x": 1.0})
@@ -101,7 +101,7 @@ def test_an_interrupted_run_saves_its_last_step_and_resumes_identically(
     straight = Trainer(toy_config(tiny_model_dir, tmp_path / "straight", overrides))
     straight.train()
 
-    import llm_zoo_train.update as update
+    import llm_zoo_train.training.update as update
 
     steps = iter(range(1, 100))
     real_update = update.AdapterUpdater.update
@@ -140,7 +140,7 @@ def test_an_interrupted_run_saves_its_last_step_and_resumes_identically(
 
 
 def test_interrupted_eval_is_one_line(capsys, monkeypatch):
-    import llm_zoo_train.eval_cli as eval_cli
+    import llm_zoo_train.evaluation.cli as eval_cli
 
     def interrupted(argv):
         raise KeyboardInterrupt
@@ -178,7 +178,7 @@ def test_a_second_live_run_is_refused_and_deletes_nothing(tiny_model_dir, tmp_pa
 
 
 def test_a_lock_of_another_host_is_refused(tmp_path):
-    from llm_zoo_train.run_lock import RunLock, RunLockedError
+    from llm_zoo_train.runs.lock import RunLock, RunLockedError
 
     (tmp_path / ".llm-zoo-train.lock").write_text(json.dumps({"pid": 1, "host": "elsewhere", "started": "x"}))
     with pytest.raises(RunLockedError, match="used by a run on another host"):
@@ -191,8 +191,8 @@ def test_a_lock_of_another_host_is_refused(tmp_path):
 def test_a_full_disk_while_logging_metrics_is_one_line(tmp_path, monkeypatch):
     import builtins
 
-    from llm_zoo_train.checkpoint import CheckpointWriteError
-    from llm_zoo_train.tracking import RunLogger
+    from llm_zoo_train.reporting.tracking import RunLogger
+    from llm_zoo_train.runs.checkpoint import CheckpointWriteError
 
     logger = RunLogger(_Accelerator(), tmp_path, [], total_steps=1, logging_steps=1, progress_bar=False)
     real_open = builtins.open
@@ -209,7 +209,7 @@ def test_a_full_disk_while_logging_metrics_is_one_line(tmp_path, monkeypatch):
 
 
 def test_torch_save_enforce_fail_names_the_checkpoint(tmp_path):
-    from llm_zoo_train.checkpoint import CheckpointWriteError, checkpoint_path, write_checkpoint
+    from llm_zoo_train.runs.checkpoint import CheckpointWriteError, checkpoint_path, write_checkpoint
 
     def failing(directory):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 470")
@@ -226,7 +226,7 @@ def test_a_full_disk_while_safetensors_writes_names_the_checkpoint(tmp_path):
     (found by a real full tmpfs during the final adapter save: a raw traceback)."""
     from safetensors import SafetensorError
 
-    from llm_zoo_train.checkpoint import CheckpointWriteError, write_checkpoint
+    from llm_zoo_train.runs.checkpoint import CheckpointWriteError, write_checkpoint
 
     def failing(directory):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from llm_zoo import sandbox
-from llm_zoo._sandbox_worker import processes_of_uid
+from llm_zoo.sandbox.worker import processes_of_uid
 
 
 @pytest.fixture(scope="module")

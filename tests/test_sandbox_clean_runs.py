@@ -302,7 +302,7 @@ def test_isolation_info_states_the_clean_run_protections(box):
 @pytest.fixture
 def memory_dir():
     """A directory on a tmpfs where there is one (a deep tree on a disk takes seconds)."""
-    from llm_zoo._sandbox_cleanup import remove_tree
+    from llm_zoo.sandbox.cleanup import remove_tree
 
     path = tempfile.mkdtemp(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
     yield Path(path)
@@ -310,7 +310,7 @@ def memory_dir():
 
 
 def test_remove_tree_keeps_no_recursion_follows_no_link_and_stops_at_its_deadline(memory_dir):
-    from llm_zoo._sandbox_cleanup import remove_tree
+    from llm_zoo.sandbox.cleanup import remove_tree
 
     tmp_path = memory_dir
     outside = tmp_path / "outside.txt"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from llm_zoo import sandbox
-from llm_zoo._sandbox_worker import processes_of_uid
+from llm_zoo.sandbox.worker import processes_of_uid
 
 LAYERS = ("bubblewrap", "rlimits")
 # The fallback where it may create namespaces ("rlimits"), and where it may not ("rlimits-plain").

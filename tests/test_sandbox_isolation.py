@@ -334,7 +334,7 @@ def test_isolation_info_names_the_protections():
 
 
 def test_bubblewrap_disables_user_namespaces_where_it_can():
-    from llm_zoo._sandbox_layers import bwrap_options, bwrap_supports_disable_userns
+    from llm_zoo.sandbox.layers import bwrap_options, bwrap_supports_disable_userns
 
     bwrap = shutil.which("bwrap")
     if bwrap is None:

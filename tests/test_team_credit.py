@@ -1,4 +1,4 @@
-"""Team credit (llm_zoo_train.team_credit): the look-ahead of teammate actions in tree rollouts, the
+"""Team credit (llm_zoo_train.rollout.team_credit): the look-ahead of teammate actions in tree rollouts, the
 episode returns of independent rollouts, and agents that finish before the others.
 
 The toy tests use ScriptedEnv (tests/toy_envs_trainer.py): global = 1 once both agents' latest
@@ -12,17 +12,17 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from llm_zoo_train.advantages import compute_advantages, group_samples
 from llm_zoo_train.config import Config, ConfigError, validate
 from llm_zoo_train.engines.base import SamplingParams
-from llm_zoo_train.rollout import evaluation_rollout, independent_rollout, tree_rollout
-from llm_zoo_train.samples import read_jsonl, write_jsonl
-from llm_zoo_train.team_credit import (
+from llm_zoo_train.rollout.samples import read_jsonl, write_jsonl
+from llm_zoo_train.rollout.team_credit import (
     check_lookahead,
     generated_tokens,
     lookahead_limit,
     team_credit_metrics,
 )
+from llm_zoo_train.rollout.tree import evaluation_rollout, independent_rollout, tree_rollout
+from llm_zoo_train.training.advantages import compute_advantages, group_samples
 from toy_envs_credit import EARLY_EXIT_ENV_ID
 from toy_envs_trainer import SCRIPTED_ENV_ID, ScriptedEngine
 

@@ -17,9 +17,9 @@ import pytest
 
 import oracles
 from llm_zoo.data.code import CodeProblem, TestCase
-from llm_zoo_train.advantages import compute_advantages
 from llm_zoo_train.engines.base import SamplingParams
-from llm_zoo_train.rollout import tree_rollout
+from llm_zoo_train.rollout.tree import tree_rollout
+from llm_zoo_train.training.advantages import compute_advantages
 from toy_envs_trainer import ScriptedEngine
 
 SAMPLING = SamplingParams(max_tokens=64, temperature=1.0, seed=5)

@@ -13,8 +13,8 @@ import pytest
 
 from llm_zoo_train.config import Config, ConfigError, validate
 from llm_zoo_train.engines.base import SamplingParams
-from llm_zoo_train.rollout import independent_rollout, tree_rollout
-from llm_zoo_train.team_credit import check_team_credit, credit_disagreements
+from llm_zoo_train.rollout.team_credit import check_team_credit, credit_disagreements
+from llm_zoo_train.rollout.tree import independent_rollout, tree_rollout
 from toy_envs_credit import RELAY_ENV_ID
 from toy_envs_trainer import ScriptedEngine
 

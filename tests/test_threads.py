@@ -1,4 +1,4 @@
-"""The command line's choice of torch threads on a CPU (llm_zoo_train.threads)."""
+"""The command line's choice of torch threads on a CPU (llm_zoo_train.runs.threads)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from llm_zoo_train.threads import MachineLoad, choose_threads, machine_load
+from llm_zoo_train.runs.threads import MachineLoad, choose_threads, machine_load
 
 
 @pytest.mark.parametrize(
@@ -48,7 +48,7 @@ def _threads_line(env: dict[str, str], code: str) -> str:
 
 
 CHOOSE = (
-    "import torch; from llm_zoo_train.threads import configure_torch_threads; "
+    "import torch; from llm_zoo_train.runs.threads import configure_torch_threads; "
     "line = configure_torch_threads(); print(line, '|', torch.get_num_threads())"
 )
 

@@ -3,7 +3,7 @@ when a step trained nothing."""
 
 from __future__ import annotations
 
-from llm_zoo_train.tracking import (
+from llm_zoo_train.reporting.tracking import (
     RunLogger,
     plot_learning_curve,
     timing_text,

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-import llm_zoo_train.update as update_module  # noqa: E402
+import llm_zoo_train.training.update as update_module  # noqa: E402
 import toy_envs_trainer  # noqa: E402, F401  (registers test/Scripted-v0)
 from llm_zoo_train.trainer import Trainer  # noqa: E402
 from train_helpers import toy_config  # noqa: E402

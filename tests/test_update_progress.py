@@ -1,4 +1,4 @@
-"""Live progress within an update's micro-batch (llm_zoo_train.update_progress): the decoder layers
+"""Live progress within an update's micro-batch (llm_zoo_train.reporting.update_progress): the decoder layers
 the forward and the backward pass have reached; the gradients are bit for bit those without it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from llm_zoo_train.engines.hf_reading import decoder_layers  # noqa: E402
-from llm_zoo_train.update_progress import update_layer_progress  # noqa: E402
+from llm_zoo_train.reporting.update_progress import update_layer_progress  # noqa: E402
 
 
 class RecordingPhase:

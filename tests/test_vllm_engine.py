@@ -26,8 +26,8 @@ from llm_zoo_train.engines.base import Engine, SamplingParams  # noqa: E402
 from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
 from llm_zoo_train.engines.vllm import VLLMEngine  # noqa: E402
 from llm_zoo_train.engines.vllm_requests import adapter_rank, supported_lora_rank  # noqa: E402
-from llm_zoo_train.loss import completion_logprobs  # noqa: E402
-from llm_zoo_train.policy import Policy  # noqa: E402
+from llm_zoo_train.models.policy import Policy  # noqa: E402
+from llm_zoo_train.training.loss import completion_logprobs  # noqa: E402
 
 ADAPTERS = ("alpha", "beta")
 LORA = LoraSettings(r=4, lora_alpha=8.0)  # rank 4: vLLM needs max_lora_rank 8 (rounded up)

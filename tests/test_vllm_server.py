@@ -383,8 +383,8 @@ def test_async_rollouts_on_the_servers(servers, model_dir, vllm_modules, tmp_pat
     max(t-2, 0) samples on the servers, and its adapters are unloaded when the run ends."""
     import requests
 
-    from llm_zoo_train.samples import read_jsonl
-    from llm_zoo_train.step_rollout import play_step
+    from llm_zoo_train.rollout.samples import read_jsonl
+    from llm_zoo_train.rollout.step import play_step
     from llm_zoo_train.trainer import Trainer
 
     extra = {

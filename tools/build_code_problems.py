@@ -4,7 +4,7 @@ The stdin/stdout problems are written in ``tools/code_problems/{easy,medium,hard
 reference solution, test inputs), the call-based ones in ``tools/code_problems/calls.py``
 (statement, function name, signature, reference, argument lists). This script runs every
 reference on every test input through the llm-zoo sandbox (call-based: through the call harness,
-:mod:`llm_zoo.call_harness`), takes its output / return value as the expected one, assigns the
+:mod:`llm_zoo.checkers.call_harness`), takes its output / return value as the expected one, assigns the
 fixed train/test split and writes the JSON file the package ships. It also checks that each
 statement's example is test 0 and that the reference gives the example's answer, and that every
 return value survives the JSON round trip.
@@ -34,7 +34,7 @@ from code_problems import calls, easy, hard, medium  # noqa: E402
 from code_problems.calls import CallProblem  # noqa: E402
 from code_problems.common import Spec  # noqa: E402
 
-from llm_zoo.call_harness import args_text, call_stdin, call_text, harness_program, read_call_result  # noqa: E402
+from llm_zoo.checkers.call_harness import args_text, call_stdin, call_text, harness_program, read_call_result  # noqa: E402
 from llm_zoo.envs.code import outputs_match  # noqa: E402
 from llm_zoo.sandbox import run_python  # noqa: E402
 

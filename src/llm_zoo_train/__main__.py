@@ -1,6 +1,6 @@
 """Command line: ``llm-zoo-train CONFIG.yaml [--section.field VALUE ...] [--resume [DIR]]``.
 
-``llm-zoo-train eval RUN_DIR [options]`` evaluates a run instead (:mod:`llm_zoo_train.eval_cli`).
+``llm-zoo-train eval RUN_DIR [options]`` evaluates a run instead (:mod:`llm_zoo_train.evaluation.cli`).
 
 Also ``accelerate launch -m llm_zoo_train CONFIG.yaml ...`` (multi-process, mixed precision as
 configured by ``accelerate config``/``launch`` flags). The configuration is checked completely -
@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     if argv and argv[0] == "eval":
-        from llm_zoo_train.eval_cli import main as eval_main
+        from llm_zoo_train.evaluation.cli import main as eval_main
 
         try:
             return eval_main(argv[1:])
@@ -121,9 +121,9 @@ def _main(argv: list[str]) -> int:
 
     import yaml
 
-    from llm_zoo_train.checkpoint import CheckpointDamagedError, find_checkpoint
     from llm_zoo_train.config import ConfigError, config_to_dict, load_config, validate
-    from llm_zoo_train.run_dir import check_resume, restore_final_adapters
+    from llm_zoo_train.runs.checkpoint import CheckpointDamagedError, find_checkpoint
+    from llm_zoo_train.runs.run_dir import check_resume, restore_final_adapters
 
     try:
         config_path, resume, resume_dir, print_config, overrides = parse_args(argv)
@@ -159,21 +159,21 @@ def _main(argv: list[str]) -> int:
         return 0
 
     if os.environ.get("RANK", "0") == "0":  # the first output, before torch is even imported
-        from llm_zoo_train.progress import run_summary
+        from llm_zoo_train.reporting.progress import run_summary
 
         print(run_summary(config), flush=True)
 
     from transformers.utils import logging as transformers_logging
 
-    from llm_zoo_train.checkpoint import CheckpointWriteError
-    from llm_zoo_train.engines.replay import ReplayMismatchError
-    from llm_zoo_train.finite import NonFiniteError
-    from llm_zoo_train.policy import ModelNotAvailableError
-    from llm_zoo_train.run_lock import RunLockedError
+    from llm_zoo_train.models.policy import ModelNotAvailableError
+    from llm_zoo_train.rollout.replay import ReplayMismatchError
+    from llm_zoo_train.runs.checkpoint import CheckpointWriteError
+    from llm_zoo_train.runs.finite import NonFiniteError
+    from llm_zoo_train.runs.lock import RunLockedError
     from llm_zoo_train.trainer import Trainer
 
     transformers_logging.disable_progress_bar()  # weight-loading bars would bury the training log
-    from llm_zoo_train.threads import configure_torch_threads
+    from llm_zoo_train.runs.threads import configure_torch_threads
 
     threads = configure_torch_threads()  # every process sets its own; the first one says it
     if os.environ.get("RANK", "0") == "0":

@@ -4,11 +4,11 @@ One training step (:meth:`Trainer.train_step`):
 
 1. **Rollout.** ``envs_per_step`` tasks (seeds drawn from ``(seed, step, process)``) are played by
    the engine with the current adapters: AT-GRPO tree rollouts or independent episodes
-   (:mod:`llm_zoo_train.rollout`). Sampling seeds and greedy tie-breaks also derive from
+   (:mod:`llm_zoo_train.rollout.tree`). Sampling seeds and greedy tie-breaks also derive from
    ``(seed, step, process)``, so a step's rollout depends only on the seed, the step and the
    adapter weights - which is what makes a resumed run identical to an uninterrupted one.
-2. **Advantages.** Group-relative per ``(env, turn, agent)`` (:mod:`llm_zoo_train.advantages`).
-3. **Update.** Each trainable adapter on its agents' samples (:mod:`llm_zoo_train.update`:
+2. **Advantages.** Group-relative per ``(env, turn, agent)`` (:mod:`llm_zoo_train.training.advantages`).
+3. **Update.** Each trainable adapter on its agents' samples (:mod:`llm_zoo_train.training.update`:
    micro-batches, exact gradient accumulation, one AdamW optimizer and LR schedule per adapter).
    Frozen adapters have no optimizer and never change.
 4. **Sync.** Engines with their own weights (vLLM) get the saved adapters under a new version;
@@ -36,9 +36,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from llm_zoo_train.advantages import compute_advantages
-from llm_zoo_train.async_rollout import AsyncRollouts, algorithm_settings
-from llm_zoo_train.checkpoint import find_checkpoint, warn_line
 from llm_zoo_train.config import (
     Config,
     ConfigError,
@@ -48,30 +45,34 @@ from llm_zoo_train.config import (
 )
 from llm_zoo_train.engines.base import SamplingParams
 from llm_zoo_train.engines.hf import HFEngine
-from llm_zoo_train.engines.replay import GenerationRecorder, ReplayEngine
-from llm_zoo_train.eval_defaults import eval_temperature
-from llm_zoo_train.eval_tasks import eval_tasks
-from llm_zoo_train.evaluate import EvalResult, evaluate, summarize
-from llm_zoo_train.finite import NonFiniteError, check_finite_metrics, check_finite_weights
-from llm_zoo_train.interrupts import InterruptGuard, RunInterrupted
-from llm_zoo_train.model_card import write_model_cards
-from llm_zoo_train.model_pools import ModelRouter, build_policy, live_engine, make_updater
-from llm_zoo_train.policy import Policy
-from llm_zoo_train.progress import RunProgress
-from llm_zoo_train.rollout import NonFiniteRewardError
-from llm_zoo_train.run_dir import ResumePoint, begin_run, check_resume, save_final_adapters, start_run
-from llm_zoo_train.seeding import Stream, derive_seed
-from llm_zoo_train.step_rollout import StepRollout, play_step, save_step_rollout
-from llm_zoo_train.team_credit import team_credit_metrics
-from llm_zoo_train.tracking import RunLogger, flatten_config, plot_learning_curve, rollout_metrics
+from llm_zoo_train.evaluation.defaults import eval_temperature
+from llm_zoo_train.evaluation.evaluate import EvalResult, evaluate, summarize
+from llm_zoo_train.evaluation.tasks import eval_tasks
+from llm_zoo_train.models.policy import Policy
+from llm_zoo_train.reporting.model_card import write_model_cards
+from llm_zoo_train.reporting.progress import RunProgress
+from llm_zoo_train.reporting.tracking import RunLogger, flatten_config, plot_learning_curve, rollout_metrics
+from llm_zoo_train.reporting.update_progress import update_layer_progress
+from llm_zoo_train.rollout.asynchronous import AsyncRollouts, algorithm_settings
+from llm_zoo_train.rollout.env_servers import configure_env_servers
+from llm_zoo_train.rollout.replay import GenerationRecorder, ReplayEngine
+from llm_zoo_train.rollout.step import StepRollout, play_step, save_step_rollout
+from llm_zoo_train.rollout.team_credit import team_credit_metrics
+from llm_zoo_train.rollout.tree import NonFiniteRewardError
+from llm_zoo_train.runs.checkpoint import find_checkpoint, warn_line
+from llm_zoo_train.runs.finite import NonFiniteError, check_finite_metrics, check_finite_weights
+from llm_zoo_train.runs.interrupts import InterruptGuard, RunInterrupted
+from llm_zoo_train.runs.run_dir import ResumePoint, begin_run, check_resume, save_final_adapters, start_run
+from llm_zoo_train.runs.seeding import Stream, derive_seed
 from llm_zoo_train.trainer_state import (
     capture_save_point,
     restore_trainer,
     save_interrupted,
     save_trainer_checkpoint,
 )
-from llm_zoo_train.update import mean_across_processes
-from llm_zoo_train.update_progress import update_layer_progress
+from llm_zoo_train.training.advantages import compute_advantages
+from llm_zoo_train.training.model_pools import ModelRouter, build_policy, live_engine, make_updater
+from llm_zoo_train.training.update import mean_across_processes
 
 __all__ = ["Trainer", "derive_seed"]
 
@@ -88,7 +89,7 @@ class Trainer:
     """
 
     def __init__(self, config: Config, *, resume_from: str | Path | None = None, accelerator: Any = None):
-        #: The output directory's lock (llm_zoo_train.run_lock), released when train() ends.
+        #: The output directory's lock (llm_zoo_train.runs.lock), released when train() ends.
         self.run_lock: Any = None
         try:
             self._setup(config, resume_from, accelerator)
@@ -100,6 +101,7 @@ class Trainer:
     def _setup(self, config: Config, resume_from: str | Path | None, accelerator: Any) -> None:
         self.config = config
         self.plan = validate(config)
+        configure_env_servers(config.env.servers)
         training = config.training
         self.output_dir = Path(training.output_dir)
         checkpoint = find_checkpoint(resume_from) if resume_from is not None else None
@@ -115,7 +117,7 @@ class Trainer:
         #: Where a resumed run continues (None: a new run); checked before any model loads.
         self.resume_point: ResumePoint | None
         self.resume_point, self.run_lock = start_run(config, checkpoint, accelerator)
-        #: Ctrl-C and SIGTERM while train() runs (llm_zoo_train.interrupts).
+        #: Ctrl-C and SIGTERM while train() runs (llm_zoo_train.runs.interrupts).
         self.interrupts = InterruptGuard()
         from accelerate.utils import set_seed
 

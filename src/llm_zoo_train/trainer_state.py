@@ -1,6 +1,6 @@
 """Saving a :class:`~llm_zoo_train.trainer.Trainer`'s state into a checkpoint and loading it back.
 
-What goes into a checkpoint and how it is written atomically is :mod:`llm_zoo_train.checkpoint`;
+What goes into a checkpoint and how it is written atomically is :mod:`llm_zoo_train.runs.checkpoint`;
 this module collects the trainer's pieces (adapters, optimizers, schedulers, the mixed-precision
 scaler, every process's RNG states, step, adapter version, metrics history, config, model cards,
 and the rollouts generated ahead with ``rollout.async_steps``) and puts them back, so that a
@@ -13,7 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from llm_zoo_train.checkpoint import (
+from llm_zoo_train.config import save_config
+from llm_zoo_train.reporting.model_card import write_model_cards
+from llm_zoo_train.runs.checkpoint import (
     CheckpointDamagedError,
     capture_rng_state,
     checkpoint_path,
@@ -28,9 +30,7 @@ from llm_zoo_train.checkpoint import (
     warn_line,
     write_checkpoint,
 )
-from llm_zoo_train.config import save_config
-from llm_zoo_train.finite import check_finite_weights
-from llm_zoo_train.model_card import write_model_cards
+from llm_zoo_train.runs.finite import check_finite_weights
 
 __all__ = [
     "capture_save_point",
@@ -44,7 +44,7 @@ __all__ = [
 def save_trainer_checkpoint(trainer: Any, rng_state: dict[str, Any] | None = None) -> Path:
     """Write ``output_dir/checkpoint-STEP`` of ``trainer`` (the main process writes; every process
     contributes its RNG states: ``rng_state``, or those of now) and rotate old checkpoints; returns
-    the checkpoint's path. :class:`~llm_zoo_train.finite.NonFiniteError` before anything is
+    the checkpoint's path. :class:`~llm_zoo_train.runs.finite.NonFiniteError` before anything is
     written when an adapter's weights are not finite."""
     accelerator = trainer.accelerator
     for name in trainer.plan.trainable:
@@ -98,7 +98,7 @@ def save_trainer_checkpoint(trainer: Any, rng_state: dict[str, Any] | None = Non
 
 
 def load_trainer_checkpoint(trainer: Any, checkpoint: Path) -> None:
-    """Restore ``trainer`` from ``checkpoint`` (already checked by :func:`llm_zoo_train.run_dir.check_resume`):
+    """Restore ``trainer`` from ``checkpoint`` (already checked by :func:`llm_zoo_train.runs.run_dir.check_resume`):
     weights, optimizer and scheduler states (the learning rate follows the current schedule), RNG
     states, step, version and history."""
     accelerator = trainer.accelerator

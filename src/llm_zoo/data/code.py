@@ -4,7 +4,7 @@ A :class:`CodeProblem` is a statement, hidden ground-truth tests, a reference so
 source has one, a difficulty and an origin. It is *stdin/stdout* (each test: standard input ->
 expected standard output) or *call-based* (``problem.call`` names the function, or the
 ``Solution`` method, to call; each test: arguments -> expected return value, see
-:mod:`llm_zoo.data.code_problem` and :mod:`llm_zoo.call_harness`).
+:mod:`llm_zoo.data.code_problem` and :mod:`llm_zoo.checkers.call_harness`).
 
 Sources, chosen with :func:`load_code_problems` (or ``make("Code-v0", dataset=...)``):
 
@@ -54,7 +54,7 @@ Formats (field names exactly as in the public releases):
   call tests where they can be; a problem with any statement that cannot (random inputs, the
   prompt's helpers, a candidate compared with itself) also runs the whole ``check`` in the
   sandbox, in a process apart from the candidate's (see :mod:`llm_zoo.data.code_call_formats` and
-  :mod:`llm_zoo.call_checker`). All 164 problems load.
+  :mod:`llm_zoo.checkers.call_checker`). All 164 problems load.
 * ``"mbpp"`` (``mbpp``, full or sanitized): ``task_id``, ``text`` (or ``prompt``), ``code`` (the
   reference), ``test_list`` (asserts, converted like HumanEval's; the rest, such as
   ``set(f(x)) == set(y)`` or a loose ``math.isclose``, run as a check with ``test_imports``).

@@ -3,7 +3,7 @@ and what cannot become one runs as a check.
 
 Both datasets test a solution with Python ``assert`` statements. Each assert of the forms below is
 **converted** into one call-based test (arguments, expected value), compared in the host process
-by :func:`llm_zoo.call_harness.values_match`: only the arguments enter the sandbox.
+by :func:`llm_zoo.checkers.call_harness.values_match`: only the arguments enter the sandbox.
 
 Accepted assert forms (``f`` is the tested function: HumanEval's ``candidate``, MBPP's function):
 
@@ -25,7 +25,7 @@ Statements that do not fit (random inputs, helper functions from the prompt, ord
 ``metadata["unconverted_statements"]``) are **run as a check** instead: the problem keeps the
 converted tests and gets the hidden test :data:`~llm_zoo.data.code_problem.CHECK_TEST`, which runs
 test source in a sandbox process of its own that calls the candidate's code in another one (see
-:mod:`llm_zoo.call_checker`; the test source never shares a process with the model's code):
+:mod:`llm_zoo.checkers.call_checker`; the test source never shares a process with the model's code):
 
 * HumanEval: the prompt (its helpers, such as ``poly`` or ``encode_cyclic``) and the record's whole
   ``test``, so ``check(candidate)`` runs as the dataset wrote it. Of the 164 problems, 159 are
@@ -45,7 +45,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from llm_zoo.call_harness import TOLERANCE
+from llm_zoo.checkers.call_harness import TOLERANCE
 from llm_zoo.data.code_problem import (
     CHECK_TEST,
     CallSpec,

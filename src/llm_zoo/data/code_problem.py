@@ -7,9 +7,9 @@
 * *call-based* (``call`` is a :class:`CallSpec`): the program defines the function (or class
   method) the spec names; each :class:`~llm_zoo.data.code_problem.TestCase` holds the call's arguments as a Python literal
   list in ``input`` (e.g. ``"[[1, 2], 3]"``) and the expected return value as a Python literal in
-  ``output`` (e.g. ``"6"``), see :mod:`llm_zoo.call_harness`. A call-based problem may also carry
+  ``output`` (e.g. ``"6"``), see :mod:`llm_zoo.checkers.call_harness`. A call-based problem may also carry
   test source (``call.checker``), run by the hidden test :data:`CHECK_TEST` (see
-  :mod:`llm_zoo.call_checker`), for tests that are not fixed calls.
+  :mod:`llm_zoo.checkers.call_checker`), for tests that are not fixed calls.
 
 Everything here is re-exported by :mod:`llm_zoo.data.code`, the module to import.
 """
@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llm_zoo.call_checker import CHECK_INPUT
-from llm_zoo.call_harness import args_text, value_text
+from llm_zoo.checkers.call_checker import CHECK_INPUT
+from llm_zoo.checkers.call_harness import args_text, value_text
 
 __all__ = [
     "CHECK_TEST",
@@ -54,7 +54,7 @@ class TestCase:
     output: str
 
 
-#: The hidden test of a problem with a checker: run ``check(candidate)`` (:mod:`llm_zoo.call_checker`).
+#: The hidden test of a problem with a checker: run ``check(candidate)`` (:mod:`llm_zoo.checkers.call_checker`).
 CHECK_TEST = TestCase(CHECK_INPUT, "True")
 
 
@@ -81,7 +81,7 @@ class CallSpec:
         checker: Test source defining ``check(candidate)`` (for HumanEval, the prompt's helpers
             and the record's ``test``), run by the hidden test :data:`CHECK_TEST` in a sandbox
             process of its own that calls the candidate's code in another one (see
-            :mod:`llm_zoo.call_checker`); ``None`` when every test is a fixed call. Hidden.
+            :mod:`llm_zoo.checkers.call_checker`); ``None`` when every test is a fixed call. Hidden.
     """
 
     name: str

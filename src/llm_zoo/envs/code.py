@@ -35,10 +35,10 @@ relative tolerance 1e-6. An expected integer accepts only a number of exactly it
 crashes, exceeds its time (``timeout`` seconds per test) or memory (``memory_mb``) fails the test.
 Test inputs lacking a final newline get one.
 
-Call-based judging (:mod:`llm_zoo.call_harness`): the coder's code runs inside a harness program
+Call-based judging (:mod:`llm_zoo.checkers.call_harness`): the coder's code runs inside a harness program
 in the sandbox that reads one test's arguments on standard input (only the arguments), calls
 the function and prints its return value's ``repr``; the host compares it with the expected value
-(:func:`~llm_zoo.call_harness.values_match`: lists and tuples alike, dict keys exact, ``bool``
+(:func:`~llm_zoo.checkers.call_harness.values_match`: lists and tuples alike, dict keys exact, ``bool``
 only equals ``bool``, an expected int only a number of exactly its value, an expected float any
 number within the same 1e-6 tolerance as above). Expected
 values never enter the sandbox. A crash, time-out, missing function or a return value that is
@@ -47,7 +47,7 @@ accept the only element of a one-element expected list, as APPS's own harness do
 
 Checked call-based problems (``problem.call.checker``: HumanEval tests that are not fixed calls,
 e.g. /32 accepts any root of a random polynomial; MBPP's order-free asserts): one more hidden test
-runs the dataset's ``check(candidate)`` (:mod:`llm_zoo.call_checker`) in a sandbox process of its
+runs the dataset's ``check(candidate)`` (:mod:`llm_zoo.checkers.call_checker`) in a sandbox process of its
 own, where ``candidate`` is a proxy; the coder's code runs in another process that only receives
 each call's arguments and returns values, relayed by the host (usually two checker runs and one
 candidate run), so the test source and its values are never in the coder's process. It passes
@@ -170,7 +170,7 @@ from typing import Any
 import numpy as np
 
 from llm_zoo.arguments import MAX_MEMORY_MB, MAX_TIMEOUT_S, check_int, check_number
-from llm_zoo.call_harness import call_text, literal, value_text
+from llm_zoo.checkers.call_harness import call_text, literal, value_text
 from llm_zoo.core import MAX_ACTION_CHARS, Outcome, TextAECEnv
 from llm_zoo.data.code import TestCase, load_code_problems
 from llm_zoo.envs.code_impossible import IMPOSSIBLE_SPLIT, impossible_problems

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
-from llm_zoo.call_harness import literal, value_text
+from llm_zoo.checkers.call_harness import literal, value_text
 from llm_zoo.data.code import CodeProblem, TestCase
 
 __all__ = ["IMPOSSIBLE_SPLIT", "contradict_output", "contradict_value", "impossible_problems"]

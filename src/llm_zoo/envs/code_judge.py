@@ -4,8 +4,8 @@
 turn a candidate's code and a :class:`~llm_zoo.data.code.TestCase` into what runs in the sandbox
 (a program and its standard input) and a verdict on the run (:meth:`Judge.evaluate`);
 :func:`judge_for` picks one for a problem. A call-based problem's check (test source rather than
-fixed calls) is run by :meth:`CallJudge.run_check`, see :mod:`llm_zoo.call_checker`. :func:`run_program_on_inputs` runs one program on many standard inputs. See the
-:mod:`llm_zoo.envs.code` docstring for the rules and :mod:`llm_zoo.call_harness` for calls.
+fixed calls) is run by :meth:`CallJudge.run_check`, see :mod:`llm_zoo.checkers.call_checker`. :func:`run_program_on_inputs` runs one program on many standard inputs. See the
+:mod:`llm_zoo.envs.code` docstring for the rules and :mod:`llm_zoo.checkers.call_harness` for calls.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from decimal import Decimal
 from typing import Any
 
 from llm_zoo import sandbox
-from llm_zoo.call_checker import (
+from llm_zoo.checkers.call_checker import (
     CHECK_INPUT,
     CHECK_TIME_FACTOR,
     MAX_CHECK_CALLS,
@@ -28,7 +28,7 @@ from llm_zoo.call_checker import (
     checker_stdin,
     read_checker_report,
 )
-from llm_zoo.call_harness import (
+from llm_zoo.checkers.call_harness import (
     TOLERANCE,
     batch_stdin,
     call_stdin,
@@ -230,7 +230,7 @@ class CallJudge(Judge):
 
     def run_check(self, code: str, run: Runner, timeout: float) -> tuple[bool, str]:
         """``(passed, why)`` of the problem's check on ``code``: the checker and the candidate in
-        separate sandbox runs, relayed in rounds (see :mod:`llm_zoo.call_checker`)."""
+        separate sandbox runs, relayed in rounds (see :mod:`llm_zoo.checkers.call_checker`)."""
         if self.call.checker is None:
             return False, "(no check: the problem has no test source)"
         checker = checker_program(self.call.checker, self.call.name)

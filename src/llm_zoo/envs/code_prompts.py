@@ -7,7 +7,7 @@ import functools
 import json
 from typing import Any
 
-from llm_zoo.call_harness import literal
+from llm_zoo.checkers.call_harness import literal
 from llm_zoo.core import MAX_ACTION_CHARS
 from llm_zoo.data.code import CallSpec, CodeDatasetError, TestCase
 from llm_zoo.data.code_problem import call_test

@@ -16,9 +16,9 @@ characters) and answer, and its own previous program and output - with a request
 the two. Prompts never say whether an answer is correct.
 
 Answers are checked against the gold answer with math-verify through
-:class:`llm_zoo.math_check.AnswerChecker` (gold first; worker process, hard timeout, exact fast
+:class:`llm_zoo.checkers.math_check.AnswerChecker` (gold first; worker process, hard timeout, exact fast
 path for plain numbers, cache). A check that times out or fails counts as wrong. Before
-math-verify, strict rules (:mod:`llm_zoo.math_strict`) judge in microseconds:
+math-verify, strict rules (:mod:`llm_zoo.checkers.math_strict`) judge in microseconds:
 
 * an answer with a percent sign (``3744\\%``), an approximation marker (``\\approx``, ``\\sim``, a
   leading ``~``, "about", "approximately") or a leading relation (``= 3744``) is wrong unless
@@ -154,6 +154,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from llm_zoo.arguments import MAX_TIMEOUT_S, check_number
+from llm_zoo.checkers.math_check import AnswerChecker, CheckResult, default_checker
 from llm_zoo.core import Outcome, TextAECEnv
 from llm_zoo.data.math import MathProblem, ProblemSet, build_problem_set
 from llm_zoo.envs.math_options import (
@@ -167,7 +168,6 @@ from llm_zoo.envs.math_options import (
     read_reasoner_answer,
     read_tool_program,
 )
-from llm_zoo.math_check import AnswerChecker, CheckResult, default_checker
 from llm_zoo.parsing import ParseError, extract_boxed
 from llm_zoo.sandbox import run_python
 

@@ -64,10 +64,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from llm_zoo.arguments import check_int
+from llm_zoo.checkers.math_check import AnswerChecker
 from llm_zoo.core import Outcome
 from llm_zoo.data.math import MathProblem, ProblemSet, UnknownProblemError
 from llm_zoo.envs.math import MathEnv, oracle_action
-from llm_zoo.math_check import AnswerChecker
 
 __all__ = [
     "MathRelayEnv",

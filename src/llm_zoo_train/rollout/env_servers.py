@@ -1,0 +1,120 @@
+"""Rollout envs on ``llm-zoo serve`` servers (config ``env.servers``), or in this process.
+
+:func:`make` is how every rollout and evaluation makes its envs. With no servers configured it is
+:func:`llm_zoo.make`; with servers (``configure(["http://host1:8000", "http://host2:8000"])``,
+done by :func:`llm_zoo_train.config.validate` in every process of a run) each env is made on the
+next server in turn, so a step's envs spread evenly over them, and a server that cannot make an
+env (down, full, unreachable) is skipped for the next one, up to ``retries`` rounds over all of
+them. Envs play exactly as in-process (``llm_zoo.remote``: same prompts and rewards for the same
+seeds and actions), so a run gives the same samples either way. A server that dies mid-episode
+has its episodes replayed on the others (rollouts reset with a seed, so the replay is exact) and
+they go on there; when none of them can take it, :class:`llm_zoo.remote.RemoteEnvError` names
+the dead server and the others' failures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import llm_zoo
+from llm_zoo_train.config.checks import check_env_servers, url_problem
+
+__all__ = ["EnvServers", "configure", "configure_env_servers", "make", "map_envs"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class EnvServers:
+    """Makes envs on several servers in turn, skipping those that fail.
+
+    Args:
+        urls: The servers.
+        retries: Extra rounds over all servers before giving up on making an env.
+        timeout_s: Longest wait for one answer of a server (a Code-v0 step runs programs).
+        backoff_s: Pause between two rounds.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        retries: int = 2,
+        timeout_s: float = 600.0,
+        backoff_s: float = 0.5,
+        in_flight_per_server: int = 8,
+    ):
+        if not urls:
+            raise ValueError("EnvServers needs at least one server URL")
+        for url in urls:
+            problem = url_problem(url)
+            if problem:
+                raise ValueError(problem)
+        self.urls = list(urls)
+        self.retries = int(retries)
+        self.timeout_s = float(timeout_s)
+        self.backoff_s = float(backoff_s)
+        #: Env calls a rollout keeps waiting on at once, over all servers (see map_envs).
+        self.max_in_flight = max(1, int(in_flight_per_server)) * len(self.urls)
+        self._turn = itertools.count()
+        self._lock = threading.Lock()
+
+    def make(self, env_id: str, **kwargs: Any) -> Any:
+        from llm_zoo import remote
+
+        with self._lock:
+            start = next(self._turn)
+        failures: list[str] = []
+        for round_index in range(self.retries + 1):
+            if round_index:
+                time.sleep(self.backoff_s * round_index)
+            for offset in range(len(self.urls)):
+                url = self.urls[(start + offset) % len(self.urls)]
+                try:
+                    others = [u for u in self.urls if u != url]
+                    return remote.make(url, env_id, timeout_s=self.timeout_s, failover=others, **kwargs)
+                except remote.RemoteEnvError as err:  # the server, not the env: try the next one
+                    failures.append(str(err))
+        raise remote.RemoteEnvError(
+            f"no env server could make {env_id} after {self.retries + 1} round(s) over {self.urls}: "
+            + " | ".join(failures[-len(self.urls) :])
+        )
+
+
+_servers: EnvServers | None = None
+
+
+def configure(urls: Sequence[str]) -> None:
+    """Make this process's rollout envs on ``urls`` (an empty list: in this process)."""
+    global _servers
+    _servers = EnvServers(urls) if urls else None
+
+
+def configure_env_servers(servers: Sequence[str]) -> None:
+    """Check ``env.servers`` (a :class:`ConfigError` names what is wrong) and make this process's
+    rollout envs there."""
+    check_env_servers(servers)
+    configure(list(servers))
+
+
+def make(env_id: str, **kwargs: Any) -> Any:
+    """An env for a rollout: on the configured servers, else ``llm_zoo.make``."""
+    if _servers is None:
+        return llm_zoo.make(env_id, **kwargs)
+    return _servers.make(env_id, **kwargs)
+
+
+def map_envs(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``[fn(x) for x in items]``, where each call steps its own envs: in order in this process
+    when envs are in-process, in threads when they are on servers (each call then mostly waits
+    on its server, so the servers work at once). Results keep the order of ``items``, and the
+    first exception is raised, as in the loop."""
+    if _servers is None or len(items) < 2:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(len(items), _servers.max_in_flight)) as pool:
+        return list(pool.map(fn, items))

@@ -1,0 +1,311 @@
+"""The output directory of a run: a new run never clobbers an earlier one, ``--resume`` continues
+only the run that wrote the checkpoint.
+
+* :func:`start_run` is called before the model loads. It takes the directory's lock
+  (:mod:`llm_zoo_train.runs.lock`: a second live run into the same directory is refused), then
+  :func:`prepare_output_dir` removes temporary directories a killed checkpoint write left behind
+  (``.tmp-checkpoint-*``, ``.old-checkpoint-*``) and refuses a *new* run into a directory that
+  already holds files, unless ``training.overwrite_output_dir`` is true.
+* :func:`begin_run` is called once the config, the env *and the model* are known to work (a
+  mistyped model path leaves the earlier run intact). With ``overwrite_output_dir`` it deletes the
+  earlier run's outputs (checkpoints, ``config.yaml``, ``metrics.jsonl``, adapters, plot, rollouts,
+  tracker logs), so nothing stale - an old ``checkpoint-4`` beside the new ``checkpoint-1`` - is
+  left for ``--resume`` to pick up; then it writes the run's ``config.yaml``, so an interrupted
+  run can be inspected and evaluated before its first checkpoint.
+* :func:`check_resume` compares a checkpoint's saved configuration with the one the run resumes
+  with. Only settings that do not change what the run is may differ (:data:`RESUMABLE_KEYS`: the
+  step budget, where and how often things are saved, evaluation, logging, engine options);
+  anything else - model, env, agents, LoRA, rollout sampling, algorithm, optimiser, seed - is
+  refused naming each differing key, because the result would be neither the old run nor a new one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from llm_zoo_train.config import Config, ConfigError, config_from_dict, config_to_dict, save_config
+from llm_zoo_train.runs.checkpoint import (
+    CHECKPOINT_PREFIX,
+    changed_keys,
+    read_trainer_state,
+    write_checkpoint,
+)
+from llm_zoo_train.runs.finite import check_finite_weights
+from llm_zoo_train.runs.launch_check import process_count_warning
+from llm_zoo_train.runs.lock import LOCK_NAME, RunLock
+
+__all__ = [
+    "RESUMABLE_KEYS",
+    "ResumePoint",
+    "begin_run",
+    "check_resume",
+    "prepare_output_dir",
+    "remove_stale_temporaries",
+    "restore_final_adapters",
+    "run_outputs",
+    "save_final_adapters",
+    "start_run",
+]
+
+#: Temporary siblings of a checkpoint being written or replaced (checkpoint.write_checkpoint).
+STALE_PREFIXES = (
+    f".tmp-{CHECKPOINT_PREFIX}",
+    f".old-{CHECKPOINT_PREFIX}",
+    ".tmp-adapters-",
+    ".old-adapters-",
+)
+#: Files and directories a run writes into its output directory (besides checkpoint-STEP/).
+RUN_OUTPUT_NAMES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "adapters",
+    "learning_curve.png",
+    "rollouts",
+    "engine_adapters",
+    "eval",
+)
+
+#: Config keys (a dotted key, or a section/prefix ending in ".") that may differ between a
+#: checkpoint and the run resuming it: they change how long the run goes and what it records,
+#: not what it trains.
+RESUMABLE_KEYS = (
+    "training.max_steps",
+    "training.output_dir",
+    "training.overwrite_output_dir",
+    "training.save_steps",
+    "training.save_total_limit",
+    "rollout.save_rollouts",
+    "rollout.generation_batch_size",
+    "rollout.max_rows_per_generate_call",
+    "model.cache_dir",
+    "eval.",
+    "logging.",
+    "vllm.",
+)
+
+
+def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
+    """Delete what an interrupted checkpoint write left in ``output_dir``; returns the paths."""
+    directory = Path(output_dir)
+    if not directory.is_dir():
+        return []
+    stale = [p for p in directory.iterdir() if p.name.startswith(STALE_PREFIXES)]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
+def run_outputs(output_dir: str | Path, project_name: str | None = None) -> list[Path]:
+    """The outputs of a run found in ``output_dir``: checkpoints, metrics, adapters, plot, rollouts,
+    evaluation results and the tracker directory ``project_name``."""
+    directory = Path(output_dir)
+    if not directory.is_dir():
+        return []
+    names = set(RUN_OUTPUT_NAMES) | ({project_name} if project_name else set())
+    return sorted(p for p in directory.iterdir() if p.name in names or p.name.startswith(CHECKPOINT_PREFIX))
+
+
+def prepare_output_dir(config: Config, *, resuming: bool, remove: bool = True) -> list[str]:
+    """Make ``training.output_dir`` ready for this run (see the module docstring).
+
+    Args:
+        config: The run's configuration.
+        resuming: The run continues from a checkpoint (the directory may hold its earlier files).
+        remove: Delete stale temporaries and, with ``overwrite_output_dir``, the earlier run's
+            outputs. In a multi-process run only the main process removes; every process checks.
+
+    Returns notes to print (what was removed). Raises :class:`ConfigError` when a new run would
+    write into a directory that already holds files and ``training.overwrite_output_dir`` is off.
+    """
+    output_dir = Path(config.training.output_dir)
+    stale = remove_stale_temporaries(output_dir) if remove else []
+    notes = [f"removed an unfinished write (checkpoint or adapters): {p}" for p in stale]
+    if resuming or not output_dir.is_dir():
+        return notes
+    present = sorted(
+        p.name for p in output_dir.iterdir() if not p.name.startswith(STALE_PREFIXES) and p.name != LOCK_NAME
+    )
+    if not present:
+        return notes
+    if not config.training.overwrite_output_dir:
+        shown = ", ".join(present[:4]) + (", ..." if len(present) > 4 else "")
+        raise ConfigError(
+            f"training.output_dir {output_dir} is not empty ({shown}): continue that run with --resume, "
+            "choose another --training.output_dir, or replace it with --training.overwrite_output_dir true"
+        )
+    removed = run_outputs(output_dir, config.logging.project_name) if remove else []
+    for path in removed:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    if removed:
+        notes.append(
+            f"training.overwrite_output_dir: removed the earlier run's {', '.join(p.name for p in removed)} "
+            f"from {output_dir}"
+        )
+    return notes
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed run continues.
+
+    Attributes:
+        checkpoint: The checkpoint directory.
+        step: The training step the checkpoint was written after.
+        changed: Resumable keys whose values differ from the checkpoint's (dotted names).
+    """
+
+    checkpoint: Path
+    step: int
+    changed: list[str]
+
+    def finished(self, max_steps: int) -> bool:
+        return self.step >= max_steps
+
+    def describe(self, max_steps: int) -> str:
+        """One line: what is resumed, or that the run is already finished."""
+        if self.finished(max_steps):
+            return (
+                f"the run in {self.checkpoint.parent} is finished: {self.checkpoint.name} is step {self.step} "
+                f"of training.max_steps {max_steps}; to train further resume with a larger "
+                f"--training.max_steps (its adapters are in {self.checkpoint / 'adapters'})"
+            )
+        line = f"resuming from {self.checkpoint} (step {self.step} of {max_steps})"
+        return line + (f" with changed settings: {', '.join(self.changed)}" if self.changed else "")
+
+
+def _resumable(key: str) -> bool:
+    return any(
+        key == allowed or (allowed.endswith(".") and key.startswith(allowed)) for allowed in RESUMABLE_KEYS
+    )
+
+
+def _saved_config(checkpoint: Path) -> dict[str, Any]:
+    """The checkpoint's config as a dict with today's defaults filled in, so a field added since
+    the checkpoint was written does not count as changed when it keeps its default."""
+    raw = yaml.safe_load((checkpoint / "config.yaml").read_text(encoding="utf-8")) or {}
+    try:
+        return config_to_dict(config_from_dict(raw, Config))
+    except ConfigError:  # a key this version no longer knows: compare what is there
+        return raw
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _lookup(tree: Mapping[str, Any], key: str) -> Any:
+    value: Any = tree
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def check_resume(checkpoint: str | Path, config: Config) -> ResumePoint:
+    """Check that ``config`` continues the run that wrote ``checkpoint``; ConfigError naming every
+    differing key (with both values) when it does not. Loads no model."""
+    checkpoint = Path(checkpoint)
+    state = read_trainer_state(checkpoint)
+    saved = _saved_config(checkpoint)
+    current = config_to_dict(config)
+    changed = changed_keys(saved, current)
+    refused = [key for key in changed if not _resumable(key)]
+    if refused:
+        details = "; ".join(
+            f"{k} {_show(_lookup(saved, k))} -> {_show(_lookup(current, k))}" for k in refused
+        )
+        raise ConfigError(
+            f"{checkpoint} belongs to a different run: {details}. Resume with the run's own settings "
+            f"(`llm-zoo-train --resume {checkpoint}` uses its config.yaml), or start a new run in another "
+            "training.output_dir"
+        )
+    return ResumePoint(
+        checkpoint=checkpoint, step=int(state["step"]), changed=[k for k in changed if _resumable(k)]
+    )
+
+
+def start_run(
+    config: Config, checkpoint: Path | None, accelerator: Any
+) -> tuple[ResumePoint | None, RunLock]:
+    """What a trainer does before it loads the model: check the checkpoint against ``config``
+    (ConfigError) and say where the run resumes or that it is finished, take the output
+    directory's lock (main process; :class:`~llm_zoo_train.runs.lock.RunLockedError`), remove
+    stale temporaries and refuse a new run into a non-empty directory without
+    ``overwrite_output_dir`` (ConfigError; nothing is deleted yet: :func:`begin_run` does), and
+    warn when the launcher started fewer processes than it was asked for. Returns the resume point
+    (None for a new run) and the lock (release it when the run ends)."""
+    point = check_resume(checkpoint, config) if checkpoint is not None else None
+    lock = RunLock(config.training.output_dir)
+    notes = []
+    if accelerator.is_main_process:
+        taken_over = lock.acquire()
+        notes += [taken_over] if taken_over else []
+    try:
+        notes += prepare_output_dir(config, resuming=point is not None, remove=False)
+        if accelerator.is_main_process:
+            notes += [
+                f"removed an unfinished write (checkpoint or adapters): {p}"
+                for p in remove_stale_temporaries(config.training.output_dir)
+            ]
+    except BaseException:
+        lock.release()
+        raise
+    if point is not None:
+        notes.append(point.describe(config.training.max_steps))
+    for note in notes:
+        accelerator.print(note)
+    accelerator.wait_for_everyone()  # every process has checked before the main one writes
+    warning = process_count_warning(accelerator.num_processes)
+    if warning and accelerator.is_main_process:
+        print(f"llm-zoo-train: {warning}", file=sys.stderr)
+    return point, lock
+
+
+def begin_run(config: Config, resuming: bool, accelerator: Any) -> None:
+    """Once the model has loaded: with ``overwrite_output_dir``, delete the earlier run's outputs
+    (a new run only), then write the run's ``config.yaml`` (main process; the others wait)."""
+    if accelerator.is_main_process:
+        notes = [] if resuming else prepare_output_dir(config, resuming=False)
+        for note in notes:
+            accelerator.print(note)
+        save_config(config, Path(config.training.output_dir) / "config.yaml")
+    accelerator.wait_for_everyone()  # nothing is written before the main process has cleaned up
+
+
+def save_final_adapters(output_dir: str | Path, policy: Any, write_cards: Callable[[Path], object]) -> Path:
+    """Write ``output_dir/adapters`` atomically (a temporary directory renamed into place): every
+    adapter, then the model cards ``write_cards(directory)`` adds. A run killed while saving leaves
+    no half-written adapters; ``--resume`` then writes them from the last checkpoint
+    (:func:`restore_final_adapters`)."""
+    for name in policy.trainable:
+        check_finite_weights(name, policy.adapter_parameters(name))
+
+    def write(directory: Path) -> None:
+        policy.save_adapters(directory)
+        write_cards(directory)
+
+    return write_checkpoint(Path(output_dir) / "adapters", write, manifest=False)
+
+
+def restore_final_adapters(point: ResumePoint) -> str | None:
+    """For a finished run: write ``output_dir/adapters`` from its last checkpoint when they are
+    missing or incomplete (the run was killed, or the disk filled, during the final save).
+    Returns a note saying so (None: they were there)."""
+    final = point.checkpoint.parent / "adapters"
+    names = read_trainer_state(point.checkpoint).get("adapters", [])
+    if final.is_dir() and all((final / name / "adapter_config.json").is_file() for name in names):
+        return None
+    write_checkpoint(
+        final, lambda d: shutil.copytree(point.checkpoint / "adapters", d, dirs_exist_ok=True), manifest=False
+    )
+    return f"the final adapters were missing: wrote {final} from {point.checkpoint.name}"
