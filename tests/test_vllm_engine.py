@@ -278,6 +278,29 @@ def test_seeded_sampling_is_reproducible_and_candidates_differ(engine):
     assert [[c.token_ids for c in row] for row in other_seed] != [[c.token_ids for c in row] for row in first]
 
 
+def distinct_prompts(count: int, words: int) -> list[str]:
+    """``count`` different prompts of ``words`` words (no shared prefix for the prefix cache to reuse)."""
+    import random
+
+    rng = random.Random(0)
+    vocab = ["up", "down", "left", "right", "grid", "box", "goal", "wall"]
+    return [" ".join(rng.choice(vocab) for _ in range(words)) for _ in range(count)]
+
+
+def test_seeded_prompts_beyond_one_steps_token_budget_are_sampled(engine):
+    """vLLM 0.32 on CPU kills its engine core when it splits a seeded prompt's prefill over two
+    scheduler steps (``CPU Generator does not use offset``); the engine turns chunked prefill off
+    there. 24 prompts of ~320 tokens (~7.7k) exceed one step's budget (4096 tokens here), so without
+    that vLLM splits one of them (checked: the engine dies on this call with chunked prefill on)."""
+    prompts = distinct_prompts(24, 120)
+    sampling = SamplingParams(max_tokens=4, temperature=1.0, seed=3)
+    first = engine.generate(prompts, ["alpha"] * len(prompts), 2, sampling)
+    assert sum(len(row[0].prompt_token_ids) for row in first) > 4096
+    again = engine.generate(prompts, ["alpha"] * len(prompts), 2, sampling)
+    assert [[c.token_ids for c in row] for row in first] == [[c.token_ids for c in row] for row in again]
+    assert all(len(c.token_ids) >= 1 for row in first for c in row)
+
+
 def test_completions_stop_at_end_of_sequence(engine, policy):
     # Sampling at a high temperature reaches <|im_end|> (1 of ~400 tokens) within 200 tokens often.
     sampling = SamplingParams(max_tokens=200, temperature=2.0, seed=0)

@@ -13,6 +13,7 @@ config, URLs and the errors for servers that are down or do not answer.
 from __future__ import annotations
 
 import math
+import re
 import socket
 import threading
 import time
@@ -106,6 +107,20 @@ def test_a_server_that_never_answers_times_out(tiny_model_dir):
     assert time.monotonic() - start < 10
 
 
+def test_the_launcher_turns_chunked_prefill_off_where_vllm_runs_on_the_cpu(monkeypatch):
+    """vLLM 0.32 on CPU dies when it splits a seeded prompt's prefill; the engine seeds every request."""
+    from llm_zoo_train.engines import vllm_server_launch
+    from llm_zoo_train.engines.vllm_server_launch import LocalVLLMServer
+
+    flag = "--no-enable-chunked-prefill"
+    assert flag in LocalVLLMServer("model", port=1, chunked_prefill=False).command
+    assert flag not in LocalVLLMServer("model", port=1, chunked_prefill=True).command
+    monkeypatch.setattr(vllm_server_launch, "vllm_runs_on_cpu", lambda: True)
+    assert flag in LocalVLLMServer("model", port=1).command
+    monkeypatch.setattr(vllm_server_launch, "vllm_runs_on_cpu", lambda: False)
+    assert flag not in LocalVLLMServer("model", port=1).command
+
+
 # --------------------------------------------------------------------------- real servers
 
 
@@ -152,6 +167,26 @@ def servers(model_dir, tmp_path_factory):
     finally:
         for server in started:
             server.stop()
+
+
+@pytest.fixture(autouse=True)
+def servers_stay_up(request):
+    """After a test that used the servers, each one still runs (unless the test killed it); else
+    the error carries the end of its log, where vLLM wrote why it died."""
+    yield
+    if "servers" not in request.fixturenames or request.node.get_closest_marker("kills_a_server"):
+        return
+    dead = [
+        s
+        for s in request.getfixturevalue("servers")
+        if s.process is not None and s.process.poll() is not None
+    ]
+    assert not dead, "\n\n".join(
+        f"the vLLM server {s.url} died (exit code {s.process.returncode}); its errors:\n"
+        + "\n".join(sorted(set(re.findall(r"\w+Error: .*", s.log_tail(200_000)))))
+        + f"\nits log ends:\n{s.log_tail(4000)}"
+        for s in dead
+    )
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +286,19 @@ def test_bad_requests_give_clear_errors(engine):
     with pytest.raises(ValueError, match="higher version"):
         engine.load_adapters({"alpha": engine.adapter_dir / engine.served_adapters["alpha"]}, version=0)
     assert engine.generate([], [], 2, sampling) == []
+
+
+@pytest.mark.vllm
+def test_seeded_prompts_beyond_one_steps_token_budget_are_sampled(engine, servers, vllm_modules):
+    """The CI failure of 2026-12-02: concurrent seeded requests whose prompts exceed one step's
+    token budget (2048 here) made vLLM split a prefill, and the CPU server died (``CPU Generator
+    does not use offset``). The launcher starts CPU servers without chunked prefill."""
+    prompts = vllm_modules.distinct_prompts(6, 400)
+    sampling = SamplingParams(max_tokens=4, temperature=1.0, seed=5)
+    rows = engine.generate(prompts, ["alpha"] * len(prompts), 2, sampling)
+    assert sum(len(row[0].prompt_token_ids) for row in rows) > 2 * 2048
+    assert all(len(c.token_ids) >= 1 for row in rows for c in row)
+    assert servers[0].process.poll() is None
 
 
 @pytest.mark.vllm
@@ -445,6 +493,7 @@ def test_two_trainer_processes_share_the_servers(servers, model_dir, vllm_module
 
 
 @pytest.mark.vllm
+@pytest.mark.kills_a_server
 def test_a_killed_server_is_retried_elsewhere_or_named_in_the_error(
     servers, policy, adapter_dirs, tmp_path, prompts
 ):

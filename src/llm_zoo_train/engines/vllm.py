@@ -41,6 +41,15 @@ engine therefore serves ``None`` prompts with an all-zero LoRA adapter (same mod
 adapter, one extra slot): its delta is exactly 0, so the output is the base model's. GPU kernels
 skip ``-1`` correctly and get plain ``None`` requests.
 
+Seeded sampling on CPU needs whole prefills. vLLM 0.32 splits a prompt that does not fit the
+step's token budget over several steps (chunked prefill) and then rewinds the request's random
+generator by the tokens it drew and discarded; a CPU ``torch.Generator`` has no offset to rewind,
+so the engine core dies (``RuntimeError: CPU Generator does not use offset``) as soon as a seeded
+request is split, which happens whenever a batch's prompts exceed ``max_num_batched_tokens``. On
+the CPU platform this engine therefore turns chunked prefill off (vLLM then raises the token
+budget to at least ``max_model_len``, so every prompt is prefilled in one step).
+:class:`~llm_zoo_train.engines.vllm_server_launch.LocalVLLMServer` does the same for servers.
+
 Sleep mode (GPU only). With ``enable_sleep_mode=True`` the trainer can call :meth:`sleep` before
 its update (vLLM offloads the weights to CPU memory and frees the KV cache, giving the GPU memory
 to training) and :meth:`wake_up` before the next rollout. On CPU these calls are no-ops: vLLM's
@@ -190,6 +199,8 @@ class VLLMEngine:
             kwargs["max_model_len"] = int(max_model_len)
         if kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+        if current_platform.is_cpu():  # seeded requests must never be split (module docstring)
+            kwargs["enable_chunked_prefill"] = False
         # vLLM's CPU LoRA ops apply the last adapter slot to base-model tokens (module docstring).
         self._zero_adapter_for_base = self.enable_lora and current_platform.is_cpu()
         if self.enable_lora:

