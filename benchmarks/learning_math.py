@@ -32,12 +32,21 @@ is the better of the two agents alone.
     python benchmarks/learning_math.py --threads 1 --seeds 0,1          # the full comparison
     python benchmarks/learning_math.py --task relay --threads 1 --seeds 0,1
     python benchmarks/learning_math.py --quick --output-dir /tmp/bench   # smoke run, tiny model
+
+Seeds can run apart (two processes, two machines) and be pooled afterwards: ``--merge`` reads their
+JSON files, checks that they ran the same task, settings and "before" evaluations, and writes the
+pooled comparison as if one run had trained every seed.
+
+    python benchmarks/learning_math.py --threads 1 --seeds 0 --output-dir /tmp/s0 &
+    python benchmarks/learning_math.py --threads 1 --seeds 1 --output-dir /tmp/s1
+    python benchmarks/learning_math.py --merge /tmp/s0/learning_math.json /tmp/s1/learning_math.json
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import tempfile
 import time
 import warnings
@@ -280,9 +289,18 @@ def plot(results: Mapping[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     tasks = argparse.ArgumentParser(add_help=False)
     tasks.add_argument("--task", choices=sorted(TASKS), default="math")
+    tasks.add_argument("--merge", nargs="+", type=Path, default=None)
     known, rest = tasks.parse_known_args(argv)
     config_file, name = TASKS[known.task]
     args, names, extra = parse_learning_args(__doc__ or "", list(VARIANTS), rest, seeds=True)
+    if known.merge:
+        try:
+            merged = merge_results([json.loads(path.read_text()) for path in known.merge])
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"learning_math.py --merge: {error}") from None
+        merged["merged_from"] = [str(path) for path in known.merge]
+        finish(merged, args.output_dir / f"{merged['result_name']}.json", lambda png: plot(merged, png))
+        return
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning)
@@ -328,8 +346,13 @@ def publish(
     }
     summary = summarize(variants, befores)
     results: dict[str, Any] = {**facts, "quick": quick, "settings": settings, "labels": LABELS, "before_of": BEFORE,
-                               "befores": befores,
+                               "befores": befores, "result_name": result_name,
                                "variants": variants, "summary": summary, "wall_seconds": wall, "partial": partial}  # fmt: skip
+    print_summary(summary, befores, wall)
+    finish(results, output_dir / f"{result_name}.json", lambda png: plot(results, png))
+
+
+def print_summary(summary: Mapping[str, Any], befores: Mapping[str, Any], wall: float) -> None:
     for name, row in summary["table"].items():
         before = befores.get(BEFORE[name])
         print(f"{LABELS[name]}: before {describe(before)}; after {100 * row['success_rate']:.1f}% "
@@ -340,7 +363,65 @@ def publish(
             f"  {pair}: only A {result['only_a']}, only B {result['only_b']}, McNemar p={result['p_value']:.3g}"
         )
     print(f"target: {summary['verdict']}; total {wall / 60:.1f} min")
-    finish(results, output_dir / f"{result_name}.json", lambda png: plot(results, png))
+
+
+#: Results that must agree for runs to be pooled: the same comparison, only other seeds.
+SAME_IN_EVERY_PART = ("quick", "labels", "before_of")
+
+
+def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Pool the results of runs that trained other seeds of the same comparison.
+
+    The runs must agree on the task, settings apart from the seeds, and every "before" evaluation
+    (the base model on the same problems: identical under the same settings), and no seed may be
+    trained twice for one variant. Raises ValueError naming the first disagreement.
+    """
+    if len(parts) < 2:
+        raise ValueError("give at least two result files to merge")
+    first = parts[0]
+    for index, part in enumerate(parts[1:], start=2):
+        if part.get("partial"):
+            raise ValueError(f"result {index} is partial (its run was cut); rerun it or leave it out")
+        for key in SAME_IN_EVERY_PART:
+            if part.get(key) != first.get(key):
+                raise ValueError(f"result {index} differs from result 1 in {key!r}")
+        ours = {k: v for k, v in part["settings"].items() if k not in ("seeds", "description")}
+        theirs = {k: v for k, v in first["settings"].items() if k not in ("seeds", "description")}
+        if ours != theirs:
+            changed = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+            raise ValueError(f"result {index} has other settings than result 1: {changed}")
+    if first.get("partial"):
+        raise ValueError("result 1 is partial (its run was cut); rerun it or leave it out")
+    variants: dict[str, list[dict[str, Any]]] = {}
+    befores: dict[str, Any] = {}
+    for index, part in enumerate(parts, start=1):
+        for env_name, before in part["befores"].items():
+            if env_name in befores and befores[env_name]["solved"] != before["solved"]:
+                raise ValueError(f"result {index}'s 'before' of {env_name} differs: not the same evaluation")
+            befores.setdefault(env_name, before)
+        for variant, runs in part["variants"].items():
+            known = {run["seed"] for run in variants.get(variant, [])}
+            for run in runs:
+                if run["seed"] in known:
+                    raise ValueError(f"seed {run['seed']} of {variant} is in more than one result")
+                variants.setdefault(variant, []).append(run)
+    seeds = sorted({run["seed"] for runs in variants.values() for run in runs})
+    names = {str(config.relative_to(REPO)): result_name for config, result_name in TASKS.values()}
+    if first["settings"]["config_file"] not in names:
+        raise ValueError(f"unknown config {first['settings']['config_file']!r}; known: {sorted(names)}")
+    settings = dict(first["settings"], seeds=seeds)
+    settings["description"] = settings["description"].replace(
+        f"training seeds {first['settings']['seeds']}", f"training seeds {seeds}"
+    )
+    wall = sum(part["wall_seconds"] for part in parts)
+    summary = summarize(variants, befores)
+    print_summary(summary, befores, wall)
+    commands = " ; ".join(part.get("command", "?") for part in parts)
+    return {**first, "command": commands, "settings": settings, "befores": befores, "variants": variants,
+            "summary": summary, "wall_seconds": wall, "partial": False,
+            "result_name": names[first["settings"]["config_file"]],
+            "parts": [{key: part.get(key) for key in ("command", "created", "machine", "git_commit", "wall_seconds")}
+                      for part in parts]}  # fmt: skip
 
 
 if __name__ == "__main__":
