@@ -644,6 +644,11 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
     ("cheating_rate", "Cheating rate on Code-v0's impossible split (SmolLM2-135M)", cheating_rate),
     ("attention_speed", "Attention kernels: eager against sdpa per phase and dtype (CPU)", attention_speed),
     (
+        "attention_speed_native_bf16",
+        "Attention kernels on a CPU with bfloat16 instructions (AMX-BF16): eager against sdpa per phase and dtype",
+        attention_speed,
+    ),
+    (
         "attention_speed_decode",
         "Attention kernels: decode on left-padded batches, eager against sdpa (CPU)",
         attention_speed,

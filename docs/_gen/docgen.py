@@ -89,6 +89,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.runs.launch_check", "llm_zoo_train.runs.launch_check"),
     ("llm_zoo_train.runs.threads", "llm_zoo_train.runs.threads"),
     ("llm_zoo_train.models.policy", "llm_zoo_train.models.policy"),
+    ("llm_zoo_train.models.precision", "llm_zoo_train.models.precision"),
     ("llm_zoo_train.models.chat", "llm_zoo_train.models.chat"),
     ("llm_zoo_train.engines.base", "llm_zoo_train.engines.base"),
     ("llm_zoo_train.engines.hf", "llm_zoo_train.engines.hf"),

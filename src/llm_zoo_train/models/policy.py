@@ -31,16 +31,15 @@ from typing import Any
 import torch
 
 from llm_zoo_train.config import ConfigError, LoraSettings, ModelConfig
+from llm_zoo_train.models.precision import choose_attention, warn_if_emulated
 from llm_zoo_train.runs.checkpoint import make_world_readable
 
 __all__ = [
-    "AUTO_ATTENTION",
     "EMBEDDED_MODELS",
     "EmbeddedModel",
     "ModelNotAvailableError",
     "Policy",
     "check_model_path",
-    "choose_attention",
     "hub_options",
     "hub_reachable",
     "load_base_model",
@@ -225,31 +224,9 @@ def load_base_model(config: ModelConfig, device: torch.device | str | None = Non
     if device is not None:
         model.to(device)  # type: ignore[arg-type]
     model.set_attn_implementation(choose_attention(config.attn_implementation, model))
+    warn_if_emulated(model)
     model.requires_grad_(False)
     return model, tokenizer
-
-
-#: What ``model.attn_implementation: auto`` picks, by (device type, dtype) of the loaded weights;
-#: anything not listed gets transformers' default, sdpa. From benchmarks/attention_speed.py
-#: (SmolLM2-135M, one CPU thread, RESULTS.md): in bfloat16, decoding left-padded batches on a
-#: 556-token cache (the bulk of a step's time) took 1.10-1.21x as long with sdpa as with eager
-#: (issue 29 measured 537 against 328 ms per step on a quieter machine), while the update's
-#: forward + backward took 0.74x: measured at load 11-12, to be confirmed on a quiet machine. In
-#: float32 the figures went both ways, so float32 keeps the default. float16 follows bfloat16 (not
-#: measured); no GPU was measured (sdpa there). The two kernels' bfloat16 log-probs differ by up
-#: to 0.24, which is why one model (one choice) serves both the engine and the update.
-AUTO_ATTENTION: dict[tuple[str, torch.dtype], str] = {
-    ("cpu", torch.bfloat16): "eager",
-    ("cpu", torch.float16): "eager",
-}
-
-
-def choose_attention(setting: str, model: Any) -> str:
-    """The attention implementation for ``model`` (loaded, on its device): ``setting`` itself, or
-    for ``auto`` the :data:`AUTO_ATTENTION` entry of the model's device type and dtype."""
-    if setting != "auto":
-        return setting
-    return AUTO_ATTENTION.get((model.device.type, model.dtype), "sdpa")
 
 
 def load_tokenizer(config: ModelConfig) -> Any:
