@@ -549,6 +549,31 @@ def reproduce_paper(result: dict[str, Any]) -> str:
     )
 
 
+def reward_hack_search(result: dict[str, Any]) -> str:
+    rows = []
+    for env_id, entry in result["envs"].items():
+        margins = "; ".join(
+            f"{key} {entry['best_failing'][key]:+.2f} vs {entry['worst_succeeding'][key]:+.2f}"
+            for key in entry["best_failing"]
+        )
+        rows.append(
+            [env_id, f"{entry['seconds']:.2f}", entry["episodes"], entry["violations"], margins or "-"]
+        )
+    text = _table(
+        ["env", "seconds (best)", "episodes", "violations", "best non-solving vs worst solving return"], rows
+    )
+    worst = [
+        f"{env_id}: {e['worst_violation']}" for env_id, e in result["envs"].items() if e["worst_violation"]
+    ]
+    return (
+        f"The search `check_env` and `llm-zoo check ID` run (task seeds {result['seeds']}), best of"
+        f" {result['repeats']} per env. A violation is a non-solving episode that earned more than the"
+        " lowest-paid solving one of its group.\n\n"
+        + text
+        + ("\n\nWorst violations:\n\n" + "\n".join(f"- {line}" for line in worst) if worst else "")
+    )
+
+
 def cheating_rate(result: dict[str, Any]) -> str:
     rows = [
         [
@@ -642,6 +667,11 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
     ),
     ("trainer_vs_trl", "Trainer speed against TRL's GRPOTrainer", trainer_vs_trl),
     ("cheating_rate", "Cheating rate on Code-v0's impossible split (SmolLM2-135M)", cheating_rate),
+    (
+        "reward_hack_search",
+        "Reward-hack search: time per env and the closest non-solving return",
+        reward_hack_search,
+    ),
     ("attention_speed", "Attention kernels: eager against sdpa per phase and dtype (CPU)", attention_speed),
     (
         "attention_speed_native_bf16",
@@ -674,6 +704,9 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
 
 
 NOT_RUN = {
+    "reward_hack_search": (
+        "Not run yet on a quiet machine: `python benchmarks/reward_hack_search.py` (a minute or two).\n"
+    ),
     "learning_math_relay": (
         "Not run yet: `python benchmarks/learning_math.py --task relay --threads 1 --seeds 0,1` (hours on"
         " a quiet machine). A 2-step smoke run is not a result.\n"

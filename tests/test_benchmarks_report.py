@@ -93,3 +93,17 @@ def test_the_paired_math_comparison_is_summarized_with_its_p_values():
     assert "| team | 25.0% (10.0-50.0, 1/4) | 37.5% (10.0-70.0, 3/8) | 25.0%, 50.0% | 1.0 |" in text
     assert "| tool agent alone | - |" in text
     assert "| per_agent vs tool_alone | 8 | 2 | 1 | 1 |" in text and "**not met**" in text
+
+
+def test_the_reward_hack_search_benchmark_reports_time_and_margins(tmp_path):
+    import reward_hack_search
+
+    result = reward_hack_search.main(["--env", "Math-v0", "--repeats", "1", "--output-dir", str(tmp_path)])
+    entry = result["envs"]["Math-v0"]
+    assert entry["violations"] == 0 and entry["episodes"] > 10 and entry["seconds"] > 0
+    # solving pays more than anything else the search tried
+    assert entry["worst_succeeding"]["team"] > entry["best_failing"]["team"]
+    text = report.reward_hack_search(json.loads((tmp_path / "reward_hack_search.json").read_text()))
+    assert "| Math-v0 |" in text and (tmp_path / "reward_hack_search.png").exists()
+    with pytest.raises(SystemExit):
+        reward_hack_search.main(["--env", "Nope-v0", "--output-dir", str(tmp_path)])
