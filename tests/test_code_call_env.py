@@ -295,3 +295,32 @@ def test_humaneval_as_shipped_canonical_solutions_pass_and_wrong_ones_fail(human
         assert not env.infos["coder"]["success"] and reward < 1, (problem_id, reward)
         if problem_id in ("HumanEval/53", "HumanEval/32", "HumanEval/38", "HumanEval/50"):
             assert reward == 0.0, (problem_id, reward)
+
+
+def test_lists_compare_and_print_as_element_by_element_at_any_size():
+    """The flat-list shortcuts of the judge (``values_match``) and of the test writer
+    (``args_text``) give what the element-by-element rules give: ints never match bools, an int
+    expected matches only the same number, floats within the tolerance."""
+    import random
+
+    from llm_zoo.checkers.call_harness import args_text, literal, literal_text, values_match
+
+    rng = random.Random(0)
+    atoms = [0, 1, 2, -3, 10**30, True, False, None, "a", "1", 1.0, 2.0000000001, 0.5, float("inf")]
+
+    def value(depth: int = 0):
+        if depth < 2 and rng.random() < 0.4:
+            return [value(depth + 1) for _ in range(rng.randrange(4))]
+        return rng.choice(atoms)
+
+    for _ in range(3000):
+        kind = rng.choice([[0, 1, 2], ["a", "1"], [True, False], atoms])
+        expected = [rng.choice(kind) for _ in range(rng.randrange(5))]
+        actual = [rng.choice(kind) for _ in range(len(expected))] if rng.random() < 0.8 else list(expected)
+        elementwise = all(values_match(e, a) for e, a in zip(expected, actual, strict=True))
+        assert values_match(expected, actual) is elementwise, (expected, actual)
+        nested = value()
+        if isinstance(nested, list):
+            assert literal(args_text(nested)) == nested or nested != nested
+            assert args_text(nested) == literal_text(nested)
+    assert not values_match([1, 2], [True, 2]) and values_match([1, 2], [1.0, 2]) and not values_match([1], [1, 1])

@@ -327,8 +327,25 @@ def small_index(text: str, limit: int = 10**9) -> int | None:
     return number if number < limit else None
 
 
+#: Types whose ``repr`` is the literal :func:`literal_text` writes (no float: it may be infinite).
+_REPR_IS_LITERAL = frozenset({int, str, bool, type(None)})
+#: Flat lists holding only one of these types compare exactly with ``==`` (see :func:`values_match`).
+_EXACT_KINDS = ({int}, {str}, {bool})
+
+
+def _host_literal_text(value: Any) -> str:
+    """:func:`literal_text`, with a list of plain values (most test arguments, or rows of a grid)
+    written by ``repr`` at C speed. ``literal_text`` itself stays as it is: its source also runs
+    in the sandbox."""
+    if not isinstance(value, list):
+        return literal_text(value)
+    if set(map(type, value)) <= _REPR_IS_LITERAL:
+        return repr(value)
+    return "[" + ", ".join(_host_literal_text(item) for item in value) + "]"
+
+
 def _check_literal(value: Any, what: str) -> str:
-    text = literal_text(value)
+    text = _host_literal_text(value)
     try:
         if literal(text) == value or value != value:
             return text
@@ -400,7 +417,12 @@ def values_match(expected: Any, actual: Any, *, tolerance: float = TOLERANCE) ->
     if isinstance(expected, number) and isinstance(actual, number):
         return _numbers_match(expected, actual, tolerance)
     if isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple)):
-        return len(expected) == len(actual) and all(
+        if len(expected) != len(actual):
+            return False
+        if set(map(type, expected)) | set(map(type, actual)) in _EXACT_KINDS:
+            # only ints (never bools), only strs or only bools: the rules below are plain equality
+            return list(expected) == list(actual)
+        return all(
             values_match(e, a, tolerance=tolerance) for e, a in zip(expected, actual, strict=True)
         )
     if isinstance(expected, dict) and isinstance(actual, dict):
