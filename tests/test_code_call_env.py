@@ -323,4 +323,8 @@ def test_lists_compare_and_print_as_element_by_element_at_any_size():
         if isinstance(nested, list):
             assert literal(args_text(nested)) == nested or nested != nested
             assert args_text(nested) == literal_text(nested)
-    assert not values_match([1, 2], [True, 2]) and values_match([1, 2], [1.0, 2]) and not values_match([1], [1, 1])
+    assert (
+        not values_match([1, 2], [True, 2])
+        and values_match([1, 2], [1.0, 2])
+        and not values_match([1], [1, 1])
+    )

@@ -422,9 +422,7 @@ def values_match(expected: Any, actual: Any, *, tolerance: float = TOLERANCE) ->
         if set(map(type, expected)) | set(map(type, actual)) in _EXACT_KINDS:
             # only ints (never bools), only strs or only bools: the rules below are plain equality
             return list(expected) == list(actual)
-        return all(
-            values_match(e, a, tolerance=tolerance) for e, a in zip(expected, actual, strict=True)
-        )
+        return all(values_match(e, a, tolerance=tolerance) for e, a in zip(expected, actual, strict=True))
     if isinstance(expected, dict) and isinstance(actual, dict):
         return expected.keys() == actual.keys() and all(
             values_match(value, actual[key], tolerance=tolerance) for key, value in expected.items()
