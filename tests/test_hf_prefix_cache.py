@@ -146,3 +146,21 @@ def test_store_is_bounded_and_keeps_the_longest_prompt():
     assert store.nbytes <= 25 * per_token and len(store) == 3  # least recently used evicted
     assert store.longest_prefix("a", [1, 2, 3])[0] == 0
     assert common_prefix_length([1, 2, 3, 4], [1, 2, 5]) == 2 and common_prefix_length([], [1]) == 0
+
+
+def test_the_trainer_turns_the_cache_on_from_its_config(tiny_model_dir, tmp_path):
+    """``rollout.prefix_cache_mb`` reaches the trainer's engine (off by default: replays stay exact);
+    a training step with it reuses prefixes and trains; a negative size is refused by name."""
+    import toy_envs_trainer  # noqa: F401  (registers the toy envs)
+    from llm_zoo_train.config import ConfigError, validate
+    from llm_zoo_train.trainer import Trainer
+    from train_helpers import toy_config
+
+    assert Trainer(toy_config(tiny_model_dir, tmp_path / "off")).engine.prefix_cache is None
+    trainer = Trainer(toy_config(tiny_model_dir, tmp_path / "on", ["--rollout.prefix_cache_mb", "8"]))
+    cache = trainer.engine.prefix_cache
+    assert cache is not None and cache.max_bytes == 8 * 2**20
+    trainer.train()
+    assert cache.hit_tokens > 0 and cache.prefilled_tokens > 0 and trainer.history[-1]["step"] >= 1
+    with pytest.raises(ConfigError, match=r"rollout\.prefix_cache_mb"):
+        validate(toy_config(tiny_model_dir, tmp_path / "bad", ["--rollout.prefix_cache_mb", "-1"]))

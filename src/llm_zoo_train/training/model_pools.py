@@ -228,7 +228,11 @@ def live_engine(config: Config, plan: AgentPlan, policy: Policy | PolicyGroup) -
     if isinstance(policy, Policy):
         settings = next(iter(plan.models.values()))
         return HFEngine(
-            policy.model, policy.tokenizer, max_batch_size=max_rows, system_prompt=settings.system_prompt
+            policy.model,
+            policy.tokenizer,
+            max_batch_size=max_rows,
+            system_prompt=settings.system_prompt,
+            prefix_cache_mb=config.rollout.prefix_cache_mb,
         )
     engines: dict[str, Engine] = {
         model: HFEngine(
@@ -236,6 +240,7 @@ def live_engine(config: Config, plan: AgentPlan, policy: Policy | PolicyGroup) -
             member.tokenizer,
             max_batch_size=max_rows,
             system_prompt=plan.models[model].system_prompt,
+            prefix_cache_mb=config.rollout.prefix_cache_mb,
         )
         for model, member in policy.policies.items()
     }
