@@ -25,6 +25,8 @@ BRANCHES = [TASK + " (you moved up)", TASK + " (you moved left)", TASK + " (you 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0)
 SAMPLED = SamplingParams(max_tokens=6, temperature=0.9, seed=3)
 FP32_TOLERANCE = 1e-4
+#: Prefill block of the cached engines here: the tiny model's prompts are shorter than the default 64.
+BLOCK = 4
 
 
 def lora_config():
@@ -72,12 +74,27 @@ def assert_same(a, b):
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_prefix_cache_gives_the_same_tokens_and_logprobs(model, tokenizer, sampling):
-    cached = HFEngine(model, tokenizer, max_batch_size=4, prefix_cache_mb=64)
+    cached = HFEngine(model, tokenizer, max_batch_size=4, prefix_cache_mb=64, prefix_block=BLOCK)
     plain = HFEngine(model, tokenizer, max_batch_size=4, prefix_cache_mb=0)
     assert cached.prefix_cache is not None and plain.prefix_cache is None
     assert_same(calls(cached, sampling), calls(plain, sampling))
     store = cached.prefix_cache
     assert store.hit_tokens > store.prefilled_tokens > 0  # most prompt positions were reused
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_what_the_cache_held_before_changes_no_bit(model, tokenizer, sampling):
+    """A replayed or resumed step meets another cache than the original did: the same calls must
+    give the same tokens and logprobs, bit for bit, whatever earlier prompts left in it."""
+    fresh = HFEngine(model, tokenizer, max_batch_size=4, prefix_cache_mb=64, prefix_block=BLOCK)
+    warmed = HFEngine(model, tokenizer, max_batch_size=4, prefix_cache_mb=64, prefix_block=BLOCK)
+    # Prompts sharing prefixes of many lengths with the step's, some longer than its prompts.
+    others = [TASK[:n] for n in range(20, len(TASK), 9)] + [b + " and then you moved down" for b in BRANCHES]
+    for adapter in ("one", "two"):
+        warmed.generate(others, [adapter] * len(others), 1, GREEDY)
+    hits_before = warmed.prefix_cache.hit_tokens
+    assert calls(warmed, sampling) == calls(fresh, sampling)
+    assert warmed.prefix_cache.hit_tokens - hits_before > fresh.prefix_cache.hit_tokens  # it did reuse more
 
 
 def forward_positions(model, engine, prompts, adapters, n):
@@ -94,7 +111,7 @@ def forward_positions(model, engine, prompts, adapters, n):
 
 
 def test_a_prompt_asked_again_is_not_prefilled_again(model, tokenizer):
-    engine = HFEngine(model, tokenizer, prefix_cache_mb=64)
+    engine = HFEngine(model, tokenizer, prefix_cache_mb=64, prefix_block=BLOCK)
     first = forward_positions(model, engine, BRANCHES, ["one"] * 3, 1)
     again = forward_positions(model, engine, BRANCHES[:1], ["one"], 4)  # the look-ahead's prompt, n=K
     longest = max(len(engine._encode(p)) for p in BRANCHES)

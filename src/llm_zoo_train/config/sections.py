@@ -147,10 +147,11 @@ class RolloutConfig:
     prefix_cache_mb: float = 0.0
     """hf engine only: MiB of prefilled keys and values kept per adapter across generate calls, so a
     prompt that starts with a recent prompt's tokens (the look-ahead's teammate, the next agent's
-    candidates) prefills only the rest; emptied whenever a weight changes. 0: off (the default),
-    because a prompt computed from a cached prefix differs from a full prefill by float rounding,
-    so a resumed or replayed run would no longer repeat the original bit for bit. Measured with 1024
-    (benchmarks/rollout_speed.py, quiet Xeon): the look-ahead rollout 0.74x as long."""
+    candidates) prefills only the rest; emptied whenever a weight changes. Cached prompts are
+    prefilled alone in 64-token blocks and only whole blocks are reused, so a resumed or replayed
+    run repeats the original bit for bit; its figures differ from a run without the cache by float
+    rounding. 0: off (the default). Measured with 1024 (benchmarks/rollout_speed.py, quiet Xeon,
+    before the blocks): the look-ahead rollout 0.74x as long."""
     team_credit_lookahead: int = -1
     """Team credit: teammate actions played (one sample each, current adapters, not trained on)
     after each candidate to score the team outcome it leads to; that global reward is the

@@ -20,8 +20,9 @@ How one :meth:`HFEngine.generate` call runs:
    The ``n`` rows of one prompt share one prefill: the prompt's KV cache is computed once and
    copied to its rows (``share_prefill``), as vLLM's prefix cache would. Across calls, the keys and
    values of recent prompts are kept per adapter and a prompt that starts with the tokens of one of
-   them prefills only the rest (``prefix_cache_mb``, off by default; :mod:`llm_zoo_train.engines.hf_prefix_cache`
-   says how prompts are matched and when the cache is emptied: after every weight update). A row leaves the batch
+   them prefills only the rest, in fixed blocks so the result does not depend on what the cache held
+   (``prefix_cache_mb``, off by default; :mod:`llm_zoo_train.engines.hf_prefix_cache` says how
+   prompts are matched and when the cache is emptied: after every weight update). A row leaves the batch
    at the step it ends (:mod:`llm_zoo_train.engines.hf_decode`, same sampling as
    ``model.generate``, which would carry it to the end of the batch's longest answer).
 4. Per-token logprobs are recorded during generation from the raw logits before any warper: ``log_softmax(logits / temperature)`` at the sampled token
@@ -53,7 +54,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args, report_generated
 from llm_zoo_train.engines.hf_decode import decode_compacting, last_logits_only
-from llm_zoo_train.engines.hf_prefix_cache import PrefixKVCache
+from llm_zoo_train.engines.hf_prefix_cache import PREFIX_BLOCK, PrefixKVCache
 from llm_zoo_train.engines.hf_reading import reading_progress
 from llm_zoo_train.models.chat import encode_prompt
 
@@ -131,9 +132,12 @@ class HFEngine:
             this many MiB, and prefill only what a new prompt adds to the longest stored prefix of
             it (:mod:`~llm_zoo_train.engines.hf_prefix_cache`; emptied whenever a weight changes).
             1024 holds ~23k positions of SmolLM2-135M in float32 (46 KB each), a tree step's
-            look-ahead prompts at 4 envs x K=4. Off by default (0): the logprobs, and rarely the
-            tokens, then depend on what earlier calls left in the cache (other matrix shapes), so
-            a replayed or resumed step would not repeat the original bit for bit.
+            look-ahead prompts at 4 envs x K=4. With the cache every prompt is prefilled alone, in
+            ``prefix_block``-token blocks at fixed positions, and only whole blocks are reused, so
+            a prompt's keys and values are the same bits whatever earlier calls left in the cache:
+            a replayed or resumed step repeats the original. They differ from the batched prefill
+            without the cache by float rounding. Off by default (0).
+        prefix_block: The block size of that prefill (tokens).
     """
 
     def __init__(
@@ -146,6 +150,7 @@ class HFEngine:
         share_prefill: bool = True,
         compact_finished_rows: bool = True,
         prefix_cache_mb: float = 0.0,
+        prefix_block: int = PREFIX_BLOCK,
     ):
         if int(max_batch_size) < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
@@ -166,6 +171,9 @@ class HFEngine:
         self.prefix_cache: PrefixKVCache | None = (
             PrefixKVCache(int(float(prefix_cache_mb) * 2**20)) if float(prefix_cache_mb) > 0 else None
         )
+        if int(prefix_block) < 1:
+            raise ValueError(f"prefix_block must be >= 1, got {prefix_block!r}")
+        self.prefix_block = int(prefix_block)
 
     # ------------------------------------------------------------------ Engine interface
 
@@ -454,26 +462,34 @@ class HFEngine:
         assert store is not None
         device = index.device
         only_last = last_logits_only(self.model)
+        block = self.prefix_block
         per_prompt = []
         for ids in unique:
             tokens = ids[:-1]
             reused, layers = store.longest_prefix(adapter, tokens)
-            store.hit_tokens += reused
-            if layers is not None and reused == len(tokens):
-                per_prompt.append([(k[:, :, :reused], v[:, :, :reused]) for k, v in layers])
+            if layers is not None and reused == len(tokens) == layers[0][0].shape[2]:
+                store.hit_tokens += reused  # this very prompt, computed in the same blocks
+                per_prompt.append(layers)
                 continue
+            # Blocks start at fixed positions and a stored block was computed whole, so only whole
+            # blocks are reused: the rest is computed in the same blocks as without any hit, and
+            # the result does not depend on what the cache held.
+            reused -= reused % block
+            store.hit_tokens += reused
             cache = DynamicCache(config=self.model.config)
-            for layer, (k, v) in enumerate(layers or []):
+            for layer, (k, v) in enumerate(layers if reused else []):
                 cache.update(k[:, :, :reused], v[:, :, :reused], layer)
-            with torch.no_grad():
-                self.model(
-                    input_ids=torch.tensor([tokens[reused:]], dtype=torch.long, device=device),
-                    attention_mask=torch.ones((1, len(tokens)), dtype=torch.long, device=device),
-                    position_ids=torch.arange(reused, len(tokens), device=device)[None],
-                    past_key_values=cache,
-                    use_cache=True,
-                    **only_last,
-                )
+            for start in range(reused, len(tokens), block):
+                end = min(start + block, len(tokens))
+                with torch.no_grad():
+                    self.model(
+                        input_ids=torch.tensor([tokens[start:end]], dtype=torch.long, device=device),
+                        attention_mask=torch.ones((1, end), dtype=torch.long, device=device),
+                        position_ids=torch.arange(start, end, device=device)[None],
+                        past_key_values=cache,
+                        use_cache=True,
+                        **only_last,
+                    )
             if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
                 self.prefix_cache = None
                 warnings.warn(

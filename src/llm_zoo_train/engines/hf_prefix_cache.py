@@ -26,10 +26,14 @@ When it is emptied:
 A write through ``param.data`` bypasses torch's version counter; code that edits weights that way
 must call ``clear_prefix_cache()``.
 
-Numerics: reusing a prefix changes the shapes of the prefill's matrix products (a suffix of the
-prompt instead of all of it; one prompt per forward pass instead of a padded batch), so logits can
-differ from an uncached run in the last bits (``tests/test_hf_prefix_cache.py`` checks tokens and
-logprobs against the engine without the cache).
+Numerics: the rounding of a matrix product depends on its shapes. Reusing an arbitrary prefix would
+compute the rest of a prompt with other shapes than a full prefill, so a prompt's logits would
+depend on what earlier calls left in the cache, and a replayed or resumed step would not repeat the
+original. The engine therefore prefills every prompt alone, in blocks of :data:`PREFIX_BLOCK` tokens
+at fixed positions (0-63, 64-127, ...), and reuses whole blocks only: a prompt's keys and values are
+the same bits with or without hits (``tests/test_hf_prefix_cache.py`` checks it bit for bit). They
+differ from the batched prefill of the engine without the cache in the last bits (checked against
+a tolerance there).
 """
 
 from __future__ import annotations
@@ -41,7 +45,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["PrefixKVCache", "common_prefix_length", "parameter_fingerprint"]
+__all__ = ["PREFIX_BLOCK", "PrefixKVCache", "common_prefix_length", "parameter_fingerprint"]
+
+#: Tokens per prefill block of a cached prompt (see Numerics above).
+PREFIX_BLOCK = 64
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per decoder layer: keys, values [1, H, L, D]
 
