@@ -151,5 +151,15 @@ def bench(session: nox.Session) -> None:
     )
     session.run("python", "benchmarks/threads.py", "--quick", "--states", "quiet", "--output-dir", out)
     session.run(
+        "python",
+        "benchmarks/reward_hack_search.py",
+        "--env",
+        "Sokoban-v0",
+        "--repeats",
+        "1",
+        "--output-dir",
+        out,
+    )
+    session.run(
         "python", "benchmarks/reproduce_paper.py", "--smoke", "--rows", "plan_path", "--output-dir", out
     )
