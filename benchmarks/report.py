@@ -478,7 +478,9 @@ def _learning_math_paired(result: dict[str, Any]) -> str:
     pairs = [[pair, r["pairs"], r["only_a"], r["only_b"], f"{r['p_value']:.3g}"]
              for pair, r in result["summary"]["comparisons"].items()]  # fmt: skip
     checks = {k: v for k, v in result["summary"]["verdict"].items() if k != "met"}
-    listed = "; ".join(f"{name}: {'yes' if ok else 'no'}" for name, ok in checks.items())
+    listed = "; ".join(
+        f"{name}: {ok if isinstance(ok, str) else 'yes' if ok else 'no'}" for name, ok in checks.items()
+    )
     met = "**met**" if result["summary"]["verdict"].get("met") else "**not met**"
     settings = result["settings"]
     return (
@@ -704,13 +706,6 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
 
 
 NOT_RUN = {
-    "reward_hack_search": (
-        "Not run yet on a quiet machine: `python benchmarks/reward_hack_search.py` (a minute or two).\n"
-    ),
-    "learning_math_relay": (
-        "Not run yet: `python benchmarks/learning_math.py --task relay --threads 1 --seeds 0,1` (hours on"
-        " a quiet machine). A 2-step smoke run is not a result.\n"
-    ),
     "threads": (
         "Not run yet: it needs a machine with nothing else running (it starts the busy case's load"
         " itself): `python benchmarks/threads.py`. `python benchmarks/threads.py --quick --output-dir DIR`"
