@@ -418,50 +418,10 @@ def learning_plan_path(result: dict[str, Any]) -> str:
     )
 
 
-MATH_LABELS = {
-    "single_agent": "(a) single agent: reasoner alone, no tool, GRPO (a strawman: Python against no Python)",
-    "per_agent": "(b) AT-GRPO, per-agent adapters",
-    "shared": "(c) AT-GRPO, one shared adapter",
-    "role_swap": "(d) (b)'s adapters, roles swapped (eval only)",
-}
-
-
-def _agent_cells(before: dict[str, Any] | None, after: dict[str, Any] | None, key: str) -> str:
-    agents = sorted(set((before or {}).get("agents", {})) | set((after or {}).get("agents", {})))
-
-    def value(record: dict[str, Any] | None, agent: str) -> str:
-        stats = (record or {}).get("agents", {}).get(agent)
-        if stats is None:
-            return "-"
-        return f"{100 * stats[key]:.0f}%" if key != "role_reward" else f"{stats[key]:+.2f}"
-
-    return "; ".join(f"{agent} {value(before, agent)} -> {value(after, agent)}" for agent in agents)
-
-
-MATH_HEADER = [
-    "variant", "success before (95% CI, solved/tasks)", "after", "format", "role reward", "correct answers",
-    "minutes",
-]  # fmt: skip
-
-
-STRAWMAN_NOTE = (
-    "\n\n**Not a fair comparison.** The single agent here is the reasoner *without* a tool, so the team's"
-    " Python is compared against no Python. The fair baseline is the tool agent alone (its program's printed"
-    " answer scored, `Math-v0` `agents: [tool_agent]`); on this config it was measured outside this table at"
-    " 14.1% -> 23.4% against the team's 14.1% -> 20.3% (one torch thread, AMD EPYC, 64 episodes drawn with"
-    " replacement: 45 distinct problems). The paired comparison on distinct problems with 2 training seeds"
-    " (`python benchmarks/learning_math.py --threads 1 --seeds 0,1`) is pending."
-)
 NEW_MATH_HEADER = ["variant", "before (95% CI)", "after, seeds pooled (95% CI)", "after per seed", "minutes"]
 
 
 def learning_math(result: dict[str, Any]) -> str:
-    if "summary" in result:
-        return _learning_math_paired(result)
-    return _learning_math_single_seed(result)
-
-
-def _learning_math_paired(result: dict[str, Any]) -> str:
     """The comparison on distinct problems with several training seeds and paired tests."""
     labels, before_of = result["labels"], result["before_of"]
     table, befores = result["summary"]["table"], result["befores"]
@@ -491,38 +451,6 @@ def _learning_math_paired(result: dict[str, Any]) -> str:
         + "\n\nPaired comparisons, problem by problem and seed by seed (exact McNemar test):\n\n"
         + _table(["A vs B", "pairs", "only A solved", "only B solved", "p"], pairs)
         + f"\n\nTargets: {met} ({listed})."
-    )
-
-
-def _learning_math_single_seed(result: dict[str, Any]) -> str:
-    variants = result["variants"]
-    rows: list[list[Any]] = []
-    shared_before = variants.get("per_agent", {}).get("before")
-    for name in ("single_agent", "per_agent", "shared"):
-        run = variants.get(name)
-        if run is None:
-            continue
-        entries = [(name, run["before"] or (shared_before if name == "shared" else None), run["after"])]
-        if run.get("role_swap"):
-            entries.append(("role_swap", run["before"], run["role_swap"]["after"]))
-        for label, before, after in entries:
-            minutes = f"{run['wall_seconds'] / 60:.1f}" if label == name else "-"
-            rows.append([MATH_LABELS[label], _success(before), _success(after),
-                         _agent_cells(before, after, "format_rate"), _agent_cells(before, after, "role_reward"),
-                         _agent_cells(before, after, "correct_rate"), minutes])  # fmt: skip
-    checks = {k: v for k, v in result.get("verdict", {}).items() if k != "met"}
-    listed = "; ".join(f"{name}: {'yes' if ok else 'no'}" for name, ok in checks.items())
-    met = "**met**" if result.get("verdict", {}).get("met") else "**not met**"
-    settings = result["settings"]
-    return (
-        f"{settings['description']} (config `{settings['config_file']}`, {settings['threads']} torch threads)."
-        " Success is greedy on held-out test problems never drawn for training, with 95% Wilson intervals;"
-        ' untrained adapters equal the base model, so (c) starts from (b)\'s "before". Per agent: the share of'
-        " answers the env could read (format), the mean role reward, the share of correct answers, before ->"
-        " after.\n\n"
-        + _table(MATH_HEADER, rows)
-        + f"\n\nTarget ((b) after above its before-interval and above (a)'s after-interval; (d) below (b)):"
-        f" {met} ({listed})." + STRAWMAN_NOTE
     )
 
 

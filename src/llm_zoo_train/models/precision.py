@@ -49,6 +49,10 @@ def cpu_computes_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return False
 
 
+def _native(given: bool | None) -> bool:
+    return cpu_computes_bf16() if given is None else given
+
+
 def choose_attention(setting: str, model: Any, native_bf16: bool | None = None) -> str:
     """The attention implementation for ``model`` (loaded, on its device): ``setting`` itself, or
     for ``auto`` eager for a bfloat16/float16 model on a CPU without bfloat16 instructions and sdpa
@@ -56,8 +60,7 @@ def choose_attention(setting: str, model: Any, native_bf16: bool | None = None) 
     if setting != "auto":
         return setting
     if model.device.type == "cpu" and model.dtype in _HALF:
-        native = cpu_computes_bf16() if native_bf16 is None else native_bf16
-        return "sdpa" if native else "eager"
+        return "sdpa" if _native(native_bf16) else "eager"
     return "sdpa"
 
 
@@ -65,7 +68,7 @@ def warn_if_emulated(model: Any, native_bf16: bool | None = None) -> str | None:
     """Warn (and return the message) when a bfloat16/float16 model runs on a CPU that emulates it."""
     if model.device.type != "cpu" or model.dtype not in _HALF:
         return None
-    if cpu_computes_bf16() if native_bf16 is None else native_bf16:
+    if _native(native_bf16):
         return None
     name = str(model.dtype).removeprefix("torch.")
     message = (
