@@ -9,7 +9,7 @@ clone, and credits the *same* branches under every rule of ``--credits``:
 
 * ``immediate`` - look-ahead 0 (the tool acts first, so every candidate's global is 0: no signal);
 * ``sampled:M`` - the reasoner's next answer sampled ``M`` times per branch, averaged (``sampled:1``
-  is the default team credit);
+  was the default team credit until the default became greedy teammates);
 * ``greedy`` - the reasoner's greedy answer.
 
 It counts, per rule (:func:`llm_zoo_train.rollout.team_credit.credit_disagreements`): failed programs

@@ -65,7 +65,7 @@ def tool_groups(samples_per_branch=1, teammate="sampled", seeds=range(12)):
 
 
 def test_one_sample_credits_failed_programs_when_the_teammate_guesses_right():
-    groups, _, _ = tool_groups()
+    groups, _, _ = tool_groups(teammate="sampled")
     counts = credit_disagreements(groups)
     assert counts["candidates"] == 48 and counts["withheld_correct"] == 0
     assert counts["credited_failed"] > 0 and counts["pairs_tied"] > 0
@@ -95,10 +95,16 @@ def test_greedy_teammates_credit_exactly_what_the_program_caused_here():
     assert all(call.sampling.temperature == 1.0 for call in candidates)  # candidates still sampled
 
 
-def test_the_default_credit_is_unchanged():
-    one, _, _ = tool_groups()
-    again, _, _ = tool_groups(samples_per_branch=1, teammate="sampled")
-    assert one == again
+def test_auto_teammates_are_greedy_with_one_sample_and_sampled_with_several():
+    default, _, engine = tool_groups(teammate="auto")
+    greedy, _, _ = tool_groups(teammate="greedy")
+    assert default == greedy
+    assert [call.sampling.temperature for call in engine.calls if call.n == 1] == [0.0]
+    several, _, _ = tool_groups(samples_per_branch=3, teammate="auto")
+    assert several == tool_groups(samples_per_branch=3, teammate="sampled")[0]
+    assert several != tool_groups(samples_per_branch=1, teammate="sampled")[0]
+    assert check_team_credit(1, "auto") == (1, "greedy") and check_team_credit(4, "auto") == (4, "sampled")
+    assert Config().rollout.team_credit_teammate == "auto"
 
 
 def test_disagreement_counts_on_known_groups():
@@ -117,7 +123,7 @@ def test_team_credit_choices_are_checked():
     for samples, teammate, message in (
         (0, "sampled", "team_credit_samples must be an int >= 1"),
         (True, "sampled", "team_credit_samples must be an int >= 1"),
-        (1, "mean", "team_credit_teammate must be one of 'sampled', 'greedy'"),
+        (1, "mean", "team_credit_teammate must be one of 'auto', 'sampled', 'greedy'"),
         (2, "greedy", "greedy teammates answer the same every time"),
     ):
         with pytest.raises(ValueError, match=message):
@@ -127,6 +133,11 @@ def test_team_credit_choices_are_checked():
     validate(config)
     config.rollout.mode = "independent"
     with pytest.raises(ConfigError, match=r"rollout\.team_credit_samples / team_credit_teammate apply to"):
+        validate(config)
+    config.rollout.team_credit_samples = 1
+    validate(config)  # the default teammate, auto, is valid in independent mode: nothing is generated
+    config.rollout.team_credit_teammate = "greedy"
+    with pytest.raises(ConfigError, match=r"keep 1 / auto"):
         validate(config)
     with pytest.raises(ValueError, match="apply to tree rollouts only"):
         independent_rollout(

@@ -34,11 +34,14 @@ How the look-ahead's teammates answer (tree mode; config choices, defaults as ab
   mean of ``m`` samples credits it with the teammate's guess *rate*, below what a right program
   earns as long as the teammate copies right results more often than it guesses. Cost: ``samples``
   times the look-ahead's generation (one engine call per position for all replicates).
-* ``teammate`` (``rollout.team_credit_teammate``): ``"sampled"`` (default) the teammates sample at
-  the rollout's temperature; ``"greedy"`` they answer greedily (temperature 0), the team outcome
-  under the teammates' most likely play: deterministic, no extra cost, but blind to what the
-  teammates might do otherwise. ``"greedy"`` with ``samples > 1`` is refused (every replicate would
-  be the same).
+* ``teammate`` (``rollout.team_credit_teammate``): ``"greedy"`` the teammates answer greedily
+  (temperature 0), the team outcome under the teammates' most likely play: deterministic, no
+  extra cost, but blind to what the teammates might do otherwise; ``"sampled"`` they sample at
+  the rollout's temperature. ``"greedy"`` with ``samples > 1`` is refused (every replicate would
+  be the same). The config's default, ``"auto"``, is greedy with one sample and sampled with
+  several: on Math-v0 the one-sample sampled teammate credited failed programs whenever its guess
+  happened to be right, and the team learned less with it than with a greedy teammate
+  (docs/training/team-credit.md).
 
 A counterfactual baseline (the candidate's team outcome minus the mean over its K siblings) is not
 an option: the group-relative advantage already subtracts the group mean of the whole reward, so
@@ -131,7 +134,7 @@ def run_lookahead(
     lookahead: int,
     *,
     samples: int = 1,
-    teammate: str = "sampled",
+    teammate: str = "auto",
 ) -> list[Lookahead]:
     """Play the teammates' next actions on a copy of every branch (see the module docstring).
 
@@ -145,7 +148,8 @@ def run_lookahead(
         call_index: Index of the engine call that sampled the candidates.
         lookahead: ``-1``, ``0`` or ``n > 0`` (see :func:`check_lookahead`).
         samples: Look-ahead replicates per branch, averaged (see the module docstring).
-        teammate: ``"sampled"`` or ``"greedy"`` (see the module docstring).
+        teammate: ``"sampled"``, ``"greedy"``, or ``"auto"`` (greedy with one sample, sampled with
+            several; see the module docstring).
 
     Returns:
         One :class:`Lookahead` per branch, in order.

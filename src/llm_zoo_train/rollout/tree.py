@@ -176,7 +176,7 @@ def tree_rollout(
     team_credit_lookahead: int = LOOKAHEAD_ROUND,
     first_env_index: int = 0,
     team_credit_samples: int = 1,
-    team_credit_teammate: str = "sampled",
+    team_credit_teammate: str = "auto",
 ) -> list[Sample]:
     """AT-GRPO tree rollouts: one episode per seed, K candidates per (turn, agent), greedy continue.
 
@@ -196,7 +196,8 @@ def tree_rollout(
         first_env_index: The ``env_index`` of the first seed's env (a step's tasks played in
             parts, by different processes, keep distinct groups).
         team_credit_samples: Look-ahead replicates per candidate, their globals averaged.
-        team_credit_teammate: ``"sampled"`` or ``"greedy"`` look-ahead teammates
+        team_credit_teammate: ``"sampled"`` or ``"greedy"`` look-ahead teammates; ``"auto"``
+            (default): greedy with one sample, sampled with several
             (:mod:`llm_zoo_train.rollout.team_credit`).
 
     Returns:
@@ -294,7 +295,7 @@ def independent_rollout(
     team_credit_lookahead: int = LOOKAHEAD_ROUND,
     first_env_index: int = 0,
     team_credit_samples: int = 1,
-    team_credit_teammate: str = "sampled",
+    team_credit_teammate: str = "auto",
 ) -> list[Sample]:
     """K independent full episodes per seed (the paper's GRPO baseline), ``n=1`` per step.
 
@@ -309,7 +310,8 @@ def independent_rollout(
     is the episode's own next actions, nothing is generated for it.
     """
     del rng  # same signature as tree_rollout; independent episodes make no choice
-    if check_team_credit(team_credit_samples, team_credit_teammate) != (1, "sampled"):
+    samples_per_branch, _ = check_team_credit(team_credit_samples, team_credit_teammate)
+    if samples_per_branch != 1 or team_credit_teammate == "greedy":
         raise ValueError(
             "team_credit_samples / team_credit_teammate apply to tree rollouts only: independent episodes "
             "read the look-ahead from their own next actions"
