@@ -137,6 +137,10 @@ def bench(session: nox.Session) -> None:
     session.run(
         "python", "benchmarks/team_credit_disagreement.py", "--quick", "--output", f"{out}/credit.json"
     )
+    session.run(
+        "python", "benchmarks/team_credit_disagreement.py", "--quick", "--config",
+        "examples/plan_path_smollm2_learning.yaml", "--output", f"{out}/credit_plan_path.json",
+    )  # fmt: skip
     session.run("python", "benchmarks/async_rollouts.py", "--quick", "--output-dir", out)
     session.run(
         "python",

@@ -40,6 +40,11 @@ pooled comparison as if one run had trained every seed.
     python benchmarks/learning_math.py --threads 1 --seeds 0 --output-dir /tmp/s0 &
     python benchmarks/learning_math.py --threads 1 --seeds 1 --output-dir /tmp/s1
     python benchmarks/learning_math.py --merge /tmp/s0/learning_math.json /tmp/s1/learning_math.json
+
+``PATH:VARIANT,VARIANT`` takes only those variants of a file, e.g. to rerun one variant after a
+change that cannot touch the others (``per_agent`` brings its ``role_swap``). Every seed of a
+variant must have run the same config; the merged file records which variants came from which
+run and commit.
 """
 
 from __future__ import annotations
@@ -289,16 +294,18 @@ def plot(results: Mapping[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     tasks = argparse.ArgumentParser(add_help=False)
     tasks.add_argument("--task", choices=sorted(TASKS), default="math")
-    tasks.add_argument("--merge", nargs="+", type=Path, default=None)
+    tasks.add_argument("--merge", nargs="+", default=None)
     known, rest = tasks.parse_known_args(argv)
     config_file, name = TASKS[known.task]
     args, names, extra = parse_learning_args(__doc__ or "", list(VARIANTS), rest, seeds=True)
     if known.merge:
         try:
-            merged = merge_results([json.loads(path.read_text()) for path in known.merge])
+            sources = [merge_source(arg) for arg in known.merge]
+            merged = merge_results([json.loads(path.read_text()) for path, _ in sources],
+                                   [taken for _, taken in sources])  # fmt: skip
         except (OSError, ValueError) as error:
             raise SystemExit(f"learning_math.py --merge: {error}") from None
-        merged["merged_from"] = [str(path) for path in known.merge]
+        merged["merged_from"] = list(known.merge)
         finish(merged, args.output_dir / f"{merged['result_name']}.json", lambda png: plot(merged, png))
         return
     if args.threads > 0:
@@ -369,15 +376,53 @@ def print_summary(summary: Mapping[str, Any], befores: Mapping[str, Any], wall: 
 SAME_IN_EVERY_PART = ("quick", "labels", "before_of")
 
 
-def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Pool the results of runs that trained other seeds of the same comparison.
+#: Run entries of a variant that may differ between its seeds: the seed and where the run was written.
+PER_SEED_CONFIG = {"training": ("seed", "output_dir")}
+
+
+def merge_source(arg: str) -> tuple[Path, set[str] | None]:
+    """``PATH`` (every variant of the file) or ``PATH:VARIANT,VARIANT`` (only those)."""
+    path, colon, names = arg.rpartition(":")
+    if not colon or not names or "/" in names or not path:
+        return Path(arg), None
+    taken = {n.strip() for n in names.split(",") if n.strip()}
+    unknown = sorted(taken - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"{arg}: unknown variants {unknown}; variants: {', '.join(VARIANTS)}")
+    return Path(path), taken
+
+
+def run_config(run: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A run's recorded config without what differs between seeds (None: not recorded)."""
+    config = run.get("config")
+    if config is None:
+        return None
+    config = {
+        section: dict(values) if isinstance(values, dict) else values for section, values in config.items()
+    }
+    for section, keys in PER_SEED_CONFIG.items():
+        for key in keys:
+            config.get(section, {}).pop(key, None)
+    return config
+
+
+def merge_results(
+    parts: Sequence[Mapping[str, Any]], taken: Sequence[set[str] | None] | None = None
+) -> dict[str, Any]:
+    """Pool the results of runs that trained other seeds (or other variants) of the same comparison.
 
     The runs must agree on the task, settings apart from the seeds, and every "before" evaluation
-    (the base model on the same problems: identical under the same settings), and no seed may be
-    trained twice for one variant. Raises ValueError naming the first disagreement.
+    (the base model on the same problems: identical under the same settings), no seed may be
+    trained twice for one variant, and every seed of a variant must have run the same config apart
+    from its seed (this catches a default that changed between the runs' commits). ``taken[i]``
+    keeps only those variants of ``parts[i]`` (``per_agent`` brings its ``role_swap``); ``None``
+    keeps all. Raises ValueError naming the first disagreement.
     """
     if len(parts) < 2:
         raise ValueError("give at least two result files to merge")
+    taken = list(taken) if taken is not None else [None] * len(parts)
+    if len(taken) != len(parts):
+        raise ValueError("give one variant selection per result")
     first = parts[0]
     for index, part in enumerate(parts[1:], start=2):
         if part.get("partial"):
@@ -394,16 +439,33 @@ def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         raise ValueError("result 1 is partial (its run was cut); rerun it or leave it out")
     variants: dict[str, list[dict[str, Any]]] = {}
     befores: dict[str, Any] = {}
-    for index, part in enumerate(parts, start=1):
+    kept: list[list[str]] = []
+    for index, (part, selection) in enumerate(zip(parts, taken, strict=True), start=1):
         for env_name, before in part["befores"].items():
             if env_name in befores and befores[env_name]["solved"] != before["solved"]:
                 raise ValueError(f"result {index}'s 'before' of {env_name} differs: not the same evaluation")
             befores.setdefault(env_name, before)
-        for variant, runs in part["variants"].items():
+        if selection is not None:
+            missing = sorted(selection - set(part["variants"]))
+            if missing:
+                raise ValueError(f"result {index} has no {missing}; it has {sorted(part['variants'])}")
+            selection = selection | ({"role_swap"} if "per_agent" in selection else set())
+        kept.append(sorted(v for v in part["variants"] if selection is None or v in selection))
+        for variant in kept[-1]:
             known = {run["seed"] for run in variants.get(variant, [])}
-            for run in runs:
+            for run in part["variants"][variant]:
                 if run["seed"] in known:
                     raise ValueError(f"seed {run['seed']} of {variant} is in more than one result")
+                seen = [
+                    run_config(other) for other in variants.get(variant, []) if run_config(other) is not None
+                ]
+                ours = run_config(run)
+                if ours is not None and seen and seen[0] != ours:
+                    changed = sorted(k for k in ours.keys() | seen[0].keys() if ours.get(k) != seen[0].get(k))
+                    raise ValueError(
+                        f"seed {run['seed']} of {variant} (result {index}) ran another config than its other "
+                        f"seeds, in {changed}: not the same variant"
+                    )
                 variants.setdefault(variant, []).append(run)
     seeds = sorted({run["seed"] for runs in variants.values() for run in runs})
     names = {str(config.relative_to(REPO)): result_name for config, result_name in TASKS.values()}
@@ -420,8 +482,8 @@ def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {**first, "command": commands, "settings": settings, "befores": befores, "variants": variants,
             "summary": summary, "wall_seconds": wall, "partial": False,
             "result_name": names[first["settings"]["config_file"]],
-            "parts": [{key: part.get(key) for key in ("command", "created", "machine", "git_commit", "wall_seconds")}
-                      for part in parts]}  # fmt: skip
+            "parts": [{**{key: part.get(key) for key in ("command", "created", "machine", "git_commit", "wall_seconds")},
+                       "variants": names_kept} for part, names_kept in zip(parts, kept, strict=True)]}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""How often does team credit disagree with what a candidate itself caused? Math-v0, SmolLM2-135M.
+"""How often does team credit disagree with what a candidate itself caused? SmolLM2-135M, CPU.
 
 On Math-v0 (``examples/math_smollm2_cpu.yaml``: the tool agent acts first, the reasoner sees its
 printed answer) the tool agent's candidates are credited with the reasoner's correctness after
@@ -18,7 +18,14 @@ program) ordered wrongly or tied, and groups where an advantage's global part ha
 and the look-ahead's generation time. Untrained adapters equal the base model, so the base model
 plays (``--adapters DIR`` loads a run's saved adapters instead). No training happens.
 
+``--config`` measures another env's tool agent the same way. On Plan-Path
+(``examples/plan_path_smollm2_learning.yaml``) the tool agent's program prints moves that run on a
+copy of the grid; what it caused is whether those moves solve the grid (``info["moves_solve"]``),
+and its credit is whether the plan agent's next moves solve the real one. There a credited failed
+program is a plan agent that solved the grid without the program's help.
+
     python benchmarks/team_credit_disagreement.py --steps 2 --threads 1
+    python benchmarks/team_credit_disagreement.py --config examples/plan_path_smollm2_learning.yaml --steps 8
     python benchmarks/team_credit_disagreement.py --quick --output /tmp/disagree.json  # tiny model
 """
 
@@ -46,6 +53,8 @@ from llm_zoo_train.runs.seeding import Stream, derive_seed
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "examples" / "math_smollm2_cpu.yaml"
 NAME = "team_credit_disagreement"
+#: The first agent's ``info`` key saying whether its candidate itself solved the task, per env.
+OWN_KEYS = {"Math-v0": "correct", "PlanPath-v0": "moves_solve", "Sokoban-v0": "moves_solve"}
 
 
 def parse_credit(rule: str) -> tuple[str, int, str]:
@@ -61,7 +70,12 @@ def parse_credit(rule: str) -> tuple[str, int, str]:
 
 
 def measure(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
-    config = load_config(CONFIG, overrides)
+    config = load_config(args.config, overrides)
+    own_key = args.own_key or OWN_KEYS.get(config.env.id)
+    if own_key is None:
+        raise SystemExit(
+            f"no known own-correctness key for {config.env.id}; give --own-key (known: {OWN_KEYS})"
+        )
     rules = [parse_credit(rule) for rule in args.credits.split(",") if rule]
     rollout = config.rollout
     adapters = saved_adapters(Path(args.adapters)) if args.adapters else {}
@@ -98,7 +112,7 @@ def measure(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
                 clone.step(completion.text)
                 info = clone.infos[agent]
                 branches.append((clone, agent, float(info.get("global_reward", 0.0))))
-                own.append(float(bool(info.get(args.own_key))))
+                own.append(float(bool(info.get(own_key))))
         own_correct += int(sum(own))
         candidates += len(own)
         k = rollout.num_generations
@@ -135,12 +149,15 @@ def measure(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
         )
     return {
         "settings": {
-            "config_file": str(CONFIG.relative_to(REPO)),
+            "config_file": str(args.config.resolve().relative_to(REPO))
+            if args.config.resolve().is_relative_to(REPO)
+            else str(args.config),
+            "env_id": config.env.id,
             "overrides": overrides,
             "steps": args.steps,
             "threads": torch.get_num_threads(),
             "agent": agent,
-            "own_key": args.own_key,
+            "own_key": own_key,
             "adapters": sorted(adapters),
             "env_kwargs": kwargs,
             "k": rollout.num_generations,
@@ -162,7 +179,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=2, help="training steps whose tasks are played")
     parser.add_argument("--credits", default="immediate,sampled:1,sampled:4,greedy",
                         help="comma list of immediate, greedy, sampled:M")  # fmt: skip
-    parser.add_argument("--own-key", default="correct", help="info key of the candidate's own correctness")
+    parser.add_argument(
+        "--config", type=Path, default=CONFIG, help="training config (default: the Math-v0 one)"
+    )
+    parser.add_argument("--own-key", default=None,
+                        help=f"info key of the candidate's own correctness (default per env: {OWN_KEYS})")  # fmt: skip
     parser.add_argument("--adapters", default=None, help="a run's adapters/ dir (default: the base model)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / f"{NAME}.json")

@@ -111,3 +111,50 @@ def test_the_merged_file_is_written_with_its_plot(learning_math, tmp_path):
     assert merged["summary"]["table"]["per_agent"]["successes"] == 6
     assert merged["merged_from"] == files
     assert (tmp_path / "out" / "learning_math.png").stat().st_size > 0
+
+
+def with_config(run_part: dict, teammate: str) -> dict:
+    """Record each run's config, as the benchmark does, with this team-credit teammate."""
+    for runs in run_part["variants"].values():
+        for run in runs:
+            run["config"] = {
+                "rollout": {"team_credit_teammate": teammate},
+                "training": {"seed": run["seed"], "output_dir": f"/tmp/run-{run['seed']}"},
+            }
+    return run_part
+
+
+def test_variants_can_be_taken_from_other_runs_when_their_configs_agree(learning_math, tmp_path):
+    team, tool = [True, True, False, False, False, False], [True, False, False, False, False, False]
+    old = [with_config(part(learning_math, seed, [False] * 6, tool), "sampled") for seed in (0, 1)]
+    new = [with_config(part(learning_math, seed, team, tool), "auto") for seed in (0, 1)]
+    for run_part in new:
+        del run_part["variants"]["tool_alone"]
+    merged = learning_math.merge_results([*old, *new], [{"tool_alone"}, {"tool_alone"}, None, None])
+    assert merged["summary"]["table"]["per_agent"]["successes"] == 4  # the new runs' team, not the old
+    assert merged["summary"]["table"]["tool_alone"]["successes"] == 2
+    assert [p["variants"] for p in merged["parts"]] == [
+        ["tool_alone"],
+        ["tool_alone"],
+        ["per_agent"],
+        ["per_agent"],
+    ]
+    # Pooling one variant's seeds from runs with different configs is refused, naming the section.
+    with pytest.raises(
+        ValueError, match=r"seed 1 of per_agent \(result 2\) ran another config .*\['rollout'\]"
+    ):
+        learning_math.merge_results([new[0], old[1]])
+    with pytest.raises(ValueError, match=r"result 1 has no \['shared'\]"):
+        learning_math.merge_results(old, [{"shared"}, None])
+    files = []
+    for index, run_part in enumerate([*old, *new]):
+        files.append(tmp_path / f"{index}.json")
+        files[-1].write_text(json.dumps(run_part))
+    args = [f"{files[0]}:tool_alone", f"{files[1]}:tool_alone", str(files[2]), str(files[3])]
+    learning_math.main(["--merge", *args, "--output-dir", str(tmp_path / "out")])
+    written = json.loads((tmp_path / "out" / "learning_math.json").read_text())
+    assert written["summary"]["table"]["per_agent"]["successes"] == 4 and written["merged_from"] == args
+    with pytest.raises(SystemExit, match=r"unknown variants \['team'\]; variants: per_agent"):
+        learning_math.main(
+            ["--merge", f"{files[0]}:team", str(files[1]), "--output-dir", str(tmp_path / "x")]
+        )
