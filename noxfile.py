@@ -141,6 +141,9 @@ def bench(session: nox.Session) -> None:
         "python", "benchmarks/team_credit_disagreement.py", "--quick", "--config",
         "examples/plan_path_smollm2_learning.yaml", "--output", f"{out}/credit_plan_path.json",
     )  # fmt: skip
+    session.run(
+        "python", "benchmarks/relay_reasoner_ceiling.py", "--quick", "--output", f"{out}/ceiling.json"
+    )
     session.run("python", "benchmarks/async_rollouts.py", "--quick", "--output-dir", out)
     session.run(
         "python",

@@ -533,6 +533,57 @@ def cheating_rate(result: dict[str, Any]) -> str:
     )
 
 
+def team_credit_disagreement(result: dict[str, Any]) -> str:
+    """Per credit rule, how often the credited global disagrees with the candidate's own outcome."""
+    settings = result["settings"]
+    rows = [
+        [rule, f"{r['disagreements']}/{r['candidates']}", r["credited_failed"], r["withheld_correct"],
+         f"{r['pairs_misordered']} / {r['pairs_tied']} of {r['pairs']}", f"{r['groups_flipped']}/{r['groups']}",
+         f"{r['lookahead_seconds']:.0f}", r["lookahead_tokens"]]
+        for rule, r in result["rules"].items()
+    ]  # fmt: skip
+    adapters = ", ".join(settings["adapters"]) or "none: the base model"
+    if settings.get("adapters_dir"):
+        adapters += f" from `{settings['adapters_dir']}`"
+    return (
+        f"{settings.get('env_id', 'Math-v0')} (config `{settings['config_file']}`), the {settings['agent']}'s"
+        f" K={settings['k']} candidates for the tasks of the first {settings['steps']} training steps"
+        f" ({result['candidates']} candidates, {result['own_correct']} of them right by `{settings['own_key']}`),"
+        f" T={settings['temperature']}; trained adapters: {adapters}. Every rule credits the same branches."
+        " A failed candidate is credited when its credited global is at least 0.5; a group has the wrong sign"
+        " when an advantage's global part points against the candidate's own outcome.\n\n"
+        + _table(
+            [
+                "rule",
+                "disagree",
+                "failed credited",
+                "correct withheld",
+                "sibling pairs misordered / tied",
+                "groups with the wrong sign",
+                "look-ahead s",
+                "look-ahead tokens",
+            ],
+            rows,
+        )
+    )
+
+
+def relay_reasoner_ceiling(result: dict[str, Any]) -> str:
+    settings = result["settings"]
+    rows = [
+        [rule, f"{r['sampled']['correct']}/{r['sampled']['answers']}", f"{r['greedy']['correct']}/{r['greedy']['answers']}",
+         f"`{r['greedy_example'][:60]!r}`"]
+        for rule, r in result["rules"].items()
+    ]  # fmt: skip
+    return (
+        f"The base model as the reasoner, given the right intermediate (an oracle tool agent), on"
+        f" {settings['problems']} training problems: {settings['k']} samples at T={settings['temperature']}"
+        " and one greedy answer each. `env` is MathRelay-v0's own prompt; the other rows are prompts for a"
+        " redesigned reasoner step on the same numbers.\n\n"
+        + _table(["reasoner rule", "sampled correct", "greedy correct", "greedy answer, first problem"], rows)
+    )
+
+
 def greedy_batch_composition(result: dict[str, Any]) -> str:
     settings, reference = result["settings"], result["reference"]
     rows = [
@@ -579,6 +630,21 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
         "learning_math_relay",
         "A task where the team must cooperate: MathRelay-v0 on CPU (SmolLM2-135M), team against each agent alone",
         learning_math,
+    ),
+    (
+        "relay_reasoner_ceiling",
+        "MathRelay-v0: can the base reasoner do its half? (SmolLM2-135M, oracle tool agent)",
+        relay_reasoner_ceiling,
+    ),
+    (
+        "team_credit_disagreement",
+        "Team credit against what a candidate caused: Math-v0, trained tool agent (SmolLM2-135M)",
+        team_credit_disagreement,
+    ),
+    (
+        "team_credit_disagreement_plan_path",
+        "Team credit against what a candidate caused: Plan-Path, base model (SmolLM2-135M)",
+        team_credit_disagreement,
     ),
     (
         "greedy_batch_composition",

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import RESULTS_DIR, finish, quick_overrides, run_facts
+from _common import RESULTS_DIR, bar_chart, finish, quick_overrides, run_facts
 
 import llm_zoo
 from llm_zoo_train.config import load_config, train_env_kwargs
@@ -159,6 +159,7 @@ def measure(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
             "agent": agent,
             "own_key": own_key,
             "adapters": sorted(adapters),
+            "adapters_dir": args.adapters,
             "env_kwargs": kwargs,
             "k": rollout.num_generations,
             "envs_per_step": rollout.envs_per_step,
@@ -197,7 +198,19 @@ def main(argv: list[str] | None = None) -> None:
             overrides = [*quick_overrides(Path(tmp)), *overrides]
             args.steps = 1
         result = {**facts, "quick": args.quick, **measure(args, overrides)}
-    finish(result, args.output)
+    finish(result, args.output, lambda png: plot(result, png))
+
+
+def plot(result: dict[str, Any], png: Path) -> None:
+    """Per credit rule: candidates whose credit disagrees with what they caused, and groups flipped."""
+    rules = result["rules"]
+    bar_chart(
+        png, f"Team credit against the candidate's own outcome, {result['settings'].get('env_id', 'Math-v0')}",
+        list(rules), {"failed credited": [r["credited_failed"] for r in rules.values()],
+                      "correct withheld": [r["withheld_correct"] for r in rules.values()],
+                      "groups with the wrong sign": [r["groups_flipped"] for r in rules.values()]},
+        f"count (of {result['candidates']} candidates, {next(iter(rules.values()))['groups']} groups)",
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
