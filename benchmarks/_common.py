@@ -248,3 +248,42 @@ def quick_overrides(workdir: Path) -> list[str]:
         "--rollout.envs_per_step", "2", "--rollout.num_generations", "2",
         "--rollout.max_completion_length", "8", "--eval.num_episodes", "4",
     ]  # fmt: skip
+
+
+def measurement_main(
+    argv: Sequence[str] | None,
+    script: str,
+    description: str,
+    name: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    measure: Callable[[argparse.Namespace, list[str]], dict[str, Any]],
+    plot: Callable[[dict[str, Any], Path], None],
+    shrink: Callable[[argparse.Namespace], None],
+) -> None:
+    """The command line of a script that measures one model once (no training): ``--quick``,
+    ``--threads``, ``--output`` and the script's own arguments (``add_arguments``); unknown
+    arguments are config overrides. ``--quick`` builds the tiny model and ``shrink``s the sizes.
+    Writes the facts and ``measure(args, overrides)`` with :func:`finish`."""
+    import tempfile
+    import warnings
+
+    import torch
+
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny random model, reduced sizes")
+    add_arguments(parser)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR / f"{name}.json")
+    args, overrides = parser.parse_known_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    facts = run_facts(script, argv)
+    with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+        if args.quick:
+            overrides = [*quick_overrides(Path(tmp)), *overrides]
+            shrink(args)
+        result = {**facts, "quick": args.quick, **measure(args, overrides)}
+    finish(result, args.output, lambda png: plot(result, png))

@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import tempfile
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from _common import RESULTS_DIR, bar_chart, finish, quick_overrides, run_facts
+from _common import bar_chart, measurement_main
 
 import llm_zoo
 from llm_zoo.envs.math_relay import oracle_action
@@ -114,28 +112,6 @@ def measure(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="smoke run: tiny random model, 4 problems")
-    parser.add_argument("--problems", type=int, default=48, help="training problems (env seeds 0..N-1)")
-    parser.add_argument("-k", type=int, default=8, help="sampled answers per problem")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument("--output", type=Path, default=RESULTS_DIR / f"{NAME}.json")
-    args, overrides = parser.parse_known_args(argv)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore", category=UserWarning)
-    facts = run_facts(__file__, argv)
-    with tempfile.TemporaryDirectory(prefix=f"{NAME}-") as tmp:
-        if args.quick:
-            overrides = [*quick_overrides(Path(tmp)), *overrides]
-            args.problems, args.k = 4, 2
-        result = {**facts, "quick": args.quick, **measure(args, overrides)}
-    finish(result, args.output, lambda png: plot(result, png))
-
-
 def plot(result: dict[str, Any], png: Path) -> None:
     rules = result["rules"]
     bar_chart(
@@ -144,6 +120,19 @@ def plot(result: dict[str, Any], png: Path) -> None:
          for kind in ("sampled", "greedy")},
         "reasoner answers correct (%)",
     )  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--problems", type=int, default=48, help="training problems (env seeds 0..N-1)")
+    parser.add_argument("-k", type=int, default=8, help="sampled answers per problem")
+
+
+def few_problems(args: argparse.Namespace) -> None:
+    args.problems, args.k = 4, 2
+
+
+def main(argv: list[str] | None = None) -> None:
+    measurement_main(argv, __file__, __doc__ or "", NAME, add_arguments, measure, plot, few_problems)
 
 
 if __name__ == "__main__":

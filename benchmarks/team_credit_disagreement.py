@@ -32,15 +32,13 @@ program is a plan agent that solved the grid without the program's help.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from _common import RESULTS_DIR, bar_chart, finish, quick_overrides, run_facts
+from _common import bar_chart, measurement_main
 
 import llm_zoo
 from llm_zoo_train.config import load_config, train_env_kwargs
@@ -172,35 +170,6 @@ def measure(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="smoke run: tiny random model, 1 step")
-    parser.add_argument("--steps", type=int, default=2, help="training steps whose tasks are played")
-    parser.add_argument("--credits", default="immediate,sampled:1,sampled:4,greedy",
-                        help="comma list of immediate, greedy, sampled:M")  # fmt: skip
-    parser.add_argument(
-        "--config", type=Path, default=CONFIG, help="training config (default: the Math-v0 one)"
-    )
-    parser.add_argument("--own-key", default=None,
-                        help=f"info key of the candidate's own correctness (default per env: {OWN_KEYS})")  # fmt: skip
-    parser.add_argument("--adapters", default=None, help="a run's adapters/ dir (default: the base model)")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument("--output", type=Path, default=RESULTS_DIR / f"{NAME}.json")
-    args, overrides = parser.parse_known_args(argv)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore", category=UserWarning)
-    facts = run_facts(__file__, argv)
-    with tempfile.TemporaryDirectory(prefix=f"{NAME}-") as tmp:
-        if args.quick:
-            overrides = [*quick_overrides(Path(tmp)), *overrides]
-            args.steps = 1
-        result = {**facts, "quick": args.quick, **measure(args, overrides)}
-    finish(result, args.output, lambda png: plot(result, png))
-
-
 def plot(result: dict[str, Any], png: Path) -> None:
     """Per credit rule: candidates whose credit disagrees with what they caused, and groups flipped."""
     rules = result["rules"]
@@ -211,6 +180,26 @@ def plot(result: dict[str, Any], png: Path) -> None:
                       "groups with the wrong sign": [r["groups_flipped"] for r in rules.values()]},
         f"count (of {result['candidates']} candidates, {next(iter(rules.values()))['groups']} groups)",
     )  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=2, help="training steps whose tasks are played")
+    parser.add_argument("--credits", default="immediate,sampled:1,sampled:4,greedy",
+                        help="comma list of immediate, greedy, sampled:M")  # fmt: skip
+    parser.add_argument(
+        "--config", type=Path, default=CONFIG, help="training config (default: the Math-v0 one)"
+    )
+    parser.add_argument("--own-key", default=None,
+                        help=f"info key of the candidate's own correctness (default per env: {OWN_KEYS})")  # fmt: skip
+    parser.add_argument("--adapters", default=None, help="a run's adapters/ dir (default: the base model)")
+
+
+def one_step(args: argparse.Namespace) -> None:
+    args.steps = 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    measurement_main(argv, __file__, __doc__ or "", NAME, add_arguments, measure, plot, one_step)
 
 
 if __name__ == "__main__":
