@@ -102,8 +102,15 @@ def test_hidden_data_is_not_readable(box, dataset_paths):
 
 
 def test_programs_see_only_the_standard_library(box):
-    result = run(box, "import sys\nprint(sys.flags.no_site, sys.flags.isolated)\nimport numpy")
-    assert result.stdout == "1 1\n" and "ModuleNotFoundError" in result.stderr
+    # No site module, no user site; not -I (it would ignore the fixed PYTHONHASHSEED), but the
+    # server's environment is the sandbox's own, so no variable of the host reaches it.
+    code = (
+        "import os, sys\nprint(sys.flags.no_site, sys.flags.no_user_site, sorted(os.environ))\nimport numpy"
+    )
+    result = run(box, code)
+    assert (
+        result.stdout == "1 1 ['HOME', 'LANG', 'PATH', 'TMPDIR']\n" and "ModuleNotFoundError" in result.stderr
+    )
 
 
 # ------------------------------------------------------------------------- 2. every run starts clean

@@ -7,7 +7,7 @@ Each run gives a :class:`RunResult`. Model text is never evaluated in the host p
 How a run works
 ---------------
 A :class:`Sandbox` keeps a pool of *fork servers*: Python processes started once with the base
-interpreter as ``python -I -S -B /proc/self/fd/N`` (standard library only; the server's code and
+interpreter as ``python -s -S -B -P /proc/self/fd/N`` (standard library only; the server's code and
 configuration are in that memory file, so nothing of the package directory is needed inside the
 sandbox, and no command line, which ``ps`` shows to everyone, holds them; bubblewrap too reads its
 options from a memory file, ``--args``). Each server pre-imports common modules, then forks a
@@ -75,6 +75,11 @@ Always, in both layers:
   exclusive ``flock`` in ``/tmp/llm_zoo_sandbox_uids``): ``RLIMIT_NPROC`` then bounds fork bombs,
   and programs cannot signal or ptrace the host, read other processes' environments or write
   root-owned files. The host's environment variables never reach a program.
+* Programs are as reproducible as Python allows: the hash seed is 0 (sets of strings iterate in
+  the same order in every run) and ``random`` is seeded with 0 before each program, so the same
+  program given the same input prints the same output and a training run's rewards do not
+  depend on a program's draws. What reads the clock or ``os.urandom`` still differs, and a
+  program near its ``timeout`` may pass on an idle machine and be killed on a busy one.
 
 With namespaces (layer ``"bubblewrap"``, and the ``"rlimits"`` fallback wherever this process
 may create namespaces: as root, or with unprivileged user namespaces), each server runs as pid 1

@@ -300,7 +300,7 @@ def describe(plan: LayerPlan, requested: str) -> dict:
         else [],
         "capabilities": "none in any set (effective, permitted, inheritable, ambient)"
         + (", but CAP_DAC_READ_SEARCH" if plan.keep_read_search else ""),
-        "server_command_line": "the interpreter and the memory file it runs (python -I -S -B /proc/self/fd/N): "
+        "server_command_line": "the interpreter and the memory file it runs (python -s -S -B -P /proc/self/fd/N): "
         "the server's source and configuration are not on any command line",
         "keyrings": "no access (seccomp: add_key, request_key and keyctl fail)"
         if seccomp.AVAILABLE

@@ -158,6 +158,17 @@ def _run_program(path: str, source: bytes) -> int:
     return status
 
 
+#: ``random``'s seed in every program: the same program given the same input prints the same, so a
+#: training run's rewards do not depend on the draws of a program that uses ``random``.
+PROGRAM_RANDOM_SEED = 0
+
+
+def _seed_random() -> None:
+    import random
+
+    random.seed(PROGRAM_RANDOM_SEED)
+
+
 def _read_all(fd: int) -> bytes:
     chunks, offset = [], 0
     while chunk := os.pread(fd, 1 << 20, offset):
@@ -195,6 +206,7 @@ def run_child(fds: list[int], config) -> None:  # type: ignore[no-untyped-def]  
              "LANG": "C.UTF-8"}
         )  # fmt: skip
         config.stdio.install()
+        _seed_random()
     except BaseException as exc:
         os.write(2, f"sandbox: could not set up the program's process: {exc!r}\n".encode())
         os._exit(SETUP_FAILED_EXIT)

@@ -2,7 +2,7 @@
 
 The host does not run this file from the package: it writes the source of the server's modules and
 the server's configuration into a memory file, and the interpreter runs that file
-(``python -I -S -B /proc/self/fd/N``, see ``worker.server_command``). So the sandbox never
+(``python -s -S -B -P /proc/self/fd/N``, see ``worker.server_command``). So the sandbox never
 needs to see the package directory, which holds the envs' hidden data, and the command line that
 ``ps`` and ``/proc/*/cmdline`` show holds neither the source nor the configuration.
 

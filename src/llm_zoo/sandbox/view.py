@@ -24,7 +24,9 @@ from pathlib import Path
 # (kind, source, destination): "tmpfs" (source: mode as octal text), "ro-bind", "ro-bind-try",
 # "dir", "symlink" (source: the link's target), "proc", "dev", "mask" (an empty read-only tmpfs).
 MountOp = tuple[str, str, str]
-SERVER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+#: The server's (and so every program's) interpreter environment. A fixed hash seed makes the
+#: iteration order of sets of strings the same in every run, so the same program prints the same.
+SERVER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
 _ETC_FILES = (
     "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "passwd", "group",
     "nsswitch.conf", "hosts", "alternatives",

@@ -24,6 +24,7 @@ import select
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -35,6 +36,12 @@ from llm_zoo.sandbox.cleanup import remove_entries_of, remove_tree
 from llm_zoo.sandbox.protocol import read_frame, write_frame
 from llm_zoo.sandbox.view import SERVER_ENV, bwrap_args, file_system_view, interpreter
 from llm_zoo.sandbox.zygote import SHARED_DIRECTORIES
+
+#: The server interpreter's options: no user site (-s), no site module (-S), no .pyc files (-B),
+#: no script directory on sys.path (-P, Python 3.11+). Not ``-I``: it implies ``-E``, which ignores
+#: SERVER_ENV's ``PYTHONHASHSEED``. The server's environment is SERVER_ENV alone, so no other
+#: variable of the host reaches the interpreter either way.
+SERVER_FLAGS = ("-s", "-S", "-B", *(("-P",) if sys.version_info >= (3, 11) else ()))
 
 UID_BASE_ENV_VAR = "LLM_ZOO_SANDBOX_UID_BASE"
 DEFAULT_UID_BASE = 2_000_000_000  # above the ranges distributions, systemd and containers hand out
@@ -150,7 +157,7 @@ def server_command(
 
     The fallback's options change: its namespaces' view goes into ``options``.
     """
-    command = [interpreter(), "-I", "-S", "-B", f"/proc/self/fd/{program_fd}"]
+    command = [interpreter(), *SERVER_FLAGS, f"/proc/self/fd/{program_fd}"]
     if plan.bwrap_args:
         bwrap, *settings = plan.bwrap_args
         settings += ["--info-fd", str(info_fd), *bwrap_args(file_system_view(disk_mb)), "--chdir", "/tmp"]
