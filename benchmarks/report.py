@@ -539,6 +539,7 @@ def team_credit_disagreement(result: dict[str, Any]) -> str:
     rows = [
         [rule, f"{r['disagreements']}/{r['candidates']}", r["credited_failed"], r["withheld_correct"],
          f"{r['pairs_misordered']} / {r['pairs_tied']} of {r['pairs']}", f"{r['groups_flipped']}/{r['groups']}",
+         f"{r['groups_spurious']}/{r['groups']}",
          f"{r['lookahead_seconds']:.0f}", r["lookahead_tokens"]]
         for rule, r in result["rules"].items()
     ]  # fmt: skip
@@ -551,7 +552,8 @@ def team_credit_disagreement(result: dict[str, Any]) -> str:
         f" ({result['candidates']} candidates, {result['own_correct']} of them right by `{settings['own_key']}`),"
         f" T={settings['temperature']}; trained adapters: {adapters}. Every rule credits the same branches."
         " A failed candidate is credited when its credited global is at least 0.5; a group has the wrong sign"
-        " when an advantage's global part points against the candidate's own outcome.\n\n"
+        " when an advantage's global part points against the candidate's own outcome; a group has noise only when"
+        " its candidates were all equally right (or wrong) yet were credited differently.\n\n"
         + _table(
             [
                 "rule",
@@ -560,6 +562,7 @@ def team_credit_disagreement(result: dict[str, Any]) -> str:
                 "correct withheld",
                 "sibling pairs misordered / tied",
                 "groups with the wrong sign",
+                "groups with noise only",
                 "look-ahead s",
                 "look-ahead tokens",
             ],
