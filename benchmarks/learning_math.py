@@ -97,6 +97,9 @@ LABELS = {
     "reasoner_alone": "reasoner alone, no tool (GRPO)",
     "role_swap": "per-agent adapters, roles swapped",
 }
+#: Bar labels of the plot.
+SHORT_LABELS = {"per_agent": "team, per-agent", "shared": "team, shared", "lookahead_0": "team, look-ahead 0",
+                "tool_alone": "tool agent alone", "reasoner_alone": "reasoner alone", "role_swap": "roles swapped"}  # fmt: skip
 #: The env each variant plays, for its "before" (untrained adapters equal the base model).
 BEFORE = {"per_agent": "team", "shared": "team", "lookahead_0": "team", "role_swap": "team",
           "tool_alone": "tool_alone", "reasoner_alone": "reasoner_alone"}  # fmt: skip
@@ -266,7 +269,7 @@ def plot(results: Mapping[str, Any], path: Path) -> None:
         xlabel="training step", ylabel="training success", title="Training episodes", ylim=(-0.02, 1.02)
     )
     curve.legend(fontsize=6)
-    names = list(results["summary"]["table"])
+    names = sorted(results["summary"]["table"], key=list(LABELS).index)
     for offset, colour, label in ((-0.2, "tab:gray", "before"), (0.2, "tab:blue", "after (pooled seeds)")):
         values, low, high = [], [], []
         for name in names:
@@ -281,7 +284,7 @@ def plot(results: Mapping[str, Any], path: Path) -> None:
             high.append(row["ci_high"] - value if row else 0.0)
         bars.bar([i + offset for i in range(len(names))], values, 0.4, yerr=[low, high], capsize=3, color=colour,
                  label=label)  # fmt: skip
-    bars.set_xticks(range(len(names)), [LABELS[n].split(",")[0][:22] for n in names], rotation=20, fontsize=7)
+    bars.set_xticks(range(len(names)), [SHORT_LABELS[n] for n in names], rotation=20, fontsize=7)
     bars.set(ylabel="greedy success (95% Wilson CI)", ylim=(0, 1), title="Distinct held-out test problems")
     bars.legend(fontsize=8)
     env_id = results["settings"].get("env_id", "Math-v0")

@@ -68,6 +68,12 @@ def _preamble(result: dict[str, Any], png: str | None) -> str:
         f"- Date: {created(result) or 'not recorded'}; commit {result.get('git_commit') or 'not recorded'}",
         f"- Machine: {_machine(result)}",
     ]
+    if any("variants" in part for part in result.get("parts", [])):  # a merge that took variants apart
+        lines[1] = "- Parts (merged with `--merge`), each run's date, commit and the variants taken from it:"
+        lines[2:2] = [
+            f"  - {part.get('created') or '?'}, commit {part.get('git_commit') or '?'}: {', '.join(part['variants'])}"
+            for part in result["parts"]
+        ]
     versions = result.get("versions")
     if versions:
         lines.append("- Versions: " + ", ".join(f"{name} {version}" for name, version in versions.items()))
@@ -426,7 +432,7 @@ def learning_math(result: dict[str, Any]) -> str:
     labels, before_of = result["labels"], result["before_of"]
     table, befores = result["summary"]["table"], result["befores"]
     rows = []
-    for name, row in table.items():
+    for name, row in sorted(table.items(), key=lambda item: list(labels).index(item[0])):
         before = befores.get(before_of[name])
         minutes = sum(r.get("wall_seconds", 0.0) for r in result["variants"][name]) / 60
         rows.append([
@@ -443,10 +449,19 @@ def learning_math(result: dict[str, Any]) -> str:
     )
     met = "**met**" if result["summary"]["verdict"].get("met") else "**not met**"
     settings = result["settings"]
+    credit = []
+    for name, runs in result["variants"].items():
+        rollout = (runs[0].get("config") or {}).get("rollout")
+        if rollout and before_of.get(name) == "team":
+            teammate = rollout.get("team_credit_teammate", "sampled").replace("auto", "auto (greedy)")
+            credit.append(f"{name}: look-ahead {rollout['team_credit_lookahead']}, teammate {teammate}"
+                          if rollout["team_credit_lookahead"] != 0 else f"{name}: look-ahead 0")  # fmt: skip
     return (
         f"{settings['description']} (config `{settings['config_file']}`, {settings['threads']} torch threads)."
         " Greedy success on distinct held-out test problems (each once), pooled over the training seeds with"
-        ' 95% Wilson intervals; untrained adapters equal the base model, so each env has one "before".\n\n'
+        ' 95% Wilson intervals; untrained adapters equal the base model, so each env has one "before".'
+        + (f" Team credit as run: {'; '.join(credit)}." if credit else "")
+        + "\n\n"
         + _table(NEW_MATH_HEADER, rows)
         + "\n\nPaired comparisons, problem by problem and seed by seed (exact McNemar test):\n\n"
         + _table(["A vs B", "pairs", "only A solved", "only B solved", "p"], pairs)
