@@ -78,8 +78,10 @@ Always, in both layers:
 * Programs are as reproducible as Python allows: the hash seed is 0 (sets of strings iterate in
   the same order in every run) and ``random`` is seeded with 0 before each program, so the same
   program given the same input prints the same output and a training run's rewards do not
-  depend on a program's draws. What reads the clock or ``os.urandom`` still differs, and a
-  program near its ``timeout`` may pass on an idle machine and be killed on a busy one.
+  depend on a program's draws. What reads the clock or ``os.urandom``, or prints a memory
+  address (``<function f at 0x7f...>``, ``id(x)``: address-space randomisation and the fork
+  server's heap), still differs, and a program near its ``timeout`` may pass on an idle machine
+  and be killed on a busy one.
 
 With namespaces (layer ``"bubblewrap"``, and the ``"rlimits"`` fallback wherever this process
 may create namespaces: as root, or with unprivileged user namespaces), each server runs as pid 1
