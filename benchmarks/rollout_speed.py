@@ -118,12 +118,18 @@ def time_raw_generate(model, tokenizer, prompts, k: int, sampling: SamplingParam
         input_ids[row, width - len(ids) :] = torch.tensor(ids)
         mask[row, width - len(ids) :] = 1
     torch.manual_seed(sampling.seed or 0)
+    # Greedy calls (the look-ahead's teammates, by default) replay greedily: transformers refuses
+    # temperature 0 with sampling.
+    randomness = (
+        {"do_sample": True, "temperature": sampling.temperature, "top_k": 0, "top_p": 1.0}
+        if sampling.temperature > 0
+        else {"do_sample": False}
+    )
     start = time.perf_counter()
     with torch.no_grad():
         out = model.generate(
-            input_ids=input_ids.to(device), attention_mask=mask.to(device), do_sample=True,
-            temperature=sampling.temperature, top_k=0, top_p=1.0, max_new_tokens=sampling.max_tokens,
-            pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
+            input_ids=input_ids.to(device), attention_mask=mask.to(device), **randomness,
+            max_new_tokens=sampling.max_tokens, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
         )  # fmt: skip
     elapsed = time.perf_counter() - start
     new = out[:, width:].cpu()
