@@ -7,6 +7,11 @@ SmolLM2-135M with a LoRA adapter (r=8 on q/k/v/o, non-zero weights), per dtype:
   whole cache is re-copied every step), unmerged LoRA: the engine before issue 29;
 * ``preallocated``: :class:`~llm_zoo_train.engines.hf_kv_buffer.PreallocatedLayer` (written in
   place), unmerged LoRA: the engine now;
+* ``padded_sdpa`` and ``padded_shared_kv``: ``preallocated`` on a left-padded batch (every other
+  row's first ``--padding`` positions masked, as batches of prompts of different lengths are), with
+  transformers' ``sdpa`` (which copies every key/value head once per query head when a mask is
+  given) against :data:`~llm_zoo_train.models.attention.SDPA_SHARED_KV` (reads them in place: the
+  engine now); the step's logits are compared bit for bit;
 * ``preallocated_merged``: the same with the adapter merged into the base weights
   (``merge_adapter``), plus the seconds one merge and one unmerge take, and how far the
   log-probabilities of the merged model are from the unmerged one (the update recomputes them
@@ -29,6 +34,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from llm_zoo_train.engines.hf_kv_buffer import preallocate
+from llm_zoo_train.models.attention import register
 from llm_zoo_train.models.policy import resolve_model_path
 
 
@@ -46,7 +52,9 @@ def prefilled(model, context: int, batch: int):
     ]
 
 
-def step_seconds(model, layers, context: int, batch: int, steps: int, in_place: bool) -> list[float]:
+def step_seconds(
+    model, layers, context: int, batch: int, steps: int, in_place: bool, padding: int = 0, logits=None
+) -> list[float]:
     cache = DynamicCache(config=model.config)
     for index, (k, v) in enumerate(layers):
         cache.update(k.clone(), v.clone(), index)
@@ -56,13 +64,21 @@ def step_seconds(model, layers, context: int, batch: int, steps: int, in_place: 
     seconds = []
     for step in range(steps):
         length = context + step + 1
+        mask = torch.ones((batch, length), dtype=torch.long)
+        mask[::2, :padding] = 0
+        positions = mask.sum(-1, keepdim=True) - 1
         start = time.process_time()
         with torch.no_grad():
-            model(
-                input_ids=token, attention_mask=torch.ones((batch, length), dtype=torch.long),
-                position_ids=torch.full((batch, 1), length - 1), past_key_values=cache, use_cache=True,
-            )  # fmt: skip
+            out = model(
+                input_ids=token,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+            )
         seconds.append(time.process_time() - start)
+        if logits is not None:
+            logits.append(out.logits)
     return seconds
 
 
@@ -80,6 +96,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=556)
     parser.add_argument("--steps", type=int, default=4, help="decode steps per timed run")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--padding", type=int, default=64, help="masked positions of the padded rows")
     args = parser.parse_args()
     torch.set_num_threads(1)
     for dtype in args.dtype:
@@ -99,11 +116,21 @@ def main() -> None:
                 if "lora_B" in name:
                     p.mul_(0.01)
         ids, layers = prefilled(model, args.context, args.batch)
-        times: dict[str, list[float]] = {"dynamic": [], "preallocated": [], "preallocated_merged": []}
+        times: dict[str, list[float]] = {
+            "dynamic": [], "preallocated": [], "padded_sdpa": [], "padded_shared_kv": [], "preallocated_merged": []
+        }  # fmt: skip
         merge_s, unmerge_s = [], []
+        padded_logits: dict[str, list[torch.Tensor]] = {"sdpa": [], "shared_kv": []}
+        shape = (args.context, args.batch, args.steps)
         for _ in range(args.rounds):
-            times["dynamic"] += step_seconds(model, layers, args.context, args.batch, args.steps, False)
-            times["preallocated"] += step_seconds(model, layers, args.context, args.batch, args.steps, True)
+            times["dynamic"] += step_seconds(model, layers, *shape, False)
+            times["preallocated"] += step_seconds(model, layers, *shape, True)
+            for name, implementation in (("sdpa", "sdpa"), ("shared_kv", register())):
+                base.set_attn_implementation(implementation)
+                times[f"padded_{name}"] += step_seconds(
+                    model, layers, *shape, True, padding=args.padding, logits=padded_logits[name]
+                )
+            base.set_attn_implementation("sdpa")
             start = time.process_time()
             model.merge_adapter()
             merge_s.append(time.process_time() - start)
@@ -124,6 +151,10 @@ def main() -> None:
         print(f"{dtype}: batch {args.batch}, context {args.context}, {args.rounds} x {args.steps} steps each")
         for name, value in median.items():
             print(f"  {name:20s} {1000 * value:8.1f} ms/step  ({value / median['dynamic']:.2f} x dynamic)")
+        same = all(
+            torch.equal(a, b) for a, b in zip(padded_logits["sdpa"], padded_logits["shared_kv"], strict=True)
+        )
+        print(f"  padded: the shared-kv attention's logits equal sdpa's bit for bit: {same}")
         print(
             f"  merge {1000 * statistics.median(merge_s):.1f} ms, unmerge {1000 * statistics.median(unmerge_s):.1f} ms"
         )

@@ -228,10 +228,10 @@ def test_the_converted_model_files_have_plain_modes(tmp_path):
 @pytest.mark.parametrize(
     ("dtype", "setting", "native_bf16", "expected"),
     [
-        ("float32", "auto", False, "sdpa"),
-        ("float32", "auto", True, "sdpa"),
+        ("float32", "auto", False, "llm_zoo_sdpa"),
+        ("float32", "auto", True, "llm_zoo_sdpa"),
         ("bfloat16", "auto", False, "eager"),
-        ("bfloat16", "auto", True, "sdpa"),
+        ("bfloat16", "auto", True, "llm_zoo_sdpa"),
         ("bfloat16", "sdpa", False, "sdpa"),
         ("float32", "eager", True, "eager"),
     ],
@@ -240,8 +240,9 @@ def test_attention_is_chosen_by_device_dtype_and_cpu(
     tiny_model_dir, monkeypatch, dtype, setting, native_bf16, expected
 ):
     """`auto` on CPU: eager in bfloat16 where the CPU emulates it (sdpa decodes slower there), sdpa
-    where it has bfloat16 instructions (2.2x faster decode on an AMX Xeon) and in float32; an
-    explicit choice is kept. The hf engine generates with this same model."""
+    where it has bfloat16 instructions (2.2x faster decode on an AMX Xeon) and in float32, as the
+    variant that reads grouped key/value heads in place while generating; an explicit choice is
+    kept. The hf engine generates with this same model."""
     from llm_zoo_train.models import precision
 
     monkeypatch.setattr(precision, "cpu_computes_bf16", lambda: native_bf16)

@@ -13,7 +13,10 @@ thread), and they depend on the CPU:
 
 So ``model.attn_implementation: auto`` picks eager for bfloat16/float16 on a CPU without bfloat16
 instructions and sdpa everywhere else, and a bfloat16/float16 model on such a CPU is warned about
-once: float32 is the faster choice there.
+once: float32 is the faster choice there. Where ``auto`` picks sdpa on a CPU, it is the variant of
+:mod:`llm_zoo_train.models.attention` that reads grouped key/value heads in place while
+generating (the same numbers; a left-padded decode step 2.3x faster in float32,
+``benchmarks/decode_step.py``); an explicit ``sdpa`` is transformers' own.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from llm_zoo_train.models.attention import register as register_shared_kv_attention
 
 __all__ = ["NATIVE_BF16_FLAGS", "choose_attention", "cpu_computes_bf16", "warn_if_emulated"]
 
@@ -56,12 +61,16 @@ def _native(given: bool | None) -> bool:
 def choose_attention(setting: str, model: Any, native_bf16: bool | None = None) -> str:
     """The attention implementation for ``model`` (loaded, on its device): ``setting`` itself, or
     for ``auto`` eager for a bfloat16/float16 model on a CPU without bfloat16 instructions and sdpa
-    otherwise (transformers' default). ``native_bf16``: :func:`cpu_computes_bf16` unless given."""
+    otherwise (transformers' default; on a CPU its variant that reads grouped key/value heads in
+    place while generating, registered here). ``native_bf16``: :func:`cpu_computes_bf16` unless
+    given."""
     if setting != "auto":
         return setting
-    if model.device.type == "cpu" and model.dtype in _HALF:
-        return "sdpa" if _native(native_bf16) else "eager"
-    return "sdpa"
+    if model.device.type != "cpu":
+        return "sdpa"
+    if model.dtype in _HALF and not _native(native_bf16):
+        return "eager"
+    return register_shared_kv_attention()
 
 
 def warn_if_emulated(model: Any, native_bf16: bool | None = None) -> str | None:

@@ -1,0 +1,110 @@
+"""The sdpa variant that reads grouped key/value heads in place while generating
+(llm_zoo_train.models.attention): the engine samples the same tokens and logprobs, bit for bit, as
+with transformers' sdpa, and the update's forward and backward are transformers' sdpa unchanged.
+
+The tiny model groups its heads (4 query heads, 2 key/value heads) and its prompts have different
+lengths, so every batch is left-padded and carries a mask: the case the variant changes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from peft import LoraConfig, get_peft_model  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
+from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
+from llm_zoo_train.models.attention import SDPA_SHARED_KV, register  # noqa: E402
+
+PROMPTS = ["hello", "apple banana cherry, reply with one word", "say the word", "U D L R"]
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    assert base.config.num_key_value_heads < base.config.num_attention_heads  # grouped heads
+    config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    return get_peft_model(base, config, adapter_name="one"), tokenizer
+
+
+@pytest.fixture
+def sdpa_calls(monkeypatch):
+    """Every call of torch's sdpa kernel: (a mask was given, enable_gqa, key heads)."""
+    calls: list[tuple[bool, bool, int]] = []
+    kernel = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, attn_mask=None, **kwargs):
+        calls.append((attn_mask is not None, bool(kwargs.get("enable_gqa", False)), key.shape[1]))
+        return kernel(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return calls
+
+
+def generated(model, tokenizer, implementation, sampling):
+    model.get_base_model().set_attn_implementation(implementation)
+    try:
+        engine = HFEngine(model, tokenizer)
+        rows = engine.generate(PROMPTS, ["one"] * len(PROMPTS), 3, sampling)
+    finally:
+        model.get_base_model().set_attn_implementation("sdpa")
+    return [[(c.token_ids, c.logprobs, c.finish_reason) for c in row] for row in rows]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9], ids=["greedy", "sampled"])
+def test_the_engine_samples_the_same_bits_as_with_transformers_sdpa(
+    model_and_tokenizer, sdpa_calls, temperature
+):
+    model, tokenizer = model_and_tokenizer
+    sampling = SamplingParams(max_tokens=10, temperature=temperature, seed=7)
+    plain = generated(model, tokenizer, "sdpa", sampling)
+    plain_calls = list(sdpa_calls)
+    sdpa_calls.clear()
+    in_place = generated(model, tokenizer, register(), sampling)
+    assert in_place == plain
+    heads = model.config.num_key_value_heads
+    # transformers' sdpa copied the key/value heads (never enable_gqa with a mask); ours read them in place
+    assert plain_calls and not any(masked and gqa for masked, gqa, _ in plain_calls)
+    assert all(masked for masked, _, _ in sdpa_calls)
+    assert sdpa_calls and all(gqa and key_heads == heads for _, gqa, key_heads in sdpa_calls)
+
+
+def loss_and_grads(model, implementation, batch):
+    model.get_base_model().set_attn_implementation(implementation)
+    try:
+        model.zero_grad(set_to_none=True)
+        loss = model(**batch).logits.float().log_softmax(-1).mean()
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    finally:
+        model.get_base_model().set_attn_implementation("sdpa")
+    return loss.detach(), grads
+
+
+def test_the_update_runs_transformers_sdpa_unchanged(model_and_tokenizer, sdpa_calls):
+    """With autograd on (the update), the variant is transformers' sdpa: the same loss and LoRA
+    gradients, bit for bit, and the kernel is called as transformers calls it."""
+    model, tokenizer = model_and_tokenizer
+    tokenizer.padding_side = "left"
+    batch = dict(tokenizer(PROMPTS, return_tensors="pt", padding=True))
+    assert (batch["attention_mask"] == 0).any()
+    plain = loss_and_grads(model, "sdpa", batch)
+    plain_calls = list(sdpa_calls)
+    sdpa_calls.clear()
+    ours = loss_and_grads(model, register(), batch)
+    assert torch.equal(plain[0], ours[0])
+    assert plain[1].keys() == ours[1].keys() and len(plain[1]) > 0
+    assert all(torch.equal(plain[1][name], ours[1][name]) for name in plain[1])
+    assert sdpa_calls == plain_calls
+
+
+def test_register_is_idempotent_and_names_the_implementation(model_and_tokenizer):
+    model, _ = model_and_tokenizer
+    assert register() == register() == SDPA_SHARED_KV
+    model.get_base_model().set_attn_implementation(SDPA_SHARED_KV)
+    assert model.config._attn_implementation == SDPA_SHARED_KV
+    model.get_base_model().set_attn_implementation("sdpa")
