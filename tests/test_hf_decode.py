@@ -72,9 +72,8 @@ def test_greedy_and_truncated_sampling_match_generate(model_and_tokenizer):
     assert_same(*both_loops(model, tokenizer, 3, truncated))
 
 
-def test_finished_rows_leave_the_forward_passes(model_and_tokenizer, monkeypatch):
-    """The work shrinks: the rows fed to the model fall as rows end (generate keeps all of them)."""
-    model, tokenizer = model_and_tokenizer
+def forward_rows(model, monkeypatch) -> list[int]:
+    """The rows of every forward pass of ``model`` from now on (filled as it runs)."""
     batch_sizes: list[int] = []
     original = type(model).forward
 
@@ -83,12 +82,49 @@ def test_finished_rows_leave_the_forward_passes(model_and_tokenizer, monkeypatch
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(type(model), "forward", counting_forward)
-    engine = HFEngine(model, tokenizer, share_prefill=False, compact_finished_rows=True)
-    results = engine.generate(PROMPTS, ["one"] * len(PROMPTS), 4, SamplingParams(max_tokens=12, seed=7))
-    tokens = sum(len(c.token_ids) for row in results for c in row)
+    return batch_sizes
+
+
+def test_finished_rows_leave_the_forward_passes(model_and_tokenizer, monkeypatch):
+    """The work shrinks: the rows fed to the model fall as rows end (generate keeps all of them).
+    Without the float32 CPU floor, every finished row leaves at once."""
+    model, tokenizer = model_and_tokenizer
+    batch_sizes = forward_rows(model, monkeypatch)
+    tokens, _ = decode(
+        model, tokenizer, SamplingParams(max_tokens=12, seed=7), 4, preallocate_kv=True, floor=0
+    )
     assert batch_sizes[0] == 4 * len(PROMPTS)
     assert batch_sizes == sorted(batch_sizes, reverse=True) and batch_sizes[-1] < batch_sizes[0]
-    assert sum(batch_sizes) == tokens  # one row-step per generated token, nothing for ended rows
+    assert sum(batch_sizes) == sum(len(row) for row in tokens)  # one row-step per token, none for ended rows
+
+
+def test_float32_on_a_cpu_keeps_sixteen_rows_while_ten_or_more_generate(model_and_tokenizer, monkeypatch):
+    """The default floor (float32 model, CPU): finished rows stay in as placeholders while 10-15
+    rows generate, so the forward passes never take 10-15 rows; the tokens and logprobs are those
+    of the loop without placeholders."""
+    model, tokenizer = model_and_tokenizer
+    sampling = SamplingParams(max_tokens=12, temperature=1.0, seed=7)
+    plain = decode(model, tokenizer, sampling, 4, preallocate_kv=True, floor=0)
+    batch_sizes = forward_rows(model, monkeypatch)
+    floored = decode(model, tokenizer, sampling, 4, preallocate_kv=True)
+    generating = [sum(len(row) > step for row in floored[0]) for step in range(len(batch_sizes))]
+    assert not any(hf_decode.CPU_FLOAT32_FLOOR_FROM <= rows < 16 for rows in batch_sizes)
+    assert any(10 <= live < 16 for live in generating)  # the floor was needed in this run
+    for rows, live in zip(batch_sizes, generating, strict=True):
+        assert rows == (16 if 10 <= live < 16 else live)
+    assert floored[0] == plain[0]
+    for a, b in zip(floored[1], plain[1], strict=True):
+        assert max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0) < LOGPROB_TOLERANCE
+
+
+def test_rows_to_keep_adds_placeholders_only_within_the_floors_range():
+    keep = hf_decode.rows_to_keep
+    generating = torch.tensor([1, 4, 6, 7, 8, 9, 10, 11, 12, 13, 19])  # 11 of 20 computed rows
+    assert keep(generating, 20, 16, 10).tolist() == [*range(15), 19]  # placeholders 0, 2, 3, 5, 14
+    assert keep(generating, 20, 0, 10).tolist() == generating.tolist()  # no floor
+    assert keep(generating[:9], 20, 16, 10).tolist() == generating[:9].tolist()  # fewer than 10 generate
+    assert len(keep(torch.arange(11), 12, 16, 10)) == 12  # never more rows than are computed
+    assert keep(torch.arange(17), 20, 16, 10).tolist() == list(range(17))  # 16 or more generate: all that do
 
 
 def test_the_sampling_warpers_follow_generate(model_and_tokenizer):
@@ -122,7 +158,7 @@ def test_both_loops_report_tokens_while_they_generate_and_sample_the_same(model_
         assert reported >= generated  # model.generate carries finished rows to the batch's end
 
 
-def decode(model, tokenizer, sampling, n, *, preallocate_kv, on_step=None):
+def decode(model, tokenizer, sampling, n, *, preallocate_kv, on_step=None, floor=None):
     """decode_compacting on PROMPTS (left-padded, n rows each); ``on_step(cache)`` before each pass."""
     encoded = [tokenizer(p)["input_ids"] for p in PROMPTS for _ in range(n)]
     width = max(len(ids) for ids in encoded)
@@ -142,6 +178,7 @@ def decode(model, tokenizer, sampling, n, *, preallocate_kv, on_step=None):
             model, input_ids, mask, cache=None, max_new_tokens=sampling.max_tokens,
             eos_token_ids=set(model.generation_config.eos_token_id), pad_token_id=0,
             greedy=sampling.greedy, temperature=sampling.temperature, preallocate_kv=preallocate_kv,
+            floor_rows=floor,
         )  # fmt: skip
     finally:
         if hook is not None:
