@@ -324,6 +324,50 @@ def trainer_vs_trl(result: dict[str, Any]) -> str:
     return text
 
 
+def main_job_speed(result: dict[str, Any]) -> str:
+    """The README's main job at an earlier commit against now, run at the same time."""
+    sides = result["sides"]
+
+    def success(record: dict[str, Any] | None) -> str:
+        if not record:
+            return "-"
+        n = int(record.get("num_episodes") or 0)
+        rate = record["success_rate"]
+        return (
+            f"{100 * rate:.1f}% ({100 * record['success_ci_low']:.1f}-{100 * record['success_ci_high']:.1f},"
+            f" {round(rate * n)}/{n})"
+        )
+
+    rows = []
+    for side in ("before", "after"):
+        run = sides[side]
+        label = f"before: {result['before_revision']}" if side == "before" else "now: this commit"
+        rows.append([
+            label, f"{run['wall_seconds'] / 60:.1f}", f"{statistics.median(run['step_seconds']):.1f}",
+            f"{sum(run['generation_seconds']) / 60:.1f}", f"{sum(run['update_seconds']) / 60:.1f}",
+            success(run["before"]), success(run["after"]),
+        ])  # fmt: skip
+    changes = ", ".join(f"`{key}`" for key in result.get("dropped_keys", [])) or "none"
+    after_only = " ".join(sides["after"].get("overrides", [])) or "none"
+    text = (
+        f"`{result['config']}` run twice at the same time, one process per side with"
+        f" {result['threads_per_side']} torch thread(s) (one core each): the source tree of"
+        f" {result['before_revision']} and this commit's. Keys dropped from both sides' config (the older code"
+        f" does not know them): {changes}; this commit's side only: `{after_only}`.\n\n"
+    )
+    text += _table(
+        ["side", "whole job (min)", "median step (s)", "generation (min)", "update (min)",
+         "success before training", "after"],
+        rows,
+    )  # fmt: skip
+    text += (
+        f"\n\n**Before / now: the whole job {result['speedup_wall']:.2f}x faster** (target >= 1.5); the training"
+        f" steps {result['speedup_steps']:.2f}x (generation {result['speedup_generation']:.2f}x, update"
+        f" {result['speedup_update']:.2f}x)."
+    )
+    return text
+
+
 def attention_speed(result: dict[str, Any]) -> str:
     settings, load = result["settings"], result["load_average_during"]
     rows = [
@@ -680,6 +724,11 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
         learning_plan_path,
     ),
     ("trainer_vs_trl", "Trainer speed against TRL's GRPOTrainer", trainer_vs_trl),
+    (
+        "main_job_speed",
+        "The main job before issue 29 against now, side by side (SmolLM2-135M, Math-v0, CPU)",
+        main_job_speed,
+    ),
     ("cheating_rate", "Cheating rate on Code-v0's impossible split (SmolLM2-135M)", cheating_rate),
     (
         "reward_hack_search",
