@@ -97,9 +97,8 @@ LABELS = {
     "reasoner_alone": "reasoner alone, no tool (GRPO)",
     "role_swap": "per-agent adapters, roles swapped",
 }
-#: Bar labels of the plot.
-SHORT_LABELS = {"per_agent": "team, per-agent", "shared": "team, shared", "lookahead_0": "team, look-ahead 0",
-                "tool_alone": "tool agent alone", "reasoner_alone": "reasoner alone", "role_swap": "roles swapped"}  # fmt: skip
+#: Bar labels of the plot: the table's labels without their parenthesis.
+SHORT_LABELS = {variant: label.split(" (")[0] for variant, label in LABELS.items()}
 #: The env each variant plays, for its "before" (untrained adapters equal the base model).
 BEFORE = {"per_agent": "team", "shared": "team", "lookahead_0": "team", "role_swap": "team",
           "tool_alone": "tool_alone", "reasoner_alone": "reasoner_alone"}  # fmt: skip
@@ -459,12 +458,11 @@ def merge_results(
             for run in part["variants"][variant]:
                 if run["seed"] in known:
                     raise ValueError(f"seed {run['seed']} of {variant} is in more than one result")
-                seen = [
-                    run_config(other) for other in variants.get(variant, []) if run_config(other) is not None
-                ]
+                recorded = (run_config(other) for other in variants.get(variant, []))
+                earlier = next((config for config in recorded if config is not None), None)
                 ours = run_config(run)
-                if ours is not None and seen and seen[0] != ours:
-                    changed = sorted(k for k in ours.keys() | seen[0].keys() if ours.get(k) != seen[0].get(k))
+                if ours is not None and earlier is not None and earlier != ours:
+                    changed = sorted(k for k in ours.keys() | earlier.keys() if ours.get(k) != earlier.get(k))
                     raise ValueError(
                         f"seed {run['seed']} of {variant} (result {index}) ran another config than its other "
                         f"seeds, in {changed}: not the same variant"
