@@ -122,12 +122,18 @@ def measure(args: argparse.Namespace, workdir: Path, quick_options: list[str]) -
             *launch(sources[side], config, workdir / side, overrides[side], args.threads, log),
             log,
         )
+    ended: dict[str, tuple[int, float]] = {}
+    while len(ended) < len(SIDES):  # each side's own end time, whichever ends first
+        for side in SIDES:
+            code = running[side][0].poll()
+            if side not in ended and code is not None:
+                ended[side] = (code, time.perf_counter() - running[side][1])
+        time.sleep(1.0)
     sides: dict[str, Any] = {}
     for side in SIDES:
-        process, start, handle, log = running[side]
-        code = process.wait()
-        wall = time.perf_counter() - start
+        _, _, handle, log = running[side]
         handle.close()
+        code, wall = ended[side]
         if code != 0:
             tail = log.read_text(encoding="utf-8", errors="replace")[-3000:]
             raise SystemExit(f"the {side} side's job failed (exit {code}); the end of its output:\n{tail}")
@@ -140,6 +146,7 @@ def measure(args: argparse.Namespace, workdir: Path, quick_options: list[str]) -
         "before_revision": args.before,
         "after_revision": "this checkout",
         "threads_per_side": args.threads,
+        "after_only": list(args.after_override),
         "sides": sides,
         "speedup_wall": before["wall_seconds"] / after["wall_seconds"],
         "speedup_steps": sum(before["step_seconds"]) / sum(after["step_seconds"]),

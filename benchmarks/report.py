@@ -343,12 +343,13 @@ def main_job_speed(result: dict[str, Any]) -> str:
         run = sides[side]
         label = f"before: {result['before_revision']}" if side == "before" else "now: this commit"
         rows.append([
-            label, f"{run['wall_seconds'] / 60:.1f}", f"{statistics.median(run['step_seconds']):.1f}",
+            label, f"{run['wall_seconds'] / 60:.1f}", f"{(run['wall_seconds'] - sum(run['step_seconds'])) / 60:.1f}",
+            f"{statistics.median(run['step_seconds']):.1f}",
             f"{sum(run['generation_seconds']) / 60:.1f}", f"{sum(run['update_seconds']) / 60:.1f}",
             success(run["before"]), success(run["after"]),
         ])  # fmt: skip
     changes = ", ".join(f"`{key}`" for key in result.get("dropped_keys", [])) or "none"
-    after_only = " ".join(sides["after"].get("overrides", [])) or "none"
+    after_only = " ".join(result.get("after_only", [])) or "none"
     text = (
         f"`{result['config']}` run twice at the same time, one process per side with"
         f" {result['threads_per_side']} torch thread(s) (one core each): the source tree of"
@@ -356,7 +357,8 @@ def main_job_speed(result: dict[str, Any]) -> str:
         f" does not know them): {changes}; this commit's side only: `{after_only}`.\n\n"
     )
     text += _table(
-        ["side", "whole job (min)", "median step (s)", "generation (min)", "update (min)",
+        ["side", "whole job (min)", "outside the steps: loading, evaluations (min)", "median step (s)",
+         "generation (min)", "update (min)",
          "success before training", "after"],
         rows,
     )  # fmt: skip
