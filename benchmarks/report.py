@@ -48,10 +48,16 @@ def _machine(result: dict[str, Any]) -> str:
     if not isinstance(machine, dict):  # results written before the common facts existed
         cpus = result.get("cpu_count") or machine
         return f"{cpus} CPUs" if cpus else "unknown machine"
-    load = machine.get("load_average_at_start") or machine.get("load_average_at_end")
-    if not load and isinstance(result.get("load_average_1min"), dict):
-        load = [result["load_average_1min"].get("before")]
-    load_text = f", load average {load[0]:.1f} at the start" if load and load[0] is not None else ""
+    start, end = machine.get("load_average_at_start"), machine.get("load_average_at_end")
+    if isinstance(result.get("load_average_1min"), dict):  # trainer_vs_trl.py's own record
+        start = start or [result["load_average_1min"].get("before")]
+        end = end or [result["load_average_1min"].get("after")]
+    loads = [
+        f"{load[0]:.1f} at the {when}"
+        for load, when in ((start, "start"), (end, "end"))
+        if load and load[0] is not None
+    ]
+    load_text = f", load average {', '.join(loads)}" if loads else ""
     memory = f", {machine['memory_gib']} GiB" if machine.get("memory_gib") else ""
     cpus = machine.get("cpus") or machine.get("cpu_count")
     return f"{machine.get('cpu', 'CPU')} x {cpus}{memory}{load_text}"
