@@ -434,7 +434,9 @@ class HFEngine:
                     position_ids=position_ids,
                     past_key_values=cache,
                     use_cache=True,
-                    **last_logits_only(self.model),  # only the cache is used
+                    **last_logits_only(
+                        self.model, input_ids.shape[1], input_ids.device
+                    ),  # only the cache is used
                 )
             cache.batch_select_indices(index)
         except (AttributeError, NotImplementedError, TypeError, ValueError) as err:
@@ -461,7 +463,6 @@ class HFEngine:
         store = self.prefix_cache
         assert store is not None
         device = index.device
-        only_last = last_logits_only(self.model)
         block = self.prefix_block
         per_prompt = []
         for ids in unique:
@@ -488,7 +489,7 @@ class HFEngine:
                         position_ids=torch.arange(start, end, device=device)[None],
                         past_key_values=cache,
                         use_cache=True,
-                        **only_last,
+                        **last_logits_only(self.model, end - start, device),  # only the cache is used
                     )
             if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
                 self.prefix_cache = None

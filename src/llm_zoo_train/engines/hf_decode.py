@@ -58,15 +58,27 @@ CPU_FLOAT32_FLOOR_ROWS = 16
 CPU_FLOAT32_FLOOR_FROM = 10
 
 
-def last_logits_only(model: Any) -> dict[str, int]:
-    """``{"logits_to_keep": 1}`` when the (base) model's ``forward`` accepts it, else ``{}``.
+def last_logits_only(model: Any, length: int | None = None, device: Any = None) -> dict[str, Any]:
+    """``{"logits_to_keep": ...}`` for a forward pass that needs only the last position's logits,
+    when the (base) model's ``forward`` accepts it, else ``{}``.
 
     A prompt's forward pass then projects only its last position onto the vocabulary, as
     ``generate`` does: for a 135M model with a 49k vocabulary the projection of every prompt
     position costs about a fifth of the forward pass, and nothing reads those logits.
+
+    With ``length`` (the pass's sequence length) the position is given as an index tensor, which
+    gathers the hidden states into a contiguous block; the int form slices them, and ``F.linear``
+    on that non-contiguous slice multiplies by an expanded copy of the vocabulary matrix, one per
+    row: on a CPU in bfloat16, 11.4 s against 0.015 s for 32 rows of SmolLM2-135M, with the same
+    bits (float32: 0.40 against 0.05 s, other rounding). Passes whose logits are not read (the
+    prefill) use the index; the decode loop keeps the int, which is what ``generate`` passes.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(base.forward).parameters else {}
+    if "logits_to_keep" not in inspect.signature(base.forward).parameters:
+        return {}
+    if length is None:
+        return {"logits_to_keep": 1}
+    return {"logits_to_keep": torch.tensor([int(length) - 1], device=device)}
 
 
 def sampling_warpers(temperature: float, top_k: int, top_p: float) -> list[Any]:
@@ -166,6 +178,10 @@ def decode_compacting(
     logprobs: list[list[float]] = [[] for _ in range(batch)]
     full_probs: torch.Tensor | None = None
     only_last = last_logits_only(model)
+    # A pass over whole prompts (no prefilled cache) gathers its last positions: the slice would
+    # cost seconds per call outside float32, with the same bits (last_logits_only). Float32 keeps
+    # the slice, whose rounding is generate's.
+    gather_prompts = getattr(model, "dtype", torch.float32) != torch.float32
     grow_in_place = preallocate_kv
 
     for _ in range(max_new_tokens):
@@ -176,7 +192,11 @@ def decode_compacting(
             position_ids=positions,
             past_key_values=cache,
             use_cache=True,
-            **only_last,
+            **(
+                last_logits_only(model, step_ids.shape[1], device)
+                if gather_prompts and step_ids.shape[1] > 1
+                else only_last
+            ),
         ).logits[:, -1]
         if live.numel() < logits.shape[0]:
             logits = logits[live]

@@ -100,7 +100,9 @@ def _logits_with_shared_prompts(
             position_ids=position_ids[unique, :prompt_width],
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=1,
+            # An index, not the int 1: a slice of the last position is non-contiguous, and F.linear
+            # then copies the vocabulary matrix once per row (hf_decode.last_logits_only).
+            logits_to_keep=torch.tensor([prompt_width - 1], device=device),
         ).logits[row_to_unique]
         width = input_ids.shape[1] - prompt_width
         if width == 1:
@@ -201,7 +203,9 @@ def completion_logprobs(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         )
         if _accepts_logits_to_keep(model):
-            kwargs["logits_to_keep"] = width + 1
+            # Positions as an index (a contiguous gather), not a slice: see _logits_with_shared_prompts.
+            length = prompt_width + width
+            kwargs["logits_to_keep"] = torch.arange(length - width - 1, length, device=device)
             logits = model(**kwargs).logits[:, :-1, :]
         else:
             logits = model(**kwargs).logits[:, prompt_width - 1 : -1, :]
