@@ -434,9 +434,8 @@ class HFEngine:
                     position_ids=position_ids,
                     past_key_values=cache,
                     use_cache=True,
-                    **last_logits_only(
-                        self.model, input_ids.shape[1], input_ids.device
-                    ),  # only the cache is used
+                    # Only the cache is read.
+                    **last_logits_only(self.model, input_ids.shape[1], input_ids.device),
                 )
             cache.batch_select_indices(index)
         except (AttributeError, NotImplementedError, TypeError, ValueError) as err:
@@ -489,7 +488,7 @@ class HFEngine:
                         position_ids=torch.arange(start, end, device=device)[None],
                         past_key_values=cache,
                         use_cache=True,
-                        **last_logits_only(self.model, end - start, device),  # only the cache is used
+                        **last_logits_only(self.model, end - start, device),  # only the cache is read
                     )
             if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
                 self.prefix_cache = None

@@ -204,8 +204,7 @@ def completion_logprobs(
         )
         if _accepts_logits_to_keep(model):
             # Positions as an index (a contiguous gather), not a slice: see _logits_with_shared_prompts.
-            length = prompt_width + width
-            kwargs["logits_to_keep"] = torch.arange(length - width - 1, length, device=device)
+            kwargs["logits_to_keep"] = torch.arange(prompt_width - 1, prompt_width + width, device=device)
             logits = model(**kwargs).logits[:, :-1, :]
         else:
             logits = model(**kwargs).logits[:, prompt_width - 1 : -1, :]
