@@ -1,5 +1,6 @@
 """The transformers engine's compacting sampling loop (llm_zoo_train.engines.hf_decode) against
-``model.generate``: the same tokens and logprobs, while finished rows leave the batch.
+``model.generate``: the same tokens and logprobs with ``generate``'s random numbers, while finished
+rows leave the batch; and its default draw (one number per row) against the probabilities.
 
 The tiny model's end-of-sequence set is widened to a sixth of its vocabulary so that rows of one
 batch end at many different steps (that is where the loops differ); its float32 weights make the
@@ -38,7 +39,13 @@ def model_and_tokenizer(tiny_model_dir):
 def both_loops(model, tokenizer, n, sampling, *, share_prefill=True):
     results = []
     for compact in (False, True):
-        engine = HFEngine(model, tokenizer, share_prefill=share_prefill, compact_finished_rows=compact)
+        engine = HFEngine(
+            model,
+            tokenizer,
+            share_prefill=share_prefill,
+            compact_finished_rows=compact,
+            draws_as_generate=True,
+        )
         results.append(engine.generate(PROMPTS, ["one"] * len(PROMPTS), n, sampling))
     return results
 
@@ -210,3 +217,64 @@ def test_decode_steps_write_the_kv_cache_in_place(model_and_tokenizer):
     steady = [b for a, b in itertools.pairwise(storages) if a[0] == b[0]]  # no row left
     moved = [b for a, b in itertools.pairwise(storages) if a[0] == b[0] and a[1] != b[1]]
     assert len(steady) >= 3 and not moved
+
+
+def test_draw_per_row_follows_the_probabilities_and_never_draws_a_zero():
+    """Frequencies over many draws match each row's probabilities (within 5 standard errors), on a
+    vocabulary that is not a whole number of blocks; tokens of probability zero never come."""
+    generator = torch.Generator().manual_seed(0)
+    vocabulary, draws = 300, 40_000
+    probs = torch.softmax(torch.randn(2, vocabulary, generator=generator) * 2, dim=-1)
+    probs[0, ::3] = 0.0  # a third of the first row's tokens are masked (as top-k or top-p do)
+    probs[0] /= probs[0].sum()
+    torch.manual_seed(1)
+    chosen = hf_decode.draw_per_row(probs.repeat_interleave(draws, dim=0), block=64).view(2, draws)
+    for row in range(2):
+        frequencies = torch.bincount(chosen[row], minlength=vocabulary).double() / draws
+        expected = probs[row].double()
+        standard_error = (expected * (1 - expected) / draws).sqrt()
+        assert bool(((frequencies - expected).abs() <= 5 * standard_error + 1e-12).all())
+    assert not bool(torch.isin(chosen[0], torch.arange(0, vocabulary, 3)).any())
+
+
+def test_draw_per_row_at_the_rows_total_takes_the_last_token_with_mass(monkeypatch):
+    """A number that rounding puts at the row's total (the end of every cumulative sum) draws the
+    last token that has probability, not the zero-probability tokens after it nor past the end."""
+    probs = torch.tensor([[0.2, 0.0, 0.5, 0.3, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]])
+    monkeypatch.setattr(torch, "rand", lambda shape, **kwargs: torch.ones(shape, **kwargs))
+    assert hf_decode.draw_per_row(probs, block=2).tolist() == [3, 6]
+    monkeypatch.setattr(torch, "rand", lambda shape, **kwargs: torch.zeros(shape, **kwargs))
+    assert hf_decode.draw_per_row(probs, block=2).tolist() == [0, 6]
+
+
+def test_the_default_draw_samples_generates_distribution_reproducibly(model_and_tokenizer):
+    """Per-row draws: the same tokens for the same seed, other tokens than generate's random
+    numbers give, greedy unchanged, and each sampled token's logprob is the one the model gives
+    it (checked by the first-token frequencies of many samples against their probabilities)."""
+    model, tokenizer = model_and_tokenizer
+    sampling = SamplingParams(max_tokens=6, temperature=0.9, seed=11)
+    per_row = HFEngine(model, tokenizer)
+    as_generate = HFEngine(model, tokenizer, draws_as_generate=True)
+    first = per_row.generate(PROMPTS, ["one"] * len(PROMPTS), 4, sampling)
+    assert assert_same(first, per_row.generate(PROMPTS, ["one"] * len(PROMPTS), 4, sampling))
+    other = as_generate.generate(PROMPTS, ["one"] * len(PROMPTS), 4, sampling)
+    assert [c.token_ids for row in first for c in row] != [c.token_ids for row in other for c in row]
+    greedy = SamplingParams(max_tokens=6, temperature=0.0)
+    assert_same(
+        per_row.generate(PROMPTS, ["one"] * len(PROMPTS), 1, greedy),
+        as_generate.generate(PROMPTS, ["one"] * len(PROMPTS), 1, greedy),
+    )
+
+    draws = 2_000
+    one_token = SamplingParams(max_tokens=1, temperature=0.9, seed=3)
+    samples = HFEngine(model, tokenizer, max_batch_size=500).generate(["hello"], ["one"], draws, one_token)[0]
+    counts: dict[int, int] = {}
+    probability: dict[int, float] = {}
+    for completion in samples:
+        token = completion.token_ids[0]
+        counts[token] = counts.get(token, 0) + 1
+        probability[token] = float(torch.tensor(completion.logprobs[0]).exp())
+    for token, count in counts.items():
+        p = probability[token]
+        assert abs(count / draws - p) <= 5 * (p * (1 - p) / draws) ** 0.5 + 1e-9
+    assert sum(probability.values()) > 0.5  # the drawn tokens hold most of the mass: a real check
