@@ -91,6 +91,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.models.policy", "llm_zoo_train.models.policy"),
     ("llm_zoo_train.models.precision", "llm_zoo_train.models.precision"),
     ("llm_zoo_train.models.attention", "llm_zoo_train.models.attention"),
+    ("llm_zoo_train.models.lora_inference", "llm_zoo_train.models.lora_inference"),
     ("llm_zoo_train.models.chat", "llm_zoo_train.models.chat"),
     ("llm_zoo_train.engines.base", "llm_zoo_train.engines.base"),
     ("llm_zoo_train.engines.hf", "llm_zoo_train.engines.hf"),

@@ -23,8 +23,11 @@ How one :meth:`HFEngine.generate` call runs:
    them prefills only the rest, in fixed blocks so the result does not depend on what the cache held
    (``prefix_cache_mb``, off by default; :mod:`llm_zoo_train.engines.hf_prefix_cache` says how
    prompts are matched and when the cache is emptied: after every weight update). A row leaves the batch
-   at the step it ends (:mod:`llm_zoo_train.engines.hf_decode`, same sampling as
-   ``model.generate``, which would carry it to the end of the batch's longest answer).
+   at the step it ends (:mod:`llm_zoo_train.engines.hf_decode`: ``model.generate``'s distribution,
+   with one random number per row instead of one per vocabulary entry; ``generate`` would carry
+   the row to the end of the batch's longest answer). peft's LoRA layers run a leaner forward with
+   the same numbers, and an all-zero (untrained) adapter is skipped
+   (:mod:`llm_zoo_train.models.lora_inference`).
 4. Per-token logprobs are recorded during generation from the raw logits before any warper: ``log_softmax(logits / temperature)`` at the sampled token
    (temperature 1 for greedy). That is the quantity :func:`llm_zoo_train.training.loss.completion_logprobs`
    recomputes, so importance ratios start at 1 (up to float error). ``top_k``/``top_p``
@@ -204,7 +207,12 @@ class HFEngine:
         generation_config = self._generation_config(sampling)
         if self.prefix_cache is not None:
             self.prefix_cache.validate(self.model)  # any weight changed since the last call: empty
-        with self._preserved_model_state(), self._seeded(sampling.seed), reading_progress(self.model):
+        with (
+            self._preserved_model_state(),
+            self._seeded(sampling.seed),
+            reading_progress(self.model),
+            lean_lora_forward(self.model),
+        ):
             for adapter, indices in by_adapter.items():
                 # Longest first: rows of similar length share a batch (less padding).
                 indices = sorted(indices, key=lambda i: -len(encoded[i]))
@@ -384,6 +392,7 @@ class HFEngine:
                 temperature=float(sampling.temperature),
                 top_k=int(sampling.top_k) if sampling.top_k and sampling.top_k > 0 else 0,
                 top_p=float(sampling.top_p),
+                draws_as_generate=self.draws_as_generate,
             )
         else:
             recorder = _LogprobRecorder(1.0 if sampling.greedy else float(sampling.temperature))
