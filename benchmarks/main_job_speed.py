@@ -20,6 +20,7 @@ update), and the greedy success before and after training; from the process, its
 
     python benchmarks/main_job_speed.py                      # the published run (~40 min, 2 cores)
     python benchmarks/main_job_speed.py --quick --output-dir /tmp/bench   # smoke: tiny model, HEAD
+    python benchmarks/main_job_speed.py --seed 1 --output-dir /tmp/seed1  # another seed, both sides
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def read_run(output_dir: Path) -> dict[str, Any]:
 def measure(args: argparse.Namespace, workdir: Path, quick_options: list[str]) -> dict[str, Any]:
     config = config_without(REPO / args.config, args.drop, workdir / "config.yaml")
     sources = {"before": source_tree(args.before, workdir), "after": REPO / "src"}
-    overrides = {"before": quick_options, "after": [*quick_options, *args.after_override]}
+    seed = [] if args.seed is None else ["--training.seed", str(args.seed)]
+    overrides = {"before": [*quick_options, *seed], "after": [*quick_options, *seed, *args.after_override]}
     running = {}
     for side in SIDES:
         log = workdir / f"{side}.log"
@@ -147,6 +149,7 @@ def measure(args: argparse.Namespace, workdir: Path, quick_options: list[str]) -
         "after_revision": "this checkout",
         "threads_per_side": args.threads,
         "after_only": list(args.after_override),
+        "seed": args.seed,
         "sides": sides,
         "speedup_wall": before["wall_seconds"] / after["wall_seconds"],
         "speedup_steps": sum(before["step_seconds"]) / sum(after["step_seconds"]),
@@ -188,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         help="config overrides for this checkout's side only",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each side")
+    parser.add_argument("--seed", type=int, default=None, help="training.seed of both sides (default: the config's)")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny model, 1 step, --before HEAD")
     parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)

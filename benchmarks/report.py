@@ -348,23 +348,31 @@ def main_job_speed(result: dict[str, Any]) -> str:
     for side in ("before", "after"):
         run = sides[side]
         label = f"before: {result['before_revision']}" if side == "before" else "now: this commit"
+        trained = sum(sum(step.values()) for step in run.get("trained_samples", []))
+        per_sample = f"{sum(run['update_seconds']) / trained:.3f}" if trained else "-"
         rows.append([
             label, f"{run['wall_seconds'] / 60:.1f}", f"{(run['wall_seconds'] - sum(run['step_seconds'])) / 60:.1f}",
             f"{statistics.median(run['step_seconds']):.1f}",
             f"{sum(run['generation_seconds']) / 60:.1f}", f"{sum(run['update_seconds']) / 60:.1f}",
-            success(run["before"]), success(run["after"]),
+            f"{trained:g}", per_sample, success(run["before"]), success(run["after"]),
         ])  # fmt: skip
+    seed = result.get("seed")
+    if seed is None and "--seed" in result.get("command", "").split():
+        words = result["command"].split()
+        seed = words[words.index("--seed") + 1]
     changes = ", ".join(f"`{key}`" for key in result.get("dropped_keys", [])) or "none"
     after_only = " ".join(result.get("after_only", [])) or "none"
     text = (
         f"`{result['config']}` run twice at the same time, one process per side with"
         f" {result['threads_per_side']} torch thread(s) (one core each): the source tree of"
         f" {result['before_revision']} and this commit's. Keys dropped from both sides' config (the older code"
-        f" does not know them): {changes}; this commit's side only: `{after_only}`.\n\n"
+        f" does not know them): {changes}; this commit's side only: `{after_only}`. Training seed:"
+        f" {seed if seed is not None else 'the config' + chr(39) + 's'}. The update's time grows with the samples it trains"
+        f" (groups without signal are dropped), which depends on what each side has learned.\n\n"
     )
     text += _table(
         ["side", "whole job (min)", "outside the steps: loading, evaluations (min)", "median step (s)",
-         "generation (min)", "update (min)",
+         "generation (min)", "update (min)", "trained samples", "update s/sample",
          "success before training", "after"],
         rows,
     )  # fmt: skip
@@ -735,6 +743,16 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
     (
         "main_job_speed",
         "The main job before issue 29 against now, side by side (SmolLM2-135M, Math-v0, CPU)",
+        main_job_speed,
+    ),
+    (
+        "main_job_speed_seed1",
+        "The main job before issue 29 against now, side by side, training seed 1",
+        main_job_speed,
+    ),
+    (
+        "main_job_speed_seed2",
+        "The main job before issue 29 against now, side by side, training seed 2",
         main_job_speed,
     ),
     ("cheating_rate", "Cheating rate on Code-v0's impossible split (SmolLM2-135M)", cheating_rate),
