@@ -126,10 +126,13 @@ def test_each_agent_trains_its_adapter_on_its_own_base_model(trained_run, gpt2_d
     )
     assert vocabularies == (len(llama.tokenizer), len(gpt.tokenizer)) and len(set(vocabularies)) == 2
     assert llama.model.config.hidden_size == 32 and gpt.model.config.n_embd == 48
-    # Both adapters trained; each step updated both.
+    # Both adapters trained. A step trains an agent unless all its groups had one reward for every
+    # candidate (zero variance: dropped, no signal), which the sampled tokens decide.
     for name in ("alice", "bob"):
         assert not _same(start[name], trainer.policy.adapter_state_dict(name)), name
-        assert all(r[f"update/{name}/samples"] > 0 for r in trainer.history if r["step"] > 0)
+        steps = [r for r in trainer.history if r["step"] > 0]
+        assert any(r[f"update/{name}/samples"] > 0 for r in steps), name
+        assert all(r[f"update/{name}/samples"] > 0 or r[f"{name}/zero_variance_groups"] > 0 for r in steps)
     assert "eval/success_rate" in trainer.history[-1]
     # Each prompt is templated and tokenized by its own base model's tokenizer.
     sampling = SamplingParams(max_tokens=3, temperature=1.0, seed=5)
