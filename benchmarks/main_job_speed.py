@@ -191,7 +191,9 @@ def main(argv: list[str] | None = None) -> None:
         help="config overrides for this checkout's side only",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each side")
-    parser.add_argument("--seed", type=int, default=None, help="training.seed of both sides (default: the config's)")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="training.seed of both sides (default: the config's)"
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny model, 1 step, --before HEAD")
     parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
