@@ -26,8 +26,8 @@ Two ways to draw a token from those probabilities (``draws_as_generate``):
   :func:`draw_per_row` (one thread, the project's Xeon). In the demo's bfloat16 sampling (32 rows,
   48 tokens) they were a fifth of the generation's CPU time (torch profiler).
 
-Both draw exactly from the same distribution, with other random numbers, so the two give
-different tokens for one seed; each is reproducible for a seed.
+Both draw from the same distribution (the lookup rounds in float64), with other random numbers,
+so the two give different tokens for one seed; each is reproducible for a seed.
 
 Whether a row's logits are bit-identical with fewer rows in the batch depends on the matmul
 kernels; ``tests/test_hf_decode.py`` checks tokens and logprobs against ``generate``.
