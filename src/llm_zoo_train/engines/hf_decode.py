@@ -117,9 +117,8 @@ def draw_per_row(probs: torch.Tensor, block: int = DRAW_BLOCK) -> torch.Tensor:
     The number, scaled to the row's total, is looked up in two steps: first among the row's
     ``block``-token blocks (float64 sums), then within the block it falls in (float64 cumulative
     sum): at 32 rows of a 49k vocabulary, 2.4 ms against 6.7 ms for one float64 cumulative sum
-    over the whole vocabulary. A token of
-    probability zero is never drawn: each lookup takes the first position whose cumulative sum
-    exceeds the number, and a zero entry never raises the sum.
+    over the whole vocabulary. A token of probability zero is never drawn: each lookup takes the
+    first position whose cumulative sum exceeds the number, and a zero entry never raises the sum.
     """
     rows, vocabulary = probs.shape
     padding = -vocabulary % block
@@ -128,13 +127,10 @@ def draw_per_row(probs: torch.Tensor, block: int = DRAW_BLOCK) -> torch.Tensor:
     block_cumulative = blocks.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)
     numbers = torch.rand((rows, 1), dtype=torch.float64, device=probs.device) * block_cumulative[:, -1:]
     chosen_block = _first_above(block_cumulative, numbers)
-    below = torch.where(
-        chosen_block > 0,
-        block_cumulative.gather(1, (chosen_block - 1).clamp(min=0)[:, None]).squeeze(1),
-        torch.zeros((), dtype=torch.float64, device=probs.device),
-    )
+    block_starts = torch.nn.functional.pad(block_cumulative[:, :-1], (1, 0))  # the mass before each block
+    below = block_starts.gather(1, chosen_block[:, None])
     within = blocks[torch.arange(rows, device=probs.device), chosen_block].cumsum(dim=-1, dtype=torch.float64)
-    return chosen_block * block + _first_above(within, numbers - below[:, None])
+    return chosen_block * block + _first_above(within, numbers - below)
 
 
 def _first_above(cumulative: torch.Tensor, numbers: torch.Tensor) -> torch.Tensor:
@@ -273,9 +269,7 @@ def decode_compacting(
             for warper in warpers:
                 scores = warper(step_ids[live], scores)
             probs = torch.softmax(scores, dim=-1)
-            if not draws_as_generate:
-                chosen = draw_per_row(probs)
-            else:
+            if draws_as_generate:
                 if full_probs is None:
                     full_probs = torch.zeros((batch, probs.shape[-1]), dtype=probs.dtype, device=device)
                     full_probs[:, pad_token_id] = 1.0  # rows that have ended: a one-hot, any value will do
@@ -283,6 +277,8 @@ def decode_compacting(
                 chosen = torch.multinomial(full_probs, num_samples=1).squeeze(1)[active]
                 full_probs[active] = 0.0
                 full_probs[active, pad_token_id] = 1.0
+            else:
+                chosen = draw_per_row(probs)
         chosen_logprobs = log_probs.gather(1, chosen[:, None]).squeeze(1)
         for row, token, logprob in zip(
             active.tolist(), chosen.tolist(), chosen_logprobs.tolist(), strict=True

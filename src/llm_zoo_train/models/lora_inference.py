@@ -55,22 +55,30 @@ def zero_adapters(layer: Any) -> frozenset[str]:
     return frozenset(zero)
 
 
-def _lean_forward(
-    layer: Any, zero: frozenset[str], x: torch.Tensor, *args: Any, **kwargs: Any
-) -> torch.Tensor:
-    plain = type(layer).forward
+def _plain_adapter(layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The one active adapter when this call is plain LoRA inference (the lean forward applies),
+    else ``None`` (peft's forward runs)."""
     if args or kwargs or torch.is_grad_enabled() or layer.disable_adapters or layer.merged:
-        return plain(layer, x, *args, **kwargs)
+        return None
     active = layer.active_adapters
     if len(active) != 1 or active[0] not in layer.lora_A:
-        return plain(layer, x, *args, **kwargs)
+        return None
     adapter = active[0]
     if (
         adapter in layer.lora_variant
         or not isinstance(layer.lora_dropout[adapter], torch.nn.Identity)
         or not getattr(layer, "cast_input_dtype_enabled", True)
     ):
-        return plain(layer, x, *args, **kwargs)
+        return None
+    return adapter
+
+
+def _lean_forward(
+    layer: Any, zero: frozenset[str], x: torch.Tensor, *args: Any, **kwargs: Any
+) -> torch.Tensor:
+    adapter = _plain_adapter(layer, args, kwargs)
+    if adapter is None:
+        return type(layer).forward(layer, x, *args, **kwargs)
     result = layer.base_layer(x)
     if adapter in zero:
         return result
