@@ -61,6 +61,7 @@ from llm_zoo_train.engines.hf_prefix_cache import PREFIX_BLOCK, PrefixKVCache
 from llm_zoo_train.engines.hf_reading import reading_progress
 from llm_zoo_train.models.chat import encode_prompt
 from llm_zoo_train.models.lora_inference import lean_lora_forward
+from llm_zoo_train.models.packed_linear import PackedLinearWeights
 
 __all__ = ["HFEngine"]
 
@@ -146,6 +147,10 @@ class HFEngine:
             a replayed or resumed step repeats the original. They differ from the batched prefill
             without the cache by float rounding. Off by default (0).
         prefix_block: The block size of that prefill (tokens).
+        pack_base_weights: In float32 on a CPU with MKL, decode with MKL-packed copies of the
+            frozen linear layers (:mod:`~llm_zoo_train.models.packed_linear`): the same bits,
+            less time per decode step, about the base model's size again in memory. No effect
+            elsewhere.
     """
 
     def __init__(
@@ -160,6 +165,7 @@ class HFEngine:
         draws_as_generate: bool = False,
         prefix_cache_mb: float = 0.0,
         prefix_block: int = PREFIX_BLOCK,
+        pack_base_weights: bool = True,
     ):
         if int(max_batch_size) < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
@@ -184,6 +190,7 @@ class HFEngine:
         if int(prefix_block) < 1:
             raise ValueError(f"prefix_block must be >= 1, got {prefix_block!r}")
         self.prefix_block = int(prefix_block)
+        self.packed_weights: PackedLinearWeights | None = PackedLinearWeights() if pack_base_weights else None
 
     # ------------------------------------------------------------------ Engine interface
 
@@ -344,6 +351,43 @@ class HFEngine:
             **strategy,
         )
 
+    def _decode(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: Any,
+        sampling: SamplingParams,
+        generation_config: GenerationConfig,
+        width: int,
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """Each row's new tokens and their logprobs, from prompts left-padded to ``width``."""
+        if self.compact_finished_rows:
+            return decode_compacting(
+                self.model,
+                input_ids,
+                attention_mask,
+                cache=cache,
+                max_new_tokens=int(sampling.max_tokens),
+                eos_token_ids=self.eos_token_ids,
+                pad_token_id=self.pad_token_id,
+                greedy=sampling.greedy,
+                temperature=float(sampling.temperature),
+                top_k=int(sampling.top_k) if sampling.top_k and sampling.top_k > 0 else 0,
+                top_p=float(sampling.top_p),
+                draws_as_generate=self.draws_as_generate,
+            )
+        recorder = _LogprobRecorder(1.0 if sampling.greedy else float(sampling.temperature))
+        with torch.no_grad():
+            sequences = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                past_key_values=cache,
+                generation_config=generation_config,
+                logits_processor=LogitsProcessorList([recorder, _StepReporter()]),
+            )
+        generated = sequences[:, width:]
+        return generated.cpu().tolist(), recorder.finish(generated).cpu().tolist()
+
     def _generate_batch(
         self,
         prompt_ids: list[list[int]],
@@ -379,34 +423,15 @@ class HFEngine:
             and min(len(ids) for ids in unique) >= 2
         ):
             cache = self._prefill(input_ids[:, :-1], attention_mask[:, :-1], index)
-        if self.compact_finished_rows:
-            new_tokens, logprobs = decode_compacting(
-                self.model,
-                input_ids[index],
-                attention_mask[index],
-                cache=cache,
-                max_new_tokens=int(sampling.max_tokens),
-                eos_token_ids=self.eos_token_ids,
-                pad_token_id=self.pad_token_id,
-                greedy=sampling.greedy,
-                temperature=float(sampling.temperature),
-                top_k=int(sampling.top_k) if sampling.top_k and sampling.top_k > 0 else 0,
-                top_p=float(sampling.top_p),
-                draws_as_generate=self.draws_as_generate,
+        packed = (
+            self.packed_weights.applied(self.model, len(prompt_ids))
+            if self.packed_weights is not None
+            else nullcontext()
+        )
+        with packed:
+            new_tokens, logprobs = self._decode(
+                input_ids[index], attention_mask[index], cache, sampling, generation_config, width
             )
-        else:
-            recorder = _LogprobRecorder(1.0 if sampling.greedy else float(sampling.temperature))
-            with torch.no_grad():
-                sequences = self.model.generate(
-                    input_ids=input_ids[index],
-                    attention_mask=attention_mask[index],
-                    past_key_values=cache,
-                    generation_config=generation_config,
-                    logits_processor=LogitsProcessorList([recorder, _StepReporter()]),
-                )
-            generated = sequences[:, width:]
-            logprobs = recorder.finish(generated).cpu().tolist()
-            new_tokens = generated.cpu().tolist()
 
         completions = []
         for row, ids in enumerate(prompt_ids):

@@ -317,6 +317,7 @@ def local_engine(config: Config, adapters: Mapping[str, Path]) -> Engine:
             tokenizer,
             max_batch_size=config.rollout.max_rows_per_generate_call,
             system_prompt=config.model.system_prompt,
+            pack_base_weights=config.rollout.pack_base_weights,
         )
     paths = {name: str(path) for name, path in adapters.items()}
     policy = Policy(base, tokenizer, dict.fromkeys(paths, LoraSettings()), [], init_paths=paths)
@@ -332,6 +333,7 @@ def local_engine(config: Config, adapters: Mapping[str, Path]) -> Engine:
         tokenizer,
         max_batch_size=config.rollout.max_rows_per_generate_call,
         system_prompt=config.model.system_prompt,
+        pack_base_weights=config.rollout.pack_base_weights,
     )
 
 

@@ -125,6 +125,7 @@ def _serve(connection: Any, spec: WorkerSpec) -> None:
             policy.tokenizer,
             max_batch_size=config.rollout.max_rows_per_generate_call,
             system_prompt=config.model.system_prompt,
+            pack_base_weights=config.rollout.pack_base_weights,
             prefix_cache_mb=config.rollout.prefix_cache_mb,
         )
     try:

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from llm_zoo_train.training.token_logprobs import token_entropy, token_logprobs
+
 __all__ = ["LOSS_TYPES", "completion_logprobs", "policy_loss"]
 
 #: Valid ``loss_type`` values.
@@ -214,14 +216,10 @@ def completion_logprobs(
 
     targets = input_ids[:, prompt_width:]
     mask = attention_mask[:, prompt_width:].to(logits.dtype)
-    log_normalizer = torch.logsumexp(logits, dim=-1)
-    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_normalizer
+    # The same bits as gather - logsumexp (and softmax for the entropy), a few positions at a time.
+    logprobs, log_normalizer = token_logprobs(logits.contiguous(), targets)
     logprobs = logprobs * mask
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            probabilities = torch.softmax(logits, dim=-1)
-            entropy = (log_normalizer - (probabilities * logits).sum(-1)) * mask
+    entropy = token_entropy(logits, log_normalizer) * mask if with_entropy else None
     return logprobs, mask, entropy
 
 

@@ -232,6 +232,7 @@ def live_engine(config: Config, plan: AgentPlan, policy: Policy | PolicyGroup) -
             policy.tokenizer,
             max_batch_size=max_rows,
             system_prompt=settings.system_prompt,
+            pack_base_weights=config.rollout.pack_base_weights,
             prefix_cache_mb=config.rollout.prefix_cache_mb,
         )
     engines: dict[str, Engine] = {
@@ -240,6 +241,7 @@ def live_engine(config: Config, plan: AgentPlan, policy: Policy | PolicyGroup) -
             member.tokenizer,
             max_batch_size=max_rows,
             system_prompt=plan.models[model].system_prompt,
+            pack_base_weights=config.rollout.pack_base_weights,
             prefix_cache_mb=config.rollout.prefix_cache_mb,
         )
         for model, member in policy.policies.items()
@@ -268,5 +270,6 @@ def local_engine_by_model(config: Config, plan: AgentPlan, adapters: Mapping[str
             tokenizer,
             max_batch_size=config.rollout.max_rows_per_generate_call,
             system_prompt=settings.system_prompt,
+            pack_base_weights=config.rollout.pack_base_weights,
         )
     return ModelRouter(engines, plan.adapter_models)

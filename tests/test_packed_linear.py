@@ -1,0 +1,168 @@
+"""MKL-packed frozen float32 linear layers while the engine decodes
+(llm_zoo_train.models.packed_linear): the same bits as F.linear for every row count, packing only
+where it applies, re-packed when the weight changes, and the engine's tokens and logprobs
+unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from peft import LoraConfig, get_peft_model  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
+from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
+from llm_zoo_train.models import packed_linear  # noqa: E402
+from llm_zoo_train.models.packed_linear import PackedLinearWeights, mkl_packing_available  # noqa: E402
+from tiny_model import build_tokenizer  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not mkl_packing_available(), reason="this torch build has no MKL packing")
+
+
+def frozen_linear(inputs: int, outputs: int, *, seed: int = 0) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    layer = torch.nn.Linear(inputs, outputs, bias=True)
+    layer.requires_grad_(False)
+    return layer
+
+
+def count_packed_calls(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    original = packed_linear._packed_forward
+
+    def counted(module, packed, rows, x):
+        calls.append(rows)
+        return original(module, packed, rows, x)
+
+    monkeypatch.setattr(packed_linear, "_packed_forward", counted)
+    return calls
+
+
+def test_every_row_count_gives_the_bits_of_f_linear():
+    layer = frozen_linear(576, 1536)
+    weights = PackedLinearWeights()
+    for rows in (1, 4, 8, 15, 16, 17, 32):
+        x = torch.randn(rows, 1, 576)
+        with torch.no_grad(), weights.applied(layer, rows):
+            packed = layer(x)
+            other_rows = layer(torch.randn(rows + 1, 576))  # another row count: F.linear
+        assert torch.equal(packed, F.linear(x, layer.weight, layer.bias)), rows
+        assert other_rows.shape == (rows + 1, 1536)
+        assert "forward" not in vars(layer)  # the layer's own forward again after the block
+
+
+def test_packing_is_used_for_the_decode_row_counts(monkeypatch):
+    """On the project's machines MKL's packed kernel matches the unpacked one from 16 rows; the
+    speed-up of the engine depends on it."""
+    calls = count_packed_calls(monkeypatch)
+    layer = frozen_linear(576, 576)
+    with torch.no_grad(), PackedLinearWeights().applied(layer, 16):
+        layer(torch.randn(16, 1, 576))
+    assert calls == [16]
+
+
+def test_small_or_not_float32_layers_are_left_alone():
+    small = frozen_linear(8, 576)  # a LoRA-sized side
+    half = frozen_linear(128, 128).to(torch.bfloat16)
+    model = torch.nn.ModuleList([small, half])
+    with PackedLinearWeights().applied(model, 16):
+        assert all("forward" not in vars(layer) for layer in model)
+
+
+def test_autograd_runs_f_linear_and_gradients_flow():
+    layer = torch.nn.Linear(128, 256)  # a weight that trains
+    x = torch.randn(16, 128, requires_grad=True)
+    with PackedLinearWeights().applied(layer, 16):
+        y = layer(x)
+    y.sum().backward()
+    assert torch.equal(y.detach(), F.linear(x.detach(), layer.weight, layer.bias))
+    assert x.grad is not None and layer.weight.grad is not None
+
+
+def test_a_weight_changed_in_place_is_packed_again():
+    layer = frozen_linear(128, 256)
+    weights = PackedLinearWeights()
+    x = torch.randn(16, 128)
+    with torch.no_grad(), weights.applied(layer, 16):
+        before = layer(x)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)
+    with torch.no_grad(), weights.applied(layer, 16):
+        after = layer(x)
+    assert not torch.equal(before, after)
+    assert torch.equal(after, F.linear(x, layer.weight, layer.bias))
+
+
+def test_only_the_most_recent_row_counts_are_kept():
+    layer = frozen_linear(128, 256)
+    weights = PackedLinearWeights()
+    with torch.no_grad():
+        for rows in (16, 32, 48):
+            with weights.applied(layer, rows):
+                pass
+    assert packed_linear.MAX_ROW_COUNTS == 2
+    assert weights.row_counts(layer) == [32, 48]
+
+
+def test_a_shape_whose_probe_differs_is_not_packed_again(monkeypatch):
+    packs: list[int] = []
+
+    def differs(module, rows, generator):
+        packs.append(rows)
+        return None  # as if MKL's packed kernel gave other bits
+
+    monkeypatch.setattr(packed_linear, "_pack", differs)
+    weights = PackedLinearWeights()
+    first, second = frozen_linear(128, 256, seed=1), frozen_linear(128, 256, seed=2)
+    x = torch.randn(16, 128)
+    with torch.no_grad():
+        for layer in (first, second, first):
+            with weights.applied(layer, 16):
+                assert "forward" not in vars(layer)
+                assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert packs == [16]
+    assert weights.row_counts(first) == []
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    """A float32 Llama wide enough (64 hidden, 128 intermediate) for its layers to be packed,
+    with a random LoRA adapter on every linear layer."""
+    tokenizer = build_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(config).eval()
+    adapter = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    return get_peft_model(base, adapter, adapter_name="agent"), tokenizer
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_engine_tokens_and_logprobs_are_the_same_bits_with_packing(model_and_tokenizer, greedy, monkeypatch):
+    model, tokenizer = model_and_tokenizer
+    prompts = ["hello", "apple banana cherry, reply with one word", "U D L R", "1 2 3 4"]
+    sampling = SamplingParams(max_tokens=12, temperature=0.0 if greedy else 1.0, seed=3)
+
+    def completions(pack: bool):
+        engine = HFEngine(model, tokenizer, pack_base_weights=pack)
+        return [
+            [(c.token_ids, c.logprobs) for c in row]
+            for row in engine.generate(prompts, ["agent"] * len(prompts), 4, sampling)
+        ]
+
+    plain = completions(False)
+    calls = count_packed_calls(monkeypatch)
+    packed = completions(True)
+    assert packed == plain
+    assert 16 in calls  # 4 prompts x 4 samples decoded on packed weights
