@@ -10,13 +10,13 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
 
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
 from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
 from llm_zoo_train.models import packed_linear  # noqa: E402
 from llm_zoo_train.models.packed_linear import PackedLinearWeights, mkl_packing_available  # noqa: E402
-from tiny_model import build_tokenizer  # noqa: E402
+from tiny_model import build_tokenizer, tiny_llama_config  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not mkl_packing_available(), reason="this torch build has no MKL packing")
 
@@ -131,17 +131,7 @@ def model_and_tokenizer():
     """A float32 Llama wide enough (64 hidden, 128 intermediate) for its layers to be packed,
     with a random LoRA adapter on every linear layer."""
     tokenizer = build_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    config = tiny_llama_config(tokenizer, hidden_size=64, intermediate_size=128)
     torch.manual_seed(0)
     base = LlamaForCausalLM(config).eval()
     adapter = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)

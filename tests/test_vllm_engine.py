@@ -51,25 +51,19 @@ SAMPLED_LOGPROB_MEAN_TOLERANCE = 2e-5
 
 def build_vllm_tiny_model_dir(path):
     """tests/tiny_model.py's tokenizer with a Llama of head size 32 (vLLM CPU attention's smallest)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    from tiny_model import build_tokenizer
+    from tiny_model import build_tokenizer, tiny_llama_config
 
     tokenizer = build_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    config = tiny_llama_config(
+        tokenizer,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=32,
         initializer_range=0.2,
-        max_position_embeddings=4096,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)

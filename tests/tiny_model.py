@@ -56,26 +56,37 @@ def build_tokenizer():
     return fast
 
 
-def build_tiny_model_dir(path: str | Path, *, seed: int = 0) -> Path:
-    """Write the tiny model and its tokenizer to ``path`` and return it."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_llama_config(tokenizer, **sizes):
+    """A two-layer Llama config over ``tokenizer``'s vocabulary and special tokens: hidden size 32,
+    4 heads (2 key/value heads) unless ``sizes`` says otherwise (any ``LlamaConfig`` field)."""
+    from transformers import LlamaConfig
 
-    path = Path(path)
-    tokenizer = build_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    fields = dict(
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
+        **{**fields, **sizes},
     )
+
+
+def build_tiny_model_dir(path: str | Path, *, seed: int = 0) -> Path:
+    """Write the tiny model and its tokenizer to ``path`` and return it."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    path = Path(path)
+    tokenizer = build_tokenizer()
+    config = tiny_llama_config(tokenizer)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -148,7 +148,7 @@ class HFEngine:
             without the cache by float rounding. Off by default (0).
         prefix_block: The block size of that prefill (tokens).
         pack_base_weights: In float32 on a CPU with MKL, decode with MKL-packed copies of the
-            frozen linear layers (:mod:`~llm_zoo_train.models.packed_linear`): the same bits,
+            model's linear layers (:mod:`~llm_zoo_train.models.packed_linear`): the same bits,
             less time per decode step, about the base model's size again in memory. No effect
             elsewhere.
     """
