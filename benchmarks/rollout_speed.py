@@ -22,8 +22,10 @@ teammates, one extra ``n=1`` generation per branch and teammate): ``team_credit_
 ratio of their best wall-clock seconds and of the tokens they generated. Token rates count every
 generated token, look-ahead included.
 
-Prefix cache: both tree rollouts are also timed on an engine without the per-adapter KV prefix
-cache (``prefix_cache_mb=0``, the engine before it), alternated with the cached ones; same seeds,
+Prefix cache: the engine of the first three methods and of the tree rollouts is the trainer's
+default one (``rollout.prefix_cache_mb: null``: the per-adapter KV prefix cache on, for a CPU
+model). Both tree rollouts are also timed on an engine without the cache (``prefix_cache_mb=0``,
+the engine before it), alternated with the cached ones; same seeds,
 so the same generation calls (their raw replay is shared). Every timed call starts with an empty
 cache (as after an update). ``--skip-engine-methods`` times only the tree rollouts.
 
@@ -50,7 +52,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import llm_zoo
 from llm_zoo_train.engines.base import SamplingParams
-from llm_zoo_train.engines.hf import HFEngine
+from llm_zoo_train.engines.hf import HFEngine, prefix_cache_mb_for
 from llm_zoo_train.models.chat import encode_prompt
 from llm_zoo_train.rollout.team_credit import LOOKAHEAD_ROUND, generated_tokens
 from llm_zoo_train.rollout.tree import tree_rollout
@@ -164,7 +166,10 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = env_prompts(args.env, args.envs)
     prompt_tokens = [len(encode_prompt(tokenizer, p)) for p in prompts]
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=0)
-    shared = HFEngine(model, tokenizer, max_batch_size=args.envs * args.k, prefix_cache_mb=1024)
+    # The trainer's default engine: the prefix cache on for a CPU model (prefix_cache_mb: null).
+    shared = HFEngine(
+        model, tokenizer, max_batch_size=args.envs * args.k, prefix_cache_mb=prefix_cache_mb_for(None, model)
+    )
     unshared = HFEngine(model, tokenizer, max_batch_size=args.envs * args.k, share_prefill=False)
     uncached = HFEngine(model, tokenizer, max_batch_size=args.envs * args.k, prefix_cache_mb=0)
 
@@ -297,6 +302,8 @@ def main(argv: list[str] | None = None) -> dict:
         "engine_calls": {name: runs[0]["engine_calls"] for name, runs in tree_runs.items()},
     }
     prefix_cache = {
+        "mb": shared.prefix_cache.max_bytes / 2**20 if shared.prefix_cache is not None else 0.0,
+        "block": shared.prefix_block,
         "team_credit_cost_without": credit_cost("_no_prefix_cache"),
         "tree_rollout_without": tree_summary("lookahead_default_no_prefix_cache"),
         "tree_rollout_lookahead_0_without": tree_summary("lookahead_0_no_prefix_cache"),

@@ -15,7 +15,7 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
-from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
+from llm_zoo_train.engines.hf import CPU_PREFIX_CACHE_MB, HFEngine, prefix_cache_mb_for  # noqa: E402
 from llm_zoo_train.engines.hf_prefix_cache import PrefixKVCache, common_prefix_length  # noqa: E402
 
 TASK = "Move the agent to the goal on this grid: S . . # . G, then reply with one move"
@@ -25,7 +25,7 @@ BRANCHES = [TASK + " (you moved up)", TASK + " (you moved left)", TASK + " (you 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0)
 SAMPLED = SamplingParams(max_tokens=6, temperature=0.9, seed=3)
 FP32_TOLERANCE = 1e-4
-#: Prefill block of the cached engines here: the tiny model's prompts are shorter than the default 64.
+#: Prefill block of the cached engines here: the tiny model's prompts are shorter than the default 128.
 BLOCK = 4
 
 
@@ -125,9 +125,48 @@ def test_a_prompt_asked_again_is_not_prefilled_again(model, tokenizer):
     assert other > longest - 2
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_prompts_within_one_block_take_the_batched_prefill(model, tokenizer, sampling):
+    """Only whole blocks are kept: a call whose prompts all fit in one block has nothing to reuse
+    or store, and gets the batched prefill, the very bits of an engine without the cache."""
+    cached = HFEngine(model, tokenizer, max_batch_size=4, prefix_cache_mb=64, prefix_block=1000)
+    plain = HFEngine(model, tokenizer, max_batch_size=4, prefix_cache_mb=0)
+    assert calls(cached, sampling) == calls(plain, sampling)
+    store = cached.prefix_cache
+    assert len(store) == 0 and store.prefilled_tokens == 0 and store.hit_tokens == 0
+    # One block or more to prefill: the blocked path, which stores what it prefilled.
+    blocked = HFEngine(model, tokenizer, max_batch_size=4, prefix_cache_mb=64, prefix_block=BLOCK)
+    blocked.generate(BRANCHES, ["one"] * 3, 1, sampling)
+    assert len(blocked.prefix_cache) > 0 and blocked.prefix_cache.prefilled_tokens > 0
+
+
+def test_the_view_without_the_cache_prefills_as_an_engine_without_one(model, tokenizer):
+    """``without_prefix_cache`` (the trainer's evaluation engine): the same model, settings and
+    packed weights, no cache, the bits of an engine built with ``prefix_cache_mb=0``; the engine it
+    came from keeps its cache."""
+    cached = HFEngine(model, tokenizer, max_batch_size=4, prefix_cache_mb=64, prefix_block=BLOCK)
+    view = cached.without_prefix_cache()
+    assert view is not cached and view.prefix_cache is None and cached.prefix_cache is not None
+    assert view.model is cached.model and view.packed_weights is cached.packed_weights
+    assert view.max_batch_size == cached.max_batch_size and view.prefix_block == cached.prefix_block
+    plain = HFEngine(model, tokenizer, max_batch_size=4, prefix_cache_mb=0)
+    assert calls(view, SAMPLED) == calls(plain, SAMPLED)
+    assert len(cached.prefix_cache) == 0  # the view never wrote into its origin's cache
+    assert plain.without_prefix_cache() is plain
+
+
+def test_the_default_cache_size_follows_the_device(model):
+    """``rollout.prefix_cache_mb: null``: on a CPU model, :data:`CPU_PREFIX_CACHE_MB`; elsewhere off
+    (a meta-device model stands in for a GPU one here); a number given is kept, 0 included."""
+    assert prefix_cache_mb_for(None, model) == CPU_PREFIX_CACHE_MB > 0
+    assert prefix_cache_mb_for(0, model) == 0.0 and prefix_cache_mb_for(8, model) == 8.0
+    off_cpu = torch.nn.Linear(2, 2, device="meta")
+    assert prefix_cache_mb_for(None, off_cpu) == 0.0 and prefix_cache_mb_for(16, off_cpu) == 16.0
+
+
 def test_a_weight_update_empties_the_cache(tiny_model_dir, tokenizer):
     model = peft_model(tiny_model_dir)
-    cached = HFEngine(model, tokenizer, prefix_cache_mb=64)
+    cached = HFEngine(model, tokenizer, prefix_cache_mb=64, prefix_block=BLOCK)
     before = calls(cached, GREEDY)
     assert len(cached.prefix_cache) > 0
     # One optimizer step on adapter "one", in place, as the trainer's update does.
@@ -166,17 +205,23 @@ def test_store_is_bounded_and_keeps_the_longest_prompt():
 
 
 def test_the_trainer_turns_the_cache_on_from_its_config(tiny_model_dir, tmp_path):
-    """``rollout.prefix_cache_mb`` reaches the trainer's engine (off by default: replays stay exact);
-    a training step with it reuses prefixes and trains; a negative size is refused by name."""
+    """``rollout.prefix_cache_mb`` reaches the trainer's engine (on a CPU 1024 MiB by default; 0
+    turns it off); the evaluation engine never has one; a training step with it reuses prefixes
+    and trains; a negative size is refused by name."""
     import toy_envs_trainer  # noqa: F401  (registers the toy envs)
     from llm_zoo_train.config import ConfigError, validate
     from llm_zoo_train.trainer import Trainer
     from train_helpers import toy_config
 
-    assert Trainer(toy_config(tiny_model_dir, tmp_path / "off")).engine.prefix_cache is None
+    default = Trainer(toy_config(tiny_model_dir, tmp_path / "default"))
+    assert default.engine.prefix_cache.max_bytes == CPU_PREFIX_CACHE_MB * 2**20
+    assert default.eval_engine.prefix_cache is None and default.eval_engine.model is default.engine.model
+    off = Trainer(toy_config(tiny_model_dir, tmp_path / "off", ["--rollout.prefix_cache_mb", "0"]))
+    assert off.engine.prefix_cache is None
     trainer = Trainer(toy_config(tiny_model_dir, tmp_path / "on", ["--rollout.prefix_cache_mb", "8"]))
     cache = trainer.engine.prefix_cache
     assert cache is not None and cache.max_bytes == 8 * 2**20
+    trainer.engine.prefix_block = BLOCK  # the toy envs' prompts are shorter than the default block
     trainer.train()
     assert cache.hit_tokens > 0 and cache.prefilled_tokens > 0 and trainer.history[-1]["step"] >= 1
     with pytest.raises(ConfigError, match=r"rollout\.prefix_cache_mb"):

@@ -87,7 +87,9 @@ def test_with_the_prefix_cache_each_prompt_read_alone_is_reported(model_and_toke
     those passes reports its layers, one row at a time, before the first token."""
     model, tokenizer = model_and_tokenizer
     layers = model.config.num_hidden_layers
-    engine = HFEngine(model, tokenizer, max_batch_size=64, prefix_cache_mb=64)
+    # A block as long as the longest prompt's prefill: every prompt is read in one pass.
+    block = max(len(HFEngine(model, tokenizer)._encode(p)) for p in PROMPTS) - 1
+    engine = HFEngine(model, tokenizer, max_batch_size=64, prefix_cache_mb=64, prefix_block=block)
     assert engine.prefix_cache is not None
     reading, _ = _reads_then_tokens(engine)
     assert reading and all(event[1] == 1 for event in reading)  # one prompt per pass

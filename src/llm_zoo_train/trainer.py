@@ -140,8 +140,11 @@ class Trainer:
         self.model = self.policy.model if isinstance(self.policy, Policy) else None
         accelerator.print(f"model loaded in {time.perf_counter() - load_start:.1f} s")
         self.engine = self._make_engine()
-        #: Evaluation plays new episodes, which a replayed recording does not hold: the live model answers.
-        self.eval_engine = self._live_engine() if isinstance(self.engine, ReplayEngine) else self.engine
+        #: Evaluation plays new episodes, which a replayed recording does not hold: the live model
+        #: answers. It prefills without the prefix cache, so that its figures are those of
+        #: ``llm-zoo-train eval`` and of a run without the cache.
+        live = self._live_engine() if isinstance(self.engine, ReplayEngine) else self.engine
+        self.eval_engine = live.without_prefix_cache() if isinstance(live, HFEngine | ModelRouter) else live
         self._served_paths: dict[str, Path] = {}  # adapter -> directory the engine loaded it from
 
         from transformers import get_scheduler

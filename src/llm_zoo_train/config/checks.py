@@ -172,7 +172,8 @@ def check_values(config: Any) -> None:
     except ValueError as err:
         raise ConfigError(f"rollout.{err}") from None
     require_positive("rollout.max_rows_per_generate_call", r.max_rows_per_generate_call)
-    require_positive("rollout.prefix_cache_mb", r.prefix_cache_mb, allow_zero=True)
+    if r.prefix_cache_mb is not None:
+        require_positive("rollout.prefix_cache_mb", r.prefix_cache_mb, allow_zero=True)
     _check_async_rollout(r)
     if r.num_generations < 2:
         raise ConfigError("rollout.num_generations must be >= 2: a group of one has no relative advantage")

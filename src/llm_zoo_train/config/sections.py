@@ -146,17 +146,17 @@ class RolloutConfig:
     max_rows_per_generate_call: int = 32
     """hf engine only: most rows (prompt x sample) one transformers `generate` call takes; more are
     split into several calls (a memory cap, not TRL's generation_batch_size)."""
-    prefix_cache_mb: float = 0.0
+    prefix_cache_mb: float | None = None
     """hf engine only: MiB of prefilled keys and values kept per adapter across generate calls, so a
     prompt that starts with a recent prompt's tokens (the look-ahead's teammate, the next agent's
-    candidates) prefills only the rest; emptied whenever a weight changes. Cached prompts are
-    prefilled alone in 64-token blocks and only whole blocks are reused, so a resumed or replayed
-    run repeats the original bit for bit; its figures differ from a run without the cache by float
-    rounding. 0: off (the default). Measured with 1024 (benchmarks/rollout_speed.py, quiet Xeon,
-    before the blocks): the look-ahead rollout 0.74x as long. In the README's Math job (bfloat16,
-    greedy test success, 100 problems) 1024 gave 14% -> 21% against 20% -> 51% off with seed 0,
-    and 14% -> 38% against 20% -> 41% with seed 1: the prompts prefilled alone start the greedy
-    evaluation lower, and seed 0 learned less; check the figures on your job."""
+    candidates, other envs' fixed text) prefills only the rest; emptied whenever a weight changes.
+    null (the default): 1024 when the model is on a CPU, 0 (off) on a GPU, where it has not been
+    measured. Cached prompts are prefilled alone in 128-token blocks and only whole blocks are
+    reused, so a resumed or replayed run repeats the original bit for bit; calls whose prompts all
+    fit in one block (the Math job's) take the batched prefill, the same bits as without the
+    cache. Evaluation never uses it. Measured on a quiet Xeon, one core (benchmarks/rollout_speed.py,
+    PlanPath, ~558-token prompts): the default look-ahead rollout ~0.8x as long with it, look-ahead
+    0 about as long; see RESULTS.md for the current figures."""
     pack_base_weights: bool = True
     """hf engine only, float32 on a CPU with MKL: decode with MKL-packed copies of the model's
     linear layers (llm_zoo_train.models.packed_linear), which skips MKL's re-packing of every

@@ -21,7 +21,8 @@ How one :meth:`HFEngine.generate` call runs:
    copied to its rows (``share_prefill``), as vLLM's prefix cache would. Across calls, the keys and
    values of recent prompts are kept per adapter and a prompt that starts with the tokens of one of
    them prefills only the rest, in fixed blocks so the result does not depend on what the cache held
-   (``prefix_cache_mb``, off by default; :mod:`llm_zoo_train.engines.hf_prefix_cache` says how
+   (``prefix_cache_mb``: off in this class by default, on for the trainer's CPU runs;
+   :mod:`llm_zoo_train.engines.hf_prefix_cache` says how
    prompts are matched and when the cache is emptied: after every weight update). A row leaves the batch
    at the step it ends (:mod:`llm_zoo_train.engines.hf_decode`: ``model.generate``'s distribution,
    with one random number per row instead of one per vocabulary entry; ``generate`` would carry
@@ -46,6 +47,7 @@ it (the global RNG is left untouched), so one seed and one batch give one result
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -63,7 +65,7 @@ from llm_zoo_train.models.chat import encode_prompt
 from llm_zoo_train.models.lora_inference import lean_lora_forward
 from llm_zoo_train.models.packed_linear import PackedLinearWeights
 
-__all__ = ["HFEngine"]
+__all__ = ["CPU_PREFIX_CACHE_MB", "HFEngine", "prefix_cache_mb_for"]
 
 _PROMPT_CACHE_SIZE = 4096
 
@@ -118,6 +120,21 @@ def _is_peft(model: Any) -> bool:
     return isinstance(model, PeftModel)
 
 
+#: MiB of prefix cache that ``rollout.prefix_cache_mb: null`` (the default) gives a model on a CPU.
+CPU_PREFIX_CACHE_MB = 1024.0
+
+
+def prefix_cache_mb_for(setting: float | None, model: Any) -> float:
+    """The prefix cache size for ``model``: ``setting`` when given, else :data:`CPU_PREFIX_CACHE_MB`
+    on a CPU and 0 (off) elsewhere. Prompts prefilled one at a time pay on a CPU, which gains little
+    from batching them (measured: ``benchmarks/rollout_speed.py``); a GPU would run them as one
+    batch in about the time of one, and that trade has not been measured there."""
+    if setting is not None:
+        return float(setting)
+    device = next(model.parameters()).device
+    return CPU_PREFIX_CACHE_MB if device.type == "cpu" else 0.0
+
+
 class HFEngine:
     """An :class:`~llm_zoo_train.engines.base.Engine` on a transformers model (optionally peft).
 
@@ -145,7 +162,9 @@ class HFEngine:
             ``prefix_block``-token blocks at fixed positions, and only whole blocks are reused, so
             a prompt's keys and values are the same bits whatever earlier calls left in the cache:
             a replayed or resumed step repeats the original. They differ from the batched prefill
-            without the cache by float rounding. Off by default (0).
+            without the cache by float rounding. Calls whose prompts all fit in one block take the
+            batched prefill (nothing to reuse). Off by default here (0); the trainer's default is
+            :func:`prefix_cache_mb_for`.
         prefix_block: The block size of that prefill (tokens).
         pack_base_weights: In float32 on a CPU with MKL, decode with MKL-packed copies of the
             model's linear layers (:mod:`~llm_zoo_train.models.packed_linear`): the same bits,
@@ -270,6 +289,17 @@ class HFEngine:
                     raise ValueError(
                         f"{path} does not hold every weight of adapter {name!r}: missing {missing[:3]}"
                     )
+
+    def without_prefix_cache(self) -> HFEngine:
+        """This engine without a prefix cache: the same model, tokenizer, settings and packed
+        weights, each call's prompts prefilled in one batched pass, as with ``prefix_cache_mb=0``.
+        The trainer evaluates through it, so that evaluation figures do not depend on the cache
+        (a speed setting). ``self`` when there is no cache."""
+        if self.prefix_cache is None:
+            return self
+        view = copy.copy(self)
+        view.prefix_cache = None
+        return view
 
     def clear_prefix_cache(self) -> None:
         """Forget every stored prompt prefix (the engine also does so by itself whenever a weight
@@ -414,7 +444,14 @@ class HFEngine:
         index = torch.tensor(row_to_unique, dtype=torch.long, device=device)
 
         cache = None
-        if self.share_prefill and self.prefix_cache is not None and min(len(ids) for ids in unique) >= 2:
+        if (
+            self.share_prefill
+            and self.prefix_cache is not None
+            and min(len(ids) for ids in unique) >= 2
+            # Only whole blocks are stored: prompts that all fit in one block have nothing to reuse
+            # or keep, and their batched prefill is cheaper than one forward pass per prompt.
+            and max(len(ids) for ids in unique) > self.prefix_block
+        ):
             cache = self._prefill_from_prefixes(unique, adapter, width - 1, index)
         if (
             cache is None
@@ -542,7 +579,8 @@ class HFEngine:
                 return None
             store.prefilled_tokens += len(tokens) - reused
             layers = [(layer.keys, layer.values) for layer in cache.layers]
-            store.store(adapter, tokens, layers)
+            if len(tokens) >= block:  # shorter ones hold no whole block to reuse
+                store.store(adapter, tokens, layers)
             per_prompt.append(layers)
 
         # One left-padded batch (padding positions hold zeros; the attention mask hides them),

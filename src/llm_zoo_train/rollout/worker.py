@@ -95,7 +95,7 @@ def _serve(connection: Any, spec: WorkerSpec) -> None:
     torch.set_num_threads(spec.threads or len(os.sched_getaffinity(0)))
 
     from llm_zoo_train.config import validate
-    from llm_zoo_train.engines.hf import HFEngine
+    from llm_zoo_train.engines.hf import HFEngine, prefix_cache_mb_for
     from llm_zoo_train.models.policy import Policy
     from llm_zoo_train.rollout import env_servers
     from llm_zoo_train.rollout.replay import GenerationRecorder
@@ -126,7 +126,7 @@ def _serve(connection: Any, spec: WorkerSpec) -> None:
             max_batch_size=config.rollout.max_rows_per_generate_call,
             system_prompt=config.model.system_prompt,
             pack_base_weights=config.rollout.pack_base_weights,
-            prefix_cache_mb=config.rollout.prefix_cache_mb,
+            prefix_cache_mb=prefix_cache_mb_for(config.rollout.prefix_cache_mb, policy.model),
         )
     try:
         version = spec.version

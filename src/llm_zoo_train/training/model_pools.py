@@ -29,7 +29,7 @@ from llm_zoo_train.config import Config, LoraSettings
 from llm_zoo_train.config.agent_plan import AgentPlan
 from llm_zoo_train.config.base_models import base_model_label, label_model
 from llm_zoo_train.engines.base import Completion, Engine, SamplingParams, check_generate_args
-from llm_zoo_train.engines.hf import HFEngine
+from llm_zoo_train.engines.hf import HFEngine, prefix_cache_mb_for
 from llm_zoo_train.models.policy import Policy, load_base_model
 from llm_zoo_train.rollout.samples import Sample
 from llm_zoo_train.runs.seeding import derive_seed
@@ -153,6 +153,15 @@ class ModelRouter:
             if mine:
                 engine.load_adapters(mine, version)
 
+    def without_prefix_cache(self) -> ModelRouter:
+        """The same router over each engine's :meth:`HFEngine.without_prefix_cache` view (engines
+        without one are kept as they are)."""
+        engines = {
+            model: engine.without_prefix_cache() if isinstance(engine, HFEngine) else engine
+            for model, engine in self.engines.items()
+        }
+        return ModelRouter(engines, self.adapter_models)
+
     def _model_of(self, adapter: str | None) -> str:
         labelled = label_model(adapter)
         if labelled is not None and labelled in self.engines:
@@ -233,7 +242,7 @@ def live_engine(config: Config, plan: AgentPlan, policy: Policy | PolicyGroup) -
             max_batch_size=max_rows,
             system_prompt=settings.system_prompt,
             pack_base_weights=config.rollout.pack_base_weights,
-            prefix_cache_mb=config.rollout.prefix_cache_mb,
+            prefix_cache_mb=prefix_cache_mb_for(config.rollout.prefix_cache_mb, policy.model),
         )
     engines: dict[str, Engine] = {
         model: HFEngine(
@@ -242,7 +251,7 @@ def live_engine(config: Config, plan: AgentPlan, policy: Policy | PolicyGroup) -
             max_batch_size=max_rows,
             system_prompt=plan.models[model].system_prompt,
             pack_base_weights=config.rollout.pack_base_weights,
-            prefix_cache_mb=config.rollout.prefix_cache_mb,
+            prefix_cache_mb=prefix_cache_mb_for(config.rollout.prefix_cache_mb, member.model),
         )
         for model, member in policy.policies.items()
     }
