@@ -155,8 +155,8 @@ class RolloutConfig:
     reused, so a resumed or replayed run repeats the original bit for bit; calls whose prompts all
     fit in one block (the Math job's) take the batched prefill, the same bits as without the
     cache. Evaluation never uses it. Measured on a quiet Xeon, one core (benchmarks/rollout_speed.py,
-    PlanPath, ~558-token prompts): the default look-ahead rollout ~0.8x as long with it, look-ahead
-    0 about as long; see RESULTS.md for the current figures."""
+    PlanPath, ~558-token prompts, 710eaa8): the default look-ahead rollout 0.84x as long with it,
+    look-ahead 0 0.98x; the look-ahead's cost 1.34x the time for 1.50x the tokens (1.57x without)."""
     pack_base_weights: bool = True
     """hf engine only, float32 on a CPU with MKL: decode with MKL-packed copies of the model's
     linear layers (llm_zoo_train.models.packed_linear), which skips MKL's re-packing of every
