@@ -155,6 +155,24 @@ def test_the_view_without_the_cache_prefills_as_an_engine_without_one(model, tok
     assert plain.without_prefix_cache() is plain
 
 
+def test_a_router_gives_each_engine_its_view_without_the_cache(model, tokenizer):
+    """Several base models: the router's view routes the same adapters to each engine's uncached
+    view; an engine that is not an ``HFEngine`` is kept as it is."""
+    from llm_zoo_train.training.model_pools import ModelRouter
+
+    class Other:  # any other Engine, e.g. a server client
+        def generate(self, prompts, adapters, n, sampling):
+            return [[] for _ in prompts]
+
+    cached = HFEngine(model, tokenizer, prefix_cache_mb=64, prefix_block=BLOCK)
+    other = Other()
+    router = ModelRouter({"a": cached, "b": other}, {"one": "a", "two": "b"})
+    view = router.without_prefix_cache()
+    assert view.adapter_models == router.adapter_models and view.engines["b"] is other
+    assert view.engines["a"].prefix_cache is None and view.engines["a"].model is model
+    assert router.engines["a"] is cached and cached.prefix_cache is not None
+
+
 def test_the_default_cache_size_follows_the_device(model):
     """``rollout.prefix_cache_mb: null``: on a CPU model, :data:`CPU_PREFIX_CACHE_MB`; elsewhere off
     (a meta-device model stands in for a GPU one here); a number given is kept, 0 included."""
