@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
 from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
-from llm_zoo_train.models import lora_inference  # noqa: E402
+from llm_zoo_train.models import lora_forward  # noqa: E402
 from llm_zoo_train.models.lora_inference import lean_lora_forward, zero_adapters  # noqa: E402
 
 PROMPTS = ["hello", "apple banana cherry, reply with one word", "U D L R"]
@@ -44,7 +44,7 @@ def generate(model, tokenizer, adapter, sampling, lean: bool, monkeypatch):
 
     monkeypatch.setattr(LoraLinear, "forward", counted)
     if not lean:  # peft's own forward throughout
-        monkeypatch.setattr(lora_inference, "_lora_linear_class", lambda: None)
+        monkeypatch.setattr(lora_forward, "lora_linear_class", lambda: None)
     try:
         completions = HFEngine(model, tokenizer).generate(PROMPTS, [adapter] * len(PROMPTS), 3, sampling)
     finally:

@@ -269,3 +269,36 @@ def test_rows_sharing_a_prompt_match_separate_forwards(tiny_model_dir, monkeypat
     torch.testing.assert_close(shared[2], separate[2], atol=1e-5, rtol=0)
     torch.testing.assert_close(shared[3], separate[3], atol=1e-5, rtol=1e-4)
     assert shared[3].abs().sum() > 0
+
+
+def test_shared_prompt_logits_are_scored_in_pieces_with_the_bits_of_the_joined_logits(model, monkeypatch):
+    """The shared-prompt path scores the prompt pass's logits and the completion pass's apart (no
+    copy of every logit into one tensor): logprobs, entropies and the logits' gradients are the
+    bits that scoring the joined logits gives."""
+    import llm_zoo_train.training.loss as loss_module
+    from llm_zoo_train.training.token_logprobs import token_entropy, token_logprobs
+
+    scored = []
+    monkeypatch.setattr(
+        loss_module,
+        "token_logprobs",
+        lambda logits, targets: scored.append((logits, targets)) or token_logprobs(logits, targets),
+    )
+    prompts = [[1, 50, 60], [1, 50, 60], [1, 80], [1, 80]]
+    completions = [[10, 11, 12], [13, 14], [15, 16, 17, 18], [19]]
+    logprobs, mask, entropy = loss_module.completion_logprobs(
+        model, prompts, completions, pad_token_id=0, temperature=0.7, with_entropy=True
+    )
+    assert [logits.shape[1] for logits, _ in scored] == [1, 3]  # the prompt pass, then the rest
+    pieces = [logits for logits, _ in scored]
+    joined_logprobs, joined_normalizer = token_logprobs(
+        torch.cat(pieces, dim=1), torch.cat([targets for _, targets in scored], dim=1)
+    )
+    joined_entropy = token_entropy(torch.cat(pieces, dim=1), joined_normalizer)
+    assert torch.equal(logprobs, joined_logprobs * mask)
+    assert torch.equal(entropy, joined_entropy * mask)
+    weights = torch.randn(logprobs.shape, generator=torch.Generator().manual_seed(0))
+    apart = torch.autograd.grad((logprobs * weights).sum(), pieces, retain_graph=True)
+    joined = torch.autograd.grad((joined_logprobs * mask * weights).sum(), pieces)
+    assert all(torch.equal(a, b) for a, b in zip(apart, joined, strict=True))
+    assert all(grad.abs().sum() > 0 for grad in apart)

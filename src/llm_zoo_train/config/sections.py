@@ -90,7 +90,9 @@ class LoraSettings:
     r: int = 8
     """LoRA rank."""
     lora_alpha: int = 16
-    """LoRA scaling numerator (the update is scaled by lora_alpha / r)."""
+    """LoRA scaling numerator (the update is scaled by lora_alpha / r). A ratio that is a power of
+    two of at least 1 (the default: 2) lets the update fold the scaling into the LoRA product, with
+    the same bits and less time (:mod:`llm_zoo_train.models.lora_training`)."""
     lora_dropout: float = 0.0
     """Dropout on the LoRA input. Keep 0 for exact reproducibility of old/new log-probabilities."""
     target_modules: str | list[str] = "all-linear"

@@ -26,22 +26,15 @@ and is skipped here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
 import torch
 
+from llm_zoo_train.models.lora_forward import replaced_lora_forwards
+
 __all__ = ["lean_lora_forward", "zero_adapters"]
-
-
-def _lora_linear_class() -> type | None:
-    try:
-        from peft.tuners.lora.layer import Linear
-    except ImportError:  # pragma: no cover - peft is a [train] dependency
-        return None
-    return Linear
 
 
 def zero_adapters(layer: Any) -> frozenset[str]:
@@ -89,25 +82,8 @@ def _lean_forward(
     return delta.to(result.dtype)
 
 
-@contextmanager
-def lean_lora_forward(model: Any) -> Iterator[None]:
+def lean_lora_forward(model: Any) -> AbstractContextManager[None]:
     """Within the block, every plain peft LoRA linear layer of ``model`` runs the lean forward
     (module docstring); afterwards peft's own again. The weights must not change inside the
     block: which adapters are all zeros is read once, on entry."""
-    lora_linear = _lora_linear_class()
-    layers = (
-        [
-            module
-            for module in model.modules()
-            if type(module) is lora_linear and "forward" not in vars(module)
-        ]
-        if lora_linear is not None
-        else []
-    )
-    for layer in layers:
-        layer.forward = partial(_lean_forward, layer, zero_adapters(layer))
-    try:
-        yield
-    finally:
-        for layer in layers:
-            del layer.forward
+    return replaced_lora_forwards(model, lambda layer: partial(_lean_forward, layer, zero_adapters(layer)))

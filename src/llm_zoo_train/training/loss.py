@@ -77,9 +77,12 @@ def _logits_with_shared_prompts(
     unique_rows: list[int],
     prompt_ids: list[list[int]],
     prompt_width: int,
-) -> torch.Tensor | None:
-    """The ``[B, T, V]`` logits that predict each completion token, running each distinct prompt
-    through the model once (GRPO's K samples of a group share their prompt).
+) -> list[torch.Tensor] | None:
+    """The logits that predict each completion token, running each distinct prompt through the
+    model once (GRPO's K samples of a group share their prompt): ``[B, 1, V]`` from the prompt
+    pass, then ``[B, T - 1, V]`` from the completion pass (absent when ``T`` is 1). They are kept
+    apart: joining them would copy every logit (50 MB at 8 rows x 32 tokens of a 49k vocabulary)
+    forward and backward, and the caller scores each position on its own anyway.
 
     The prompts' KV cache (with its autograd graph) is computed once per distinct prompt and
     copied to every row that continues it; the rows then run only their completion tokens on top.
@@ -108,7 +111,7 @@ def _logits_with_shared_prompts(
         ).logits[row_to_unique]
         width = input_ids.shape[1] - prompt_width
         if width == 1:
-            return first
+            return [first]
         cache.batch_select_indices(row_to_unique)
         # The completion pass: every completion token but the last (whose prediction is unused).
         rest = model(
@@ -127,7 +130,7 @@ def _logits_with_shared_prompts(
             stacklevel=3,
         )
         return None
-    return torch.cat([first, rest], dim=1)
+    return [first, rest]
 
 
 def completion_logprobs(
@@ -194,33 +197,46 @@ def completion_logprobs(
         t.to(device) for t in (input_ids, attention_mask, position_ids)
     )
 
-    logits = None
+    pieces = None
     unique_rows = _first_rows_of_each_prompt(prompt_ids)
     if len(unique_rows) < batch and _can_share_prompts(model):
-        logits = _logits_with_shared_prompts(
+        pieces = _logits_with_shared_prompts(
             model, input_ids, attention_mask, position_ids, unique_rows, prompt_ids, prompt_width
         )
-    if logits is None:
+    if pieces is None:
         kwargs: dict[str, Any] = dict(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         )
         if _accepts_logits_to_keep(model):
             # Positions as an index (a contiguous gather), not a slice: see _logits_with_shared_prompts.
             kwargs["logits_to_keep"] = torch.arange(prompt_width - 1, prompt_width + width, device=device)
-            logits = model(**kwargs).logits[:, :-1, :]
+            pieces = [model(**kwargs).logits[:, :-1, :]]
         else:
-            logits = model(**kwargs).logits[:, prompt_width - 1 : -1, :]
-    logits = logits.float()
-    if temperature > 0 and temperature != 1:
-        logits = logits / float(temperature)
+            pieces = [model(**kwargs).logits[:, prompt_width - 1 : -1, :]]
 
     targets = input_ids[:, prompt_width:]
-    mask = attention_mask[:, prompt_width:].to(logits.dtype)
-    # The same bits as gather - logsumexp (and softmax for the entropy), a few positions at a time.
-    logprobs, log_normalizer = token_logprobs(logits.contiguous(), targets)
-    logprobs = logprobs * mask
-    entropy = token_entropy(logits, log_normalizer) * mask if with_entropy else None
+    # Every position is scored on its own (gather - logsumexp, softmax for the entropy; the same
+    # bits as over the whole tensor), so each piece of logits is scored where it is and only the
+    # [B, T] results are joined.
+    scored, entropies, start = [], [], 0
+    for logits in pieces:
+        logits = logits.float()
+        if temperature > 0 and temperature != 1:
+            logits = logits / float(temperature)
+        stop = start + logits.shape[1]
+        piece_logprobs, log_normalizer = token_logprobs(logits.contiguous(), targets[:, start:stop])
+        scored.append(piece_logprobs)
+        if with_entropy:
+            entropies.append(token_entropy(logits, log_normalizer))
+        start = stop
+    mask = attention_mask[:, prompt_width:].to(scored[0].dtype)
+    logprobs = _joined(scored) * mask
+    entropy = _joined(entropies) * mask if with_entropy else None
     return logprobs, mask, entropy
+
+
+def _joined(pieces: list[torch.Tensor]) -> torch.Tensor:
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
