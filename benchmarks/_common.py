@@ -45,7 +45,8 @@ def _memory_gib() -> float | None:
     return round(pages * page_size / 2**30, 1)
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
+    """The short hash of the checked-out commit, or ``None`` outside git."""
     try:
         done = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
@@ -93,7 +94,7 @@ def run_facts(script: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
             "platform": platform.platform(),
         },
         "versions": _versions(),
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
     }
 
 

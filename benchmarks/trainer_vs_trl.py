@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _common import git_commit
 
 import llm_zoo
 from llm_zoo import Outcome, TextAECEnv
@@ -594,6 +595,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": machine_facts(),
         "load_average_1min": {"before": load_before, "after": _load()},
         "versions": versions(),
+        "git_commit": git_commit(),
         "settings": {
             **vars(args),
             "output_dir": str(args.output_dir),

@@ -3,6 +3,8 @@ tokens and logprobs as peft's forward, untrained adapters skipped, peft's forwar
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
 from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
-from llm_zoo_train.models import lora_forward  # noqa: E402
+from llm_zoo_train.models import lora_forward, lora_inference  # noqa: E402
 from llm_zoo_train.models.lora_inference import lean_lora_forward, zero_adapters  # noqa: E402
 
 PROMPTS = ["hello", "apple banana cherry, reply with one word", "U D L R"]
@@ -124,3 +126,56 @@ def test_a_forward_someone_else_replaced_is_left_alone(tiny_model_dir):
         layer(torch.randn(1, 1, layer.in_features))
         assert layer.forward is hooked
     assert layer.forward is hooked and calls == [1]
+
+
+def test_float32_layers_multiply_by_transposed_copies_with_peft_s_bits(tiny_model_dir, monkeypatch):
+    """Where the probe agrees, a layer multiplies by contiguous transposed copies of its LoRA
+    matrices (the scaled sum inside the second product when the scaling is exact); the tokens and
+    logprobs stay peft's (the bit-identity test above covers the same engine calls)."""
+    model = peft_model(tiny_model_dir, torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    sampling = SamplingParams(max_tokens=6, temperature=0.9, seed=2)
+    real = lora_inference._lora_by_mm
+    generate(model, tokenizer, "trained", sampling, True, monkeypatch)  # probes each shape once
+
+    def completions_and_mm_calls(probe=None):
+        calls = []
+        monkeypatch.setattr(lora_inference, "_lora_by_mm", lambda *a: calls.append(a[-1]) or real(*a))
+        if probe is not None:
+            monkeypatch.setattr(lora_inference, "_mm_matches_peft", probe)
+        completions = HFEngine(model, tokenizer).generate(PROMPTS, ["trained"] * len(PROMPTS), 3, sampling)
+        monkeypatch.undo()
+        return [[(c.token_ids, c.logprobs) for c in row] for row in completions], calls
+
+    peft_side, _ = generate(model, tokenizer, "trained", sampling, False, monkeypatch)
+    peft_side = [[(c.token_ids, c.logprobs) for c in row] for row in peft_side]
+    exact, calls = completions_and_mm_calls()
+    assert exact == peft_side
+    if torch.backends.mkl.is_available():  # MKL's products (this project's machines) agree
+        assert calls and all(calls)  # every call fused: scaling 2 is exact
+
+    for layer in lora_layers(model):
+        layer.scaling["trained"] = 1.5  # inexact: products by the copies, scaled and added apart
+    peft_side, _ = generate(model, tokenizer, "trained", sampling, False, monkeypatch)
+    peft_side = [[(c.token_ids, c.logprobs) for c in row] for row in peft_side]
+    inexact, calls = completions_and_mm_calls()
+    assert inexact == peft_side
+    assert not any(calls)
+    if torch.backends.mkl.is_available():
+        assert calls
+    disagreeing, calls = completions_and_mm_calls(probe=lambda *args: False)
+    assert disagreeing == peft_side and calls == []
+
+
+def test_the_transposed_products_probe_catches_other_bits(monkeypatch):
+    real = lora_inference._lora_by_mm
+    monkeypatch.setattr(
+        lora_inference, "_lora_by_mm", lambda *a: torch.nextafter(real(*a), torch.tensor(math.inf))
+    )
+    lora_inference._probed.clear()
+    dtypes = (torch.float32, torch.float32)
+    assert not lora_inference._mm_matches_peft(5, 32, 48, 4, 2.0, True, dtypes, torch.device("cpu"))
+    monkeypatch.undo()
+    lora_inference._probed.clear()
+    if torch.backends.mkl.is_available():
+        assert lora_inference._mm_matches_peft(5, 32, 48, 4, 2.0, True, dtypes, torch.device("cpu"))

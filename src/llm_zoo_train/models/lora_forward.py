@@ -4,16 +4,43 @@ The engine's lean inference forward (:mod:`~llm_zoo_train.models.lora_inference`
 update's fused forward (:mod:`~llm_zoo_train.models.lora_training`) replace each plain peft
 ``lora.Linear``'s ``forward`` on the instance while a block runs and give peft's back after it.
 :func:`replaced_lora_forwards` does that for both; a layer whose ``forward`` someone else already
-replaced on the instance (accelerate's hooks) is left alone.
+replaced on the instance (accelerate's hooks) is left alone. Both use their faster operations only
+at shapes where a probe gave peft's bits; :class:`ProbeVerdicts` remembers those probes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["lora_linear_class", "replaced_lora_forwards"]
+__all__ = ["ProbeVerdicts", "lora_linear_class", "replaced_lora_forwards"]
+
+
+class ProbeVerdicts:
+    """Whether a faster computation gave a reference's bits, by shape: each shape is probed once.
+
+    Kernel choices depend on shapes, not values, so one probe per shape decides. At most ``limit``
+    shapes are kept; the oldest half is dropped when full."""
+
+    def __init__(self, limit: int = 4096):
+        self.limit = int(limit)
+        self._verdicts: dict[Hashable, bool] = {}
+
+    def verdict(self, shape: Hashable, probe: Callable[[], bool]) -> bool:
+        """The remembered verdict for ``shape``, or ``probe()``'s, remembered."""
+        found = self._verdicts.get(shape)
+        if found is None:
+            found = bool(probe())
+            if len(self._verdicts) >= self.limit:
+                for old in list(self._verdicts)[: self.limit // 2]:
+                    del self._verdicts[old]
+            self._verdicts[shape] = found
+        return found
+
+    def clear(self) -> None:
+        """Forget every verdict (the next use of each shape probes again)."""
+        self._verdicts.clear()
 
 
 def lora_linear_class() -> type | None:

@@ -41,13 +41,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from llm_zoo_train.models.lora_forward import replaced_lora_forwards
+from llm_zoo_train.models.lora_forward import ProbeVerdicts, replaced_lora_forwards
 
 __all__ = ["exact_scaling", "fused_lora_forward", "fused_matches_peft"]
 
-#: Shapes whose probe result is kept (a run sees a few per micro-batch; the oldest half is dropped).
-MAX_PROBED_SHAPES = 4096
-_probed: dict[tuple[Any, ...], bool] = {}
+_probed = ProbeVerdicts()
 
 
 def exact_scaling(scaling: float) -> bool:
@@ -61,9 +59,8 @@ def fused_matches_peft(
 ) -> bool:
     """Whether ``addmm(C, h, W^T, alpha=scaling)`` gives the bits of ``C + F.linear(h, W) * scaling``,
     forward and backward, at these shapes (probed on random values once, then remembered)."""
-    key = (device.type, device.index, dtype, rows, out_features, rank, float(scaling))
-    verdict = _probed.get(key)
-    if verdict is None:
+
+    def probe() -> bool:
         generator = torch.Generator().manual_seed(0)
 
         def random(*shape: int) -> torch.Tensor:
@@ -81,12 +78,11 @@ def fused_matches_peft(
                     output = result + F.linear(hidden, weight) * scaling
                 output.backward(grad)
                 results.append((output.detach(), result.grad, hidden.grad, weight.grad))
-        verdict = all(torch.equal(a, b) for a, b in zip(*results, strict=True))
-        if len(_probed) >= MAX_PROBED_SHAPES:
-            for old in list(_probed)[: MAX_PROBED_SHAPES // 2]:
-                del _probed[old]
-        _probed[key] = verdict
-    return verdict
+        return all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+    return _probed.verdict(
+        (device.type, device.index, dtype, rows, out_features, rank, float(scaling)), probe
+    )
 
 
 def _fusable_adapter(
