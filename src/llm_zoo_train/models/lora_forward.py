@@ -67,10 +67,12 @@ def replaced_lora_forwards(model: Any, forward_of: Callable[[Any], Callable[...,
         if lora_linear is not None
         else []
     )
-    for layer in layers:
-        layer.forward = forward_of(layer)
+    swapped = [(layer, forward_of(layer)) for layer in layers]
+    for layer, forward in swapped:
+        layer.forward = forward
     try:
         yield
     finally:
-        for layer in layers:
-            del layer.forward
+        for layer, forward in swapped:
+            if vars(layer).get("forward") is forward:  # never remove what someone set since
+                del layer.forward
