@@ -133,7 +133,7 @@ def _lora_by_mm(
 def _mm_plan(
     layer: Any, adapter: str, x: torch.Tensor, result: torch.Tensor, rows: int
 ) -> tuple[Any, ...] | None:
-    """``(A^T, B^T, scaling, fused)`` for :func:`_lora_by_mm` when it gives peft's bits for this
+    """``((A^T, B^T), scaling, fused)`` for :func:`_lora_by_mm` when it gives peft's bits for this
     layer, adapter and row count, else ``None``."""
     lora_a, lora_b = layer.lora_A[adapter], layer.lora_B[adapter]
     hooked = any(m._forward_hooks or m._forward_pre_hooks for m in (lora_a, lora_b))

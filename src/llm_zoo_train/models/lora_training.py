@@ -25,10 +25,10 @@ Measured on the project's Xeon (one thread, SmolLM2-135M in float32, all-linear 
 load ~0.9): one micro-batch of 8 completions of 32 tokens, forward and backward, 1.80 -> 1.70 s
 with the same logprobs and gradients; the trainer-vs-TRL job's whole update, alternating steps,
 median 3.68 -> 3.61 s on top of the loss's unjoined logits
-(:func:`~llm_zoo_train.training.loss.completion_logprobs`; 3.94 s with neither). The same fusion
-in the engine's decode (16 rows) was slower, 3.99 -> 4.05 s a call: at a few rows the probe's
-lookup costs more than the two passes it saves, so generation keeps
-:mod:`~llm_zoo_train.models.lora_inference`.
+(:func:`~llm_zoo_train.training.loss.completion_logprobs`; 3.94 s with neither). This form in the
+engine's decode (16 rows, ``F.linear``'s transposed views) was slower, 3.99 -> 4.05 s a call; the
+decode's own version (:mod:`~llm_zoo_train.models.lora_inference`) multiplies by contiguous
+transposed copies instead, which pays.
 """
 
 from __future__ import annotations
