@@ -301,6 +301,19 @@ def threads(result: dict[str, Any]) -> str:
     )
 
 
+def _allocator_line(settings: dict[str, Any]) -> str:
+    allocator = settings.get("allocator")
+    if not allocator:  # results from before the --allocator option ran on glibc's defaults
+        return " Memory allocator: glibc's defaults for both sides."
+    environment = ", ".join(f"{k}={v}" for k, v in allocator.get("malloc_environment", {}).items())
+    if allocator["mode"] == "kept":
+        text = (" Memory allocator: freed memory kept in the process for both sides (`--allocator kept`, what"
+                " our trainer sets by default on a CPU: `llm_zoo_train.runs.memory`).")  # fmt: skip
+    else:
+        text = " Memory allocator: glibc's defaults for both sides (`--allocator glibc`)."
+    return text + (f" Environment: {environment}." if environment else "")
+
+
 def trainer_vs_trl(result: dict[str, Any]) -> str:
     summary, settings = result["summary"], result["settings"]
     rows = []
@@ -317,7 +330,7 @@ def trainer_vs_trl(result: dict[str, Any]) -> str:
         f" {settings['micro_batch']}, one optimizer step per generation batch, {settings['torch_threads']} torch"
         f" thread(s) each, {settings['rounds']} alternating rounds of {settings['steps_per_round']} steps"
         f" ({settings['warmup']}). Same prompts on both sides:"
-        f" {result['prompt_check'].get('same_prompt_token_ids')} (token ids compared).\n\n"
+        f" {result['prompt_check'].get('same_prompt_token_ids')} (token ids compared).{_allocator_line(settings)}\n\n"
     )
     text += _table(["trainer", "median s/step", "mean", "range", "steps", "round means"], rows)
     breakdown = summary.get("breakdown_ours_mean_s", {})
@@ -750,6 +763,11 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
         learning_plan_path,
     ),
     ("trainer_vs_trl", "Trainer speed against TRL's GRPOTrainer", trainer_vs_trl),
+    (
+        "trainer_vs_trl_glibc",
+        "Trainer speed against TRL's GRPOTrainer, both on glibc's default allocator",
+        trainer_vs_trl,
+    ),
     (
         "main_job_speed",
         "The main job before issue 29 against now, side by side (SmolLM2-135M, Math-v0, CPU)",

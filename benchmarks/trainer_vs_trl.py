@@ -17,6 +17,13 @@ The job, identical on both sides:
   prompts x K / micro-batch``, so it needs no old-logprob pass either), constant LR, grad clip 1.0;
   no gradient checkpointing, evaluation, checkpoints, logging or progress bars during the steps.
 
+Memory allocator (``--allocator``): both trainers share this process, so they share its ``malloc``.
+``kept`` (default) keeps freed memory in the process for both, as our trainer does by default on
+a CPU (``training.keep_freed_memory``, :mod:`llm_zoo_train.runs.memory`): the baseline gets the
+same allocator, and it gains more from it than ours (TRL's step page-faults much more). ``glibc``
+runs both on glibc's defaults, the conditions of the results before this option (issue 29's
+figures); it writes ``trainer_vs_trl_glibc.json``/``.png``.
+
 What one step's time covers:
 
 * ours: one ``Trainer.train_step`` (rollout with generation and env scoring, advantages,
@@ -30,7 +37,8 @@ each side (median, mean, per round), the ratio ours/TRL, the per-step breakdown 
 TRL's generation time, written with every setting and the machine facts to
 ``OUTPUT_DIR/trainer_vs_trl.json`` and a plot to ``OUTPUT_DIR/trainer_vs_trl.png``.
 
-    python benchmarks/trainer_vs_trl.py --threads 1 --rounds 5   # the published run (~12 min, 2 CPUs)
+    python benchmarks/trainer_vs_trl.py --threads 1 --old-too --rounds 6   # the published run (~10 min)
+    python benchmarks/trainer_vs_trl.py --threads 1 --rounds 6 --allocator glibc   # both on glibc's defaults
     python benchmarks/trainer_vs_trl.py --quick --output-dir /tmp/bench   # smoke run: tiny random model
 """
 
@@ -58,6 +66,7 @@ from _common import git_commit
 
 import llm_zoo
 from llm_zoo import Outcome, TextAECEnv
+from llm_zoo_train.runs.memory import keep_freed_memory
 
 RESULTS = Path(__file__).parent / "results"
 ENV_ID = "bench/WriteAbout-v0"
@@ -195,6 +204,8 @@ def make_ours(args: argparse.Namespace, path: str, workdir: Path, total_steps: i
             per_device_train_batch_size=args.micro_batch,
             gradient_accumulation_steps=None,
             micro_batches="samples" if old else "groups",
+            # the allocator is the process's, set once for both sides in main (--allocator)
+            keep_freed_memory=args.allocator == "kept",
             seed=args.seed,
         ),
         eval=EvalConfig(num_episodes=0, eval_on_start=False),
@@ -524,6 +535,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="also run our trainer as before issue 29 (samples shuffled one by one, sdpa), side by side",
     )
     parser.add_argument(
+        "--allocator",
+        choices=["kept", "glibc"],
+        default="kept",
+        help="kept: freed memory stays in the process for both sides, as our trainer sets it by default"
+        " (llm_zoo_train.runs.memory); glibc: glibc's defaults for both (results as trainer_vs_trl_glibc)",
+    )
+    parser.add_argument(
         "--output-dir",
         type=Path,
         default=None,
@@ -540,6 +558,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--micro-batch {args.micro_batch} must divide prompts x K = {completions}")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    # Process-wide, so both trainers run under it: TRL alternates with ours in this process.
+    allocator_changed = keep_freed_memory() if args.allocator == "kept" else []
     warnings.filterwarnings("ignore", category=UserWarning)
     llm_zoo.register(ENV_ID, WriteAboutEnv, description="benchmark-only: write about a topic", override=True)
 
@@ -602,6 +622,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "model_label": "tiny random Llama (quick)" if args.quick else args.model,
             "model_path": path if not args.quick else "built by tests/tiny_model.py",
             "torch_threads": torch.get_num_threads(),
+            "allocator": {
+                "mode": args.allocator,
+                "set_by_the_benchmark": allocator_changed,
+                "malloc_environment": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+            },
             "device": "cuda" if torch.cuda.is_available() else "cpu",
             "completions_per_step": completions,
             "micro_batches_per_step": completions // args.micro_batch,
@@ -657,7 +682,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"same prompts: {verification['same_prompts_every_step']}, same prompt ids: {verification['same_prompt_token_ids']}"
     )
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    json_path, png_path = args.output_dir / "trainer_vs_trl.json", args.output_dir / "trainer_vs_trl.png"
+    stem = "trainer_vs_trl" if args.allocator == "kept" else "trainer_vs_trl_glibc"
+    json_path, png_path = args.output_dir / f"{stem}.json", args.output_dir / f"{stem}.png"
     json_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     plot(result, png_path)
     print(f"wrote {json_path} and {png_path}")

@@ -88,6 +88,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.runs.finite", "llm_zoo_train.runs.finite"),
     ("llm_zoo_train.runs.launch_check", "llm_zoo_train.runs.launch_check"),
     ("llm_zoo_train.runs.threads", "llm_zoo_train.runs.threads"),
+    ("llm_zoo_train.runs.memory", "llm_zoo_train.runs.memory"),
     ("llm_zoo_train.models.policy", "llm_zoo_train.models.policy"),
     ("llm_zoo_train.models.precision", "llm_zoo_train.models.precision"),
     ("llm_zoo_train.models.attention", "llm_zoo_train.models.attention"),

@@ -62,6 +62,7 @@ from llm_zoo_train.rollout.tree import NonFiniteRewardError
 from llm_zoo_train.runs.checkpoint import find_checkpoint, warn_line
 from llm_zoo_train.runs.finite import NonFiniteError, check_finite_metrics, check_finite_weights
 from llm_zoo_train.runs.interrupts import InterruptGuard, RunInterrupted
+from llm_zoo_train.runs.memory import keep_freed_memory
 from llm_zoo_train.runs.run_dir import ResumePoint, begin_run, check_resume, save_final_adapters, start_run
 from llm_zoo_train.runs.seeding import Stream, derive_seed
 from llm_zoo_train.trainer_state import (
@@ -114,6 +115,8 @@ class Trainer:
                 project_dir=str(self.output_dir),
             )
         self.accelerator = accelerator
+        if training.keep_freed_memory and accelerator.device.type == "cpu":
+            keep_freed_memory()
         #: Where a resumed run continues (None: a new run); checked before any model loads.
         self.resume_point: ResumePoint | None
         self.resume_point, self.run_lock = start_run(config, checkpoint, accelerator)

@@ -81,6 +81,7 @@ RESUMABLE_KEYS = (
     "training.overwrite_output_dir",
     "training.save_steps",
     "training.save_total_limit",
+    "training.keep_freed_memory",
     "rollout.save_rollouts",
     "rollout.generation_batch_size",
     "rollout.max_rows_per_generate_call",
