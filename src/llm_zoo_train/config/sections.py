@@ -338,7 +338,7 @@ class TrainingConfig:
     """On a CPU with glibc: keep freed memory in the process (malloc never returns it to the
     kernel), so the large tensors each micro-batch allocates anew stop page-faulting
     (llm_zoo_train.runs.memory: the Math demo's updates about 8% faster). Process-wide; the
-    resident size stays near the run's peak. Ignored on GPUs."""
+    resident size stays near the run's peak (the Math demo's peak 3.50 -> 3.75 GB). Ignored on GPUs."""
     seed: int = 0
     """Seeds everything: weights init, env tasks, sampling, tie-breaks (derived per step)."""
     save_steps: int = 0
