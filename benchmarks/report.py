@@ -198,6 +198,22 @@ def _rollout_speed(result: dict[str, Any]) -> str:
             f" {without['generated_tokens_ratio']:.2f} x the tokens; seconds with the cache over without:"
             f" look-ahead 0 {ratio['lookahead_0']:.2f}, default look-ahead {ratio['lookahead_default']:.2f}."
         )
+    choices = result.get("decode_kernel_choices")
+    if choices:
+        text += (
+            "\n\nFloat32 decode products (`rollout.decode_kernel: auto`, measured once per row count on this"
+            " machine: one pass over the model's linear layers with each kernel, the fastest of several): "
+            + "; ".join(
+                f"{c['rows']} rows: {'oneDNN' if c['kernel'] == 'onednn' else 'MKL (exact)'}"
+                + (
+                    f" ({1e3 * c['onednn_s']:.1f} ms oneDNN, {1e3 * c['exact_s']:.1f} ms exact)"
+                    if c.get("exact_s") is not None
+                    else ""
+                )
+                for c in choices
+            )
+            + ". `engine_n_k_exact` is `engine_n_k` with `decode_kernel: exact`."
+        )
     return text
 
 

@@ -7,6 +7,9 @@ four ways and reports generated tokens per second:
 * ``engine_n_k``: ``HFEngine.generate(prompts, n=K)``, one call; each prompt is prefilled once and
   its KV cache copied to its K rows (what the rollout does);
 * ``engine_n_k_no_share``: the same call with ``share_prefill=False`` (each row prefills);
+* ``engine_n_k_exact``: the same call with ``decode_kernel="exact"``: MKL's packed products with
+  the bits of unpacked ones, where the default ``"auto"`` may take oneDNN's if it measures faster
+  (``decode_kernel_choices`` in the JSON says what it took);
 * ``engine_k_requests``: K separate ``HFEngine.generate(prompts, n=1)`` calls;
 * ``raw_generate``: plain ``model.generate`` on the E x K left-padded rows, no logprob recording,
   no chat-template or bookkeeping: the ceiling the engine's own overhead is measured against.
@@ -171,6 +174,13 @@ def main(argv: list[str] | None = None) -> dict:
         model, tokenizer, max_batch_size=args.envs * args.k, prefix_cache_mb=prefix_cache_mb_for(None, model)
     )
     unshared = HFEngine(model, tokenizer, max_batch_size=args.envs * args.k, share_prefill=False)
+    exact = HFEngine(
+        model,
+        tokenizer,
+        max_batch_size=args.envs * args.k,
+        prefix_cache_mb=prefix_cache_mb_for(None, model),
+        decode_kernel="exact",
+    )
     uncached = HFEngine(model, tokenizer, max_batch_size=args.envs * args.k, prefix_cache_mb=0)
 
     def cold(method):
@@ -183,12 +193,17 @@ def main(argv: list[str] | None = None) -> dict:
     methods = {
         "engine_n_k": cold(lambda: time_engine(shared, prompts, args.k, sampling)),
         "engine_n_k_no_share": lambda: time_engine(unshared, prompts, args.k, sampling),
+        "engine_n_k_exact": lambda: (
+            exact.clear_prefix_cache(),
+            time_engine(exact, prompts, args.k, sampling),
+        )[1],
         "engine_k_requests": cold(lambda: time_k_requests(shared, prompts, args.k, sampling)),
         "raw_generate": lambda: time_raw_generate(model, tokenizer, prompts, args.k, sampling),
     }
     if args.skip_engine_methods:
         methods = {}
-    time_engine(shared, prompts[:1], 1, SamplingParams(max_tokens=2, seed=0))  # warm-up
+    for engine in (shared, exact):  # warm-up, at the timed row count: "auto" measures its kernels once
+        time_engine(engine, prompts, args.k, SamplingParams(max_tokens=2, seed=0))
     runs: dict[str, list[dict]] = {name: [] for name in methods}
     for repeat in range(args.repeats if methods else 0):
         for name, method in methods.items():
@@ -339,6 +354,10 @@ def main(argv: list[str] | None = None) -> dict:
         "tree_rollout_lookahead_0": tree_immediate,
         "team_credit_cost": team_credit_cost,
         "prefix_cache": prefix_cache,
+        "decode_kernel_choices": [
+            {"rows": c.rows, "kernel": c.kernel, "exact_s": c.exact_s, "onednn_s": c.onednn_s}
+            for c in (shared.packed_weights.choices.values() if shared.packed_weights is not None else ())
+        ],
         "torch": torch.__version__,
         "quick": args.quick,
     }

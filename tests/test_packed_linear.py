@@ -1,7 +1,8 @@
-"""MKL-packed frozen float32 linear layers while the engine decodes
-(llm_zoo_train.models.packed_linear): the same bits as F.linear for every row count, packing only
-where it applies, re-packed when the weight changes, and the engine's tokens and logprobs
-unchanged."""
+"""Packed frozen float32 linear layers while the engine decodes
+(llm_zoo_train.models.packed_linear). MKL's ("exact"): the same bits as F.linear for every row
+count, packing only where it applies, re-packed when the weight changes, and the engine's tokens
+and logprobs unchanged. oneDNN's: F.linear's values to float32 rounding. "auto": the faster of
+the two by a margin, measured once per row count."""
 
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ from transformers import LlamaForCausalLM  # noqa: E402
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
 from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
 from llm_zoo_train.models import packed_linear  # noqa: E402
-from llm_zoo_train.models.packed_linear import PackedLinearWeights, mkl_packing_available  # noqa: E402
+from llm_zoo_train.models.packed_linear import (  # noqa: E402
+    ONEDNN_MIN_SPEEDUP,
+    PackedLinearWeights,
+    mkl_packing_available,
+    onednn_packing_available,
+)
 from tiny_model import build_tokenizer, tiny_llama_config  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not mkl_packing_available(), reason="this torch build has no MKL packing")
@@ -28,21 +34,22 @@ def frozen_linear(inputs: int, outputs: int, *, seed: int = 0) -> torch.nn.Linea
     return layer
 
 
-def count_packed_calls(monkeypatch) -> list[int]:
+def count_packed_calls(monkeypatch, forward: str = "_packed_forward") -> list[int]:
+    """Records the row count of every call of ``packed_linear.<forward>`` (MKL's or oneDNN's)."""
     calls: list[int] = []
-    original = packed_linear._packed_forward
+    original = getattr(packed_linear, forward)
 
     def counted(module, packed, rows, x):
         calls.append(rows)
         return original(module, packed, rows, x)
 
-    monkeypatch.setattr(packed_linear, "_packed_forward", counted)
+    monkeypatch.setattr(packed_linear, forward, counted)
     return calls
 
 
 def test_every_row_count_gives_the_bits_of_f_linear():
     layer = frozen_linear(576, 1536)
-    weights = PackedLinearWeights()
+    weights = PackedLinearWeights("exact")
     for rows in (1, 4, 8, 15, 16, 17, 32):
         x = torch.randn(rows, 1, 576)
         with torch.no_grad(), weights.applied(layer, rows):
@@ -58,7 +65,7 @@ def test_packing_is_used_for_the_decode_row_counts(monkeypatch):
     speed-up of the engine depends on it."""
     calls = count_packed_calls(monkeypatch)
     layer = frozen_linear(576, 576)
-    with torch.no_grad(), PackedLinearWeights().applied(layer, 16):
+    with torch.no_grad(), PackedLinearWeights("exact").applied(layer, 16):
         layer(torch.randn(16, 1, 576))
     assert calls == [16]
 
@@ -67,14 +74,14 @@ def test_small_or_not_float32_layers_are_left_alone():
     small = frozen_linear(8, 576)  # a LoRA-sized side
     half = frozen_linear(128, 128).to(torch.bfloat16)
     model = torch.nn.ModuleList([small, half])
-    with PackedLinearWeights().applied(model, 16):
+    with PackedLinearWeights("exact").applied(model, 16):
         assert all("forward" not in vars(layer) for layer in model)
 
 
 def test_autograd_runs_f_linear_and_gradients_flow():
     layer = torch.nn.Linear(128, 256)  # a weight that trains
     x = torch.randn(16, 128, requires_grad=True)
-    with PackedLinearWeights().applied(layer, 16):
+    with PackedLinearWeights("exact").applied(layer, 16):
         y = layer(x)
     y.sum().backward()
     assert torch.equal(y.detach(), F.linear(x.detach(), layer.weight, layer.bias))
@@ -83,7 +90,7 @@ def test_autograd_runs_f_linear_and_gradients_flow():
 
 def test_a_weight_changed_in_place_is_packed_again():
     layer = frozen_linear(128, 256)
-    weights = PackedLinearWeights()
+    weights = PackedLinearWeights("exact")
     x = torch.randn(16, 128)
     with torch.no_grad(), weights.applied(layer, 16):
         before = layer(x)
@@ -97,7 +104,7 @@ def test_a_weight_changed_in_place_is_packed_again():
 
 def test_only_the_most_recent_row_counts_are_kept():
     layer = frozen_linear(128, 256)
-    weights = PackedLinearWeights()
+    weights = PackedLinearWeights("exact")
     with torch.no_grad():
         for rows in (16, 32, 48):
             with weights.applied(layer, rows):
@@ -114,7 +121,7 @@ def test_a_shape_whose_probe_differs_is_not_packed_again(monkeypatch):
         return None  # as if MKL's packed kernel gave other bits
 
     monkeypatch.setattr(packed_linear, "_pack", differs)
-    weights = PackedLinearWeights()
+    weights = PackedLinearWeights("exact")
     first, second = frozen_linear(128, 256, seed=1), frozen_linear(128, 256, seed=2)
     x = torch.randn(16, 128)
     with torch.no_grad():
@@ -145,7 +152,7 @@ def test_engine_tokens_and_logprobs_are_the_same_bits_with_packing(model_and_tok
     sampling = SamplingParams(max_tokens=12, temperature=0.0 if greedy else 1.0, seed=3)
 
     def completions(pack: bool):
-        engine = HFEngine(model, tokenizer, pack_base_weights=pack)
+        engine = HFEngine(model, tokenizer, pack_base_weights=pack, decode_kernel="exact")
         return [
             [(c.token_ids, c.logprobs) for c in row]
             for row in engine.generate(prompts, ["agent"] * len(prompts), 4, sampling)
@@ -156,3 +163,90 @@ def test_engine_tokens_and_logprobs_are_the_same_bits_with_packing(model_and_tok
     packed = completions(True)
     assert packed == plain
     assert 16 in calls  # 4 prompts x 4 samples decoded on packed weights
+
+
+needs_onednn = pytest.mark.skipif(
+    not onednn_packing_available(), reason="this torch build has no oneDNN packing"
+)
+
+
+def test_an_unknown_kernel_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"'auto', 'exact', 'onednn'.*'fast'"):
+        PackedLinearWeights("fast")
+
+
+@needs_onednn
+def test_onednn_gives_f_linears_values_to_float32_rounding(monkeypatch):
+    calls = count_packed_calls(monkeypatch, "_onednn_forward")
+    layer = frozen_linear(576, 1536)
+    weights = PackedLinearWeights("onednn")
+    for rows in (1, 4, 16, 17):
+        x = torch.randn(rows, 1, 576)
+        with torch.no_grad(), weights.applied(layer, rows):
+            packed = layer(x)
+        torch.testing.assert_close(packed, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        assert "forward" not in vars(layer)
+    assert calls == [1, 4, 16, 17]
+    assert weights.row_counts(layer) == [16, 17]
+
+
+def timed_passes(monkeypatch, seconds: dict[str, float]) -> list[str]:
+    """Makes every timed pass over the layers take ``seconds[kernel]``; returns the kernels timed."""
+    timed: list[str] = []
+
+    def pass_seconds(calls):
+        kernel = "onednn" if calls[0].func is packed_linear._onednn_forward else "mkl"
+        timed.append(kernel)
+        return seconds[kernel]
+
+    monkeypatch.setattr(packed_linear, "_pass_seconds", pass_seconds)
+    return timed
+
+
+@needs_onednn
+@pytest.mark.parametrize(
+    ("onednn_s", "chosen"),
+    [(0.010 / ONEDNN_MIN_SPEEDUP, "onednn"), (0.0095, "mkl"), (0.012, "mkl")],
+)
+def test_auto_takes_onednn_only_when_a_pass_is_faster_by_the_margin(monkeypatch, onednn_s, chosen):
+    timed = timed_passes(monkeypatch, {"mkl": 0.010, "onednn": onednn_s})
+    model = torch.nn.Sequential(frozen_linear(128, 256), frozen_linear(256, 128, seed=1))
+    weights = PackedLinearWeights("auto")
+    x = torch.randn(16, 128)
+    for _ in range(2):  # measured once per row count and set of shapes
+        with torch.no_grad(), weights.applied(model, 16):
+            out = model(x)
+    assert timed.count("mkl") == timed.count("onednn") == packed_linear.TIMED_PASSES + 1
+    [choice] = weights.choices.values()
+    assert (choice.rows, choice.kernel, choice.exact_s, choice.onednn_s) == (16, chosen, 0.010, onednn_s)
+    with torch.no_grad():
+        plain = model(x)
+    if chosen == "mkl":
+        assert torch.equal(out, plain)
+    else:
+        torch.testing.assert_close(out, plain, rtol=1e-5, atol=1e-5)
+    for layer in model:
+        assert weights._by_layer[layer][16].kernel == chosen
+    with torch.no_grad(), weights.applied(model, 4):  # a new row count is measured anew
+        pass
+    assert len(weights.choices) == 2
+
+
+@needs_onednn
+@pytest.mark.parametrize("greedy", [False, True])
+def test_engine_with_onednn_products_gives_the_logprobs_to_float32_rounding(model_and_tokenizer, greedy):
+    model, tokenizer = model_and_tokenizer
+    prompts = ["hello", "apple banana cherry, reply with one word", "U D L R", "1 2 3 4"]
+    sampling = SamplingParams(max_tokens=12, temperature=0.0 if greedy else 1.0, seed=3)
+
+    def completions(kernel: str):
+        engine = HFEngine(model, tokenizer, decode_kernel=kernel)
+        return [c for row in engine.generate(prompts, ["agent"] * len(prompts), 4, sampling) for c in row]
+
+    exact, onednn = completions("exact"), completions("onednn")
+    # tokens can differ only where two are within float32 rounding of each other; this seed's do not
+    assert [c.token_ids for c in onednn] == [c.token_ids for c in exact]
+    for ours, reference in zip(onednn, exact, strict=True):
+        torch.testing.assert_close(
+            torch.tensor(ours.logprobs), torch.tensor(reference.logprobs), rtol=0, atol=1e-4
+        )

@@ -170,6 +170,10 @@ class HFEngine:
             model's linear layers (:mod:`~llm_zoo_train.models.packed_linear`): the same bits,
             less time per decode step, about the base model's size again in memory. No effect
             elsewhere.
+        decode_kernel: Which packed product: ``"exact"`` (MKL's, the same bits as unpacked),
+            ``"onednn"`` (oneDNN's, other float32 rounding) or ``"auto"`` (oneDNN's where a pass
+            over the model measures at least 1.15x faster, else exact):
+            :class:`~llm_zoo_train.models.packed_linear.PackedLinearWeights`.
     """
 
     def __init__(
@@ -185,6 +189,7 @@ class HFEngine:
         prefix_cache_mb: float = 0.0,
         prefix_block: int = PREFIX_BLOCK,
         pack_base_weights: bool = True,
+        decode_kernel: str = "auto",
     ):
         if int(max_batch_size) < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
@@ -209,7 +214,9 @@ class HFEngine:
         if int(prefix_block) < 1:
             raise ValueError(f"prefix_block must be >= 1, got {prefix_block!r}")
         self.prefix_block = int(prefix_block)
-        self.packed_weights: PackedLinearWeights | None = PackedLinearWeights() if pack_base_weights else None
+        self.packed_weights: PackedLinearWeights | None = (
+            PackedLinearWeights(decode_kernel) if pack_base_weights else None
+        )
 
     # ------------------------------------------------------------------ Engine interface
 

@@ -318,6 +318,7 @@ def local_engine(config: Config, adapters: Mapping[str, Path]) -> Engine:
             max_batch_size=config.rollout.max_rows_per_generate_call,
             system_prompt=config.model.system_prompt,
             pack_base_weights=config.rollout.pack_base_weights,
+            decode_kernel=config.rollout.decode_kernel,
         )
     paths = {name: str(path) for name, path in adapters.items()}
     policy = Policy(base, tokenizer, dict.fromkeys(paths, LoraSettings()), [], init_paths=paths)
@@ -334,6 +335,7 @@ def local_engine(config: Config, adapters: Mapping[str, Path]) -> Engine:
         max_batch_size=config.rollout.max_rows_per_generate_call,
         system_prompt=config.model.system_prompt,
         pack_base_weights=config.rollout.pack_base_weights,
+        decode_kernel=config.rollout.decode_kernel,
     )
 
 

@@ -126,6 +126,7 @@ def _serve(connection: Any, spec: WorkerSpec) -> None:
             max_batch_size=config.rollout.max_rows_per_generate_call,
             system_prompt=config.model.system_prompt,
             pack_base_weights=config.rollout.pack_base_weights,
+            decode_kernel=config.rollout.decode_kernel,
             prefix_cache_mb=prefix_cache_mb_for(config.rollout.prefix_cache_mb, policy.model),
         )
     try:

@@ -242,6 +242,7 @@ def live_engine(config: Config, plan: AgentPlan, policy: Policy | PolicyGroup) -
             max_batch_size=max_rows,
             system_prompt=settings.system_prompt,
             pack_base_weights=config.rollout.pack_base_weights,
+            decode_kernel=config.rollout.decode_kernel,
             prefix_cache_mb=prefix_cache_mb_for(config.rollout.prefix_cache_mb, policy.model),
         )
     engines: dict[str, Engine] = {
@@ -251,6 +252,7 @@ def live_engine(config: Config, plan: AgentPlan, policy: Policy | PolicyGroup) -
             max_batch_size=max_rows,
             system_prompt=plan.models[model].system_prompt,
             pack_base_weights=config.rollout.pack_base_weights,
+            decode_kernel=config.rollout.decode_kernel,
             prefix_cache_mb=prefix_cache_mb_for(config.rollout.prefix_cache_mb, member.model),
         )
         for model, member in policy.policies.items()
@@ -280,5 +282,6 @@ def local_engine_by_model(config: Config, plan: AgentPlan, adapters: Mapping[str
             max_batch_size=config.rollout.max_rows_per_generate_call,
             system_prompt=settings.system_prompt,
             pack_base_weights=config.rollout.pack_base_weights,
+            decode_kernel=config.rollout.decode_kernel,
         )
     return ModelRouter(engines, plan.adapter_models)
