@@ -184,9 +184,14 @@ def test_onednn_gives_f_linears_values_to_float32_rounding(monkeypatch):
         x = torch.randn(rows, 1, 576)
         with torch.no_grad(), weights.applied(layer, rows):
             packed = layer(x)
+            fewer = layer(x[: max(rows // 2, 1)])  # rows that finished left the batch
+            more_x = torch.randn(rows + 1, 576)
+            more = layer(more_x)  # more rows (a prefill): F.linear, its bits
         torch.testing.assert_close(packed, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fewer, packed[: max(rows // 2, 1)], rtol=1e-5, atol=1e-5)
+        assert torch.equal(more, F.linear(more_x, layer.weight, layer.bias))
         assert "forward" not in vars(layer)
-    assert calls == [1, 4, 16, 17]
+    assert calls == [1, 1, 1, 4, 4, 4, 16, 16, 16, 17, 17, 17]  # each call, F.linear's fallback included
     assert weights.row_counts(layer) == [16, 17]
 
 
