@@ -330,6 +330,25 @@ def _allocator_line(settings: dict[str, Any]) -> str:
     return text + (f" Environment: {environment}." if environment else "")
 
 
+def _decode_kernel_line(result: dict[str, Any]) -> str:
+    choices = result.get("decode_kernel_choices")
+    if not choices:
+        return ""
+    return (
+        " Our engine's float32 decode products (`rollout.decode_kernel: auto`, measured on this machine): "
+        + "; ".join(
+            f"{c['rows']} rows {'oneDNN' if c['kernel'] == 'onednn' else 'MKL (exact)'}"
+            + (
+                f" ({1e3 * c['onednn_s']:.1f} ms a pass oneDNN, {1e3 * c['exact_s']:.1f} ms exact)"
+                if c.get("exact_s")
+                else ""
+            )
+            for c in choices
+        )
+        + "."
+    )
+
+
 def trainer_vs_trl(result: dict[str, Any]) -> str:
     summary, settings = result["summary"], result["settings"]
     rows = []
@@ -346,7 +365,7 @@ def trainer_vs_trl(result: dict[str, Any]) -> str:
         f" {settings['micro_batch']}, one optimizer step per generation batch, {settings['torch_threads']} torch"
         f" thread(s) each, {settings['rounds']} alternating rounds of {settings['steps_per_round']} steps"
         f" ({settings['warmup']}). Same prompts on both sides:"
-        f" {result['prompt_check'].get('same_prompt_token_ids')} (token ids compared).{_allocator_line(settings)}\n\n"
+        f" {result['prompt_check'].get('same_prompt_token_ids')} (token ids compared).{_allocator_line(settings)}{_decode_kernel_line(result)}\n\n"
     )
     text += _table(["trainer", "median s/step", "mean", "range", "steps", "round means"], rows)
     breakdown = summary.get("breakdown_ours_mean_s", {})

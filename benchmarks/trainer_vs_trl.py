@@ -663,6 +663,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             },
         },
         "prompt_check": verification,
+        # What rollout.decode_kernel: auto chose on this machine for our engine's decode products.
+        "decode_kernel_choices": [
+            {"rows": c.rows, "kernel": c.kernel, "exact_s": c.exact_s, "onednn_s": c.onednn_s}
+            for c in getattr(getattr(ours.engine, "packed_weights", None), "choices", {}).values()
+        ],
         "summary": summary,
         "steps": {"ours": callback.ours, "trl": callback.trl, "ours_old": callback.ours_old},
         "trl_own_step_time_metric_s": trl_step_time,
