@@ -18,6 +18,7 @@ from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
 from llm_zoo_train.models import packed_linear  # noqa: E402
 from llm_zoo_train.models.packed_linear import (  # noqa: E402
     ONEDNN_MIN_SPEEDUP,
+    PREFILL_ROWS,
     PackedLinearWeights,
     mkl_packing_available,
     onednn_packing_available,
@@ -39,9 +40,9 @@ def count_packed_calls(monkeypatch, forward: str = "_packed_forward") -> list[in
     calls: list[int] = []
     original = getattr(packed_linear, forward)
 
-    def counted(module, packed, rows, x):
+    def counted(module, packed, rows, x, *args, **kwargs):
         calls.append(rows)
-        return original(module, packed, rows, x)
+        return original(module, packed, rows, x, *args, **kwargs)
 
     monkeypatch.setattr(packed_linear, forward, counted)
     return calls
@@ -186,23 +187,28 @@ def test_onednn_gives_f_linears_values_to_float32_rounding(monkeypatch):
             packed = layer(x)
             fewer = layer(x[: max(rows // 2, 1)])  # rows that finished left the batch
             more_x = torch.randn(rows + 1, 576)
-            more = layer(more_x)  # more rows (a prefill): F.linear, its bits
+            more = layer(more_x)  # more rows (a prefill): "onednn" serves them too
         torch.testing.assert_close(packed, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(fewer, packed[: max(rows // 2, 1)], rtol=1e-5, atol=1e-5)
-        assert torch.equal(more, F.linear(more_x, layer.weight, layer.bias))
+        torch.testing.assert_close(more, F.linear(more_x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
         assert "forward" not in vars(layer)
     assert calls == [1, 1, 1, 4, 4, 4, 16, 16, 16, 17, 17, 17]  # each call, F.linear's fallback included
     assert weights.row_counts(layer) == [16, 17]
 
 
 def timed_passes(monkeypatch, seconds: dict[str, float]) -> list[str]:
-    """Makes every timed pass over the layers take ``seconds[kernel]``; returns the kernels timed."""
+    """Makes every timed pass over the layers take ``seconds[key]``: ``mkl`` and ``onednn`` at the
+    decode's rows, ``prefill_mkl`` (F.linear) and ``prefill_onednn`` at PREFILL_ROWS (the decode's
+    figures where absent); returns the keys timed."""
     timed: list[str] = []
 
     def pass_seconds(calls):
-        kernel = "onednn" if calls[0].func is packed_linear._onednn_forward else "mkl"
-        timed.append(kernel)
-        return seconds[kernel]
+        call = calls[0]
+        kernel = "onednn" if call.func is packed_linear._onednn_forward else "mkl"
+        prefill = len(call.args) == 5 or (call.func is F.linear and call.args[0].shape[0] == PREFILL_ROWS)
+        key = f"prefill_{kernel}" if prefill else kernel
+        timed.append(key)
+        return seconds.get(key, seconds[kernel])
 
     monkeypatch.setattr(packed_linear, "_pass_seconds", pass_seconds)
     return timed
@@ -221,9 +227,13 @@ def test_auto_takes_onednn_only_when_a_pass_is_faster_by_the_margin(monkeypatch,
     for _ in range(2):  # measured once per row count and set of shapes
         with torch.no_grad(), weights.applied(model, 16):
             out = model(x)
-    assert timed.count("mkl") == timed.count("onednn") == packed_linear.TIMED_PASSES + 1
+    passes = packed_linear.TIMED_PASSES + 1
+    assert timed.count("mkl") == timed.count("onednn") == passes
+    # the prefill is timed (one untimed and two timed passes each) only once oneDNN won the decode
+    assert timed.count("prefill_mkl") == timed.count("prefill_onednn") == (3 if chosen == "onednn" else 0)
     [choice] = weights.choices.values()
     assert (choice.rows, choice.kernel, choice.exact_s, choice.onednn_s) == (16, chosen, 0.010, onednn_s)
+    assert choice.any_rows == (chosen == "onednn")
     with torch.no_grad():
         plain = model(x)
     if chosen == "mkl":
@@ -235,6 +245,28 @@ def test_auto_takes_onednn_only_when_a_pass_is_faster_by_the_margin(monkeypatch,
     with torch.no_grad(), weights.applied(model, 4):  # a new row count is measured anew
         pass
     assert len(weights.choices) == 2
+
+
+@needs_onednn
+@pytest.mark.parametrize("prefill_onednn_s", [0.010 / ONEDNN_MIN_SPEEDUP, 0.009])
+def test_onednn_serves_prefills_only_where_they_measured_faster(monkeypatch, prefill_onednn_s):
+    timed_passes(
+        monkeypatch, {"mkl": 0.010, "onednn": 0.005, "prefill_mkl": 0.010, "prefill_onednn": prefill_onednn_s}
+    )
+    calls = count_packed_calls(monkeypatch, "_onednn_forward")
+    layer = frozen_linear(128, 256)
+    weights = PackedLinearWeights("auto")
+    prefill = torch.randn(3, 20, 128)  # 60 rows: more than the decode's 16
+    with torch.no_grad(), weights.applied(layer, 16):
+        calls.clear()  # the measurement's own calls
+        out = layer(prefill)
+    [choice] = weights.choices.values()
+    assert choice.any_rows == (prefill_onednn_s < 0.009)
+    assert calls == [16]
+    if choice.any_rows:
+        torch.testing.assert_close(out, F.linear(prefill, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    else:
+        assert torch.equal(out, F.linear(prefill, layer.weight, layer.bias))
 
 
 @needs_onednn

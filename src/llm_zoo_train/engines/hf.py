@@ -450,29 +450,31 @@ class HFEngine:
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         index = torch.tensor(row_to_unique, dtype=torch.long, device=device)
 
-        cache = None
-        if (
-            self.share_prefill
-            and self.prefix_cache is not None
-            and min(len(ids) for ids in unique) >= 2
-            # Only whole blocks are stored: prompts that all fit in one block have nothing to reuse
-            # or keep, and their batched prefill is cheaper than one forward pass per prompt.
-            and max(len(ids) for ids in unique) > self.prefix_block
-        ):
-            cache = self._prefill_from_prefixes(unique, adapter, width - 1, index)
-        if (
-            cache is None
-            and self.share_prefill
-            and len(unique) < len(prompt_ids)
-            and min(len(ids) for ids in unique) >= 2
-        ):
-            cache = self._prefill(input_ids[:, :-1], attention_mask[:, :-1], index)
+        # Prefill and decode both run on the packed copies: MKL's serve only the decode's row
+        # count (the same bits), oneDNN's more where measured faster (models.packed_linear).
         packed = (
             self.packed_weights.applied(self.model, len(prompt_ids))
             if self.packed_weights is not None
             else nullcontext()
         )
         with packed:
+            cache = None
+            if (
+                self.share_prefill
+                and self.prefix_cache is not None
+                and min(len(ids) for ids in unique) >= 2
+                # Only whole blocks are stored: prompts that all fit in one block have nothing to reuse
+                # or keep, and their batched prefill is cheaper than one forward pass per prompt.
+                and max(len(ids) for ids in unique) > self.prefix_block
+            ):
+                cache = self._prefill_from_prefixes(unique, adapter, width - 1, index)
+            if (
+                cache is None
+                and self.share_prefill
+                and len(unique) < len(prompt_ids)
+                and min(len(ids) for ids in unique) >= 2
+            ):
+                cache = self._prefill(input_ids[:, :-1], attention_mask[:, :-1], index)
             new_tokens, logprobs = self._decode(
                 input_ids[index], attention_mask[index], cache, sampling, generation_config, width
             )

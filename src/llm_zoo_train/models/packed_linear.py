@@ -93,6 +93,9 @@ KERNELS = ("auto", "exact", "onednn")
 ONEDNN_MIN_SPEEDUP = 1.15
 #: Timed passes per kernel when ``"auto"`` measures (the fastest counts).
 TIMED_PASSES = 3
+#: Rows of the pass ``"auto"`` times to decide whether oneDNN's copies also serve prefills (the
+#: prefix cache's block).
+PREFILL_ROWS = 128
 
 
 def mkl_packing_available() -> bool:
@@ -125,6 +128,11 @@ class KernelChoice:
     kernel: Literal["mkl", "onednn"] | None  # None: nothing packed (F.linear)
     exact_s: float | None = None  # ``"auto"``: the fastest pass over the model with MKL's copies
     onednn_s: float | None = None  # and with oneDNN's
+    #: oneDNN's copies also serve inputs of more rows (a prompt's prefill): always with
+    #: ``"onednn"``; with ``"auto"``, where a pass of :data:`PREFILL_ROWS` rows measured faster too.
+    any_rows: bool = False
+    prefill_exact_s: float | None = None
+    prefill_onednn_s: float | None = None
 
 
 @dataclass
@@ -185,13 +193,15 @@ def _packed_forward(
 
 
 def _onednn_forward(
-    module: torch.nn.Linear, packed: torch.Tensor, rows: int, x: torch.Tensor
+    module: torch.nn.Linear, packed: torch.Tensor, rows: int, x: torch.Tensor, any_rows: bool = False
 ) -> torch.Tensor:
     # oneDNN's copy serves any row count (the count it was packed for is a tuning hint), so the
     # rows a decode keeps after others finish use it too: 4 rows by a 576 x 1536 projection took
-    # 220 us against 400 us for F.linear (AMD EPYC, one thread). More rows (a prompt's prefill)
-    # take F.linear, for which MKL and oneDNN were as fast at hundreds of rows.
-    if not _takes_packed(x, rows, fewer=True):
+    # 220 us against 400 us for F.linear (AMD EPYC, one thread); with ``any_rows``, a prefill's
+    # rows as well (128 rows through SmolLM2-135M's layer shapes 13.3 -> 9.7 ms).
+    if not _takes_packed(x, rows, fewer=True) and not (
+        any_rows and _takes_packed(x, x.numel() // x.shape[-1])
+    ):
         return F.linear(x, module.weight, module.bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
 
@@ -271,17 +281,22 @@ class PackedLinearWeights:
             if self.kernel == "exact" or (self.kernel == "auto" and not onednn):
                 choice = KernelChoice(rows, "mkl" if mkl else None)
             elif self.kernel == "onednn" or not mkl:
-                choice = KernelChoice(rows, "onednn" if onednn else None)
+                choice = KernelChoice(rows, "onednn" if onednn else None, any_rows=onednn)
             else:
                 choice = self._measure(layers, rows)
                 logger.info(
                     "float32 decode products at %d rows: oneDNN's packed copies took %.1f ms a pass"
-                    " over the model's %d linear layers, MKL's exact ones %.1f ms: using %s",
+                    " over the model's %d linear layers, MKL's exact ones %.1f ms: using %s%s",
                     rows,
                     1e3 * choice.onednn_s,
                     len(layers),
                     1e3 * choice.exact_s,
                     "oneDNN's" if choice.kernel == "onednn" else "MKL's",
+                    ""
+                    if choice.prefill_onednn_s is None
+                    else f"; prefills ({PREFILL_ROWS} rows: {1e3 * choice.prefill_onednn_s:.1f} ms oneDNN,"
+                    f" {1e3 * choice.prefill_exact_s:.1f} ms F.linear) "
+                    + ("on oneDNN's too" if choice.any_rows else "on F.linear"),
                 )
             self.choices[key] = choice
         return choice
@@ -312,8 +327,44 @@ class PackedLinearWeights:
                 if timed:  # the first pass of each warms oneDNN's primitives and the caches
                     seconds[kernel].append(elapsed)
         exact_s, onednn_s = min(seconds["mkl"]), min(seconds["onednn"])
-        kernel = "onednn" if exact_s >= ONEDNN_MIN_SPEEDUP * onednn_s else "mkl"
-        return KernelChoice(rows, kernel, exact_s, onednn_s)
+        if exact_s < ONEDNN_MIN_SPEEDUP * onednn_s:
+            return KernelChoice(rows, "mkl", exact_s, onednn_s)
+        prefill = self._prefill_seconds(layers, calls["onednn"])
+        return KernelChoice(
+            rows,
+            "onednn",
+            exact_s,
+            onednn_s,
+            any_rows=prefill["F.linear"] >= ONEDNN_MIN_SPEEDUP * prefill["onednn"],
+            prefill_exact_s=prefill["F.linear"],
+            prefill_onednn_s=prefill["onednn"],
+        )
+
+    def _prefill_seconds(
+        self, layers: list[torch.nn.Linear], onednn_calls: list[Callable[[], torch.Tensor]]
+    ) -> dict[str, float]:
+        """The fastest of two passes of :data:`PREFILL_ROWS` rows over ``layers`` with ``F.linear``
+        and with oneDNN's copies (those of ``onednn_calls``), after one untimed pass of each."""
+        inputs = {
+            features: torch.randn(PREFILL_ROWS, features, generator=self._generator)
+            for features in {layer.in_features for layer in layers}
+        }
+        calls = {
+            "F.linear": [
+                partial(F.linear, inputs[layer.in_features], layer.weight, layer.bias) for layer in layers
+            ],
+            "onednn": [
+                partial(call.func, *call.args[:3], inputs[layer.in_features], True)
+                for layer, call in zip(layers, onednn_calls, strict=True)
+            ],
+        }
+        seconds: dict[str, list[float]] = {"F.linear": [], "onednn": []}
+        for timed in range(3):
+            for name in seconds:
+                elapsed = _pass_seconds(calls[name])
+                if timed:
+                    seconds[name].append(elapsed)
+        return {name: min(values) for name, values in seconds.items()}
 
     @contextmanager
     def applied(self, model: torch.nn.Module, rows: int) -> Iterator[None]:
@@ -325,13 +376,18 @@ class PackedLinearWeights:
         if rows >= 1 and (mkl_packing_available() or onednn_packing_available()):
             with torch.no_grad():
                 layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and _packable(m)]
-                kernel = self._choice(layers, rows).kernel if layers else None
-                forward = _packed_forward if kernel == "mkl" else _onednn_forward
+                choice = self._choice(layers, rows) if layers else None
+                kernel = choice.kernel if choice is not None else None
                 for module in layers if kernel is not None else ():
                     packing = self._packing(module, rows, kernel)
-                    if packing is not None:
-                        module.forward = partial(forward, module, packing.packed, rows)  # type: ignore[method-assign]
-                        swapped.append(module)
+                    if packing is None:
+                        continue
+                    module.forward = (  # type: ignore[method-assign]
+                        partial(_packed_forward, module, packing.packed, rows)
+                        if kernel == "mkl"
+                        else partial(_onednn_forward, module, packing.packed, rows, any_rows=choice.any_rows)
+                    )
+                    swapped.append(module)
         try:
             yield
         finally:
