@@ -20,12 +20,21 @@ from llm_zoo_train.models.packed_linear import (  # noqa: E402
     ONEDNN_MIN_SPEEDUP,
     PREFILL_ROWS,
     PackedLinearWeights,
+    forget_measurements,
     mkl_packing_available,
     onednn_packing_available,
 )
 from tiny_model import build_tokenizer, tiny_llama_config  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not mkl_packing_available(), reason="this torch build has no MKL packing")
+
+
+@pytest.fixture(autouse=True)
+def measure_anew():
+    """Each test sees "auto" measure (its timings are often faked)."""
+    forget_measurements()
+    yield
+    forget_measurements()
 
 
 def frozen_linear(inputs: int, outputs: int, *, seed: int = 0) -> torch.nn.Linear:
@@ -287,3 +296,17 @@ def test_engine_with_onednn_products_gives_the_logprobs_to_float32_rounding(mode
         torch.testing.assert_close(
             torch.tensor(ours.logprobs), torch.tensor(reference.logprobs), rtol=0, atol=1e-4
         )
+
+
+@needs_onednn
+def test_auto_measures_a_shape_once_per_process(monkeypatch):
+    timed = timed_passes(monkeypatch, {"mkl": 0.010, "onednn": 0.005})
+    layer = frozen_linear(128, 256)
+    first, second = PackedLinearWeights("auto"), PackedLinearWeights("auto")
+    with torch.no_grad(), first.applied(layer, 16):
+        pass
+    measured = len(timed)
+    with torch.no_grad(), second.applied(layer, 16):
+        pass
+    assert measured > 0 and len(timed) == measured
+    assert list(first.choices.values()) == list(second.choices.values())

@@ -168,11 +168,12 @@ class RolloutConfig:
     decode_kernel: Literal["auto", "exact", "onednn"] = "auto"
     """hf engine only, with pack_base_weights, float32 on a CPU: which packed product. exact:
     MKL's, only where every bit equals the unpacked product (the tokens of transformers'
-    generate). onednn: oneDNN's, which sums in another order (float32 rounding: tokens can differ
-    from generate's where two are that close). auto: measured once per model and row count,
-    oneDNN's where a pass over the model is at least 1.15x faster, else exact; the run's log says
-    which. Measured on an AMD EPYC (Zen 4, one thread): 16 rows by SmolLM2-135M's vocabulary head
-    23.9 ms exact, 11.7 ms oneDNN."""
+    generate). onednn: oneDNN's, for the decode and the prefill, which sum in another order
+    (float32 rounding: tokens can differ from generate's where two are that close). auto: measured
+    once per model and row count, oneDNN's where a pass over the model is at least 1.15x faster,
+    else exact, and oneDNN's for prefills too where a 128-row pass is 1.15x faster as well; the
+    run's log says which (INFO, llm_zoo_train.models.packed_linear). Measured on an AMD EPYC (Zen
+    4, one thread): 16 rows by SmolLM2-135M's vocabulary head 23.9 ms exact, 11.7 ms oneDNN."""
     team_credit_lookahead: int = -1
     """Team credit: teammate actions played (one sample each, current adapters, not trained on)
     after each candidate to score the team outcome it leads to; that global reward is the

@@ -170,9 +170,10 @@ class HFEngine:
             model's linear layers (:mod:`~llm_zoo_train.models.packed_linear`): the same bits,
             less time per decode step, about the base model's size again in memory. No effect
             elsewhere.
-        decode_kernel: Which packed product: ``"exact"`` (MKL's, the same bits as unpacked),
-            ``"onednn"`` (oneDNN's, other float32 rounding) or ``"auto"`` (oneDNN's where a pass
-            over the model measures at least 1.15x faster, else exact):
+        decode_kernel: Which packed product: ``"exact"`` (MKL's, the same bits as unpacked, the
+            decode only), ``"onednn"`` (oneDNN's, decode and prefill, other float32 rounding) or
+            ``"auto"`` (oneDNN's where a pass over the model measures at least 1.15x faster, else
+            exact; prefills too where they measure faster as well):
             :class:`~llm_zoo_train.models.packed_linear.PackedLinearWeights`.
     """
 
