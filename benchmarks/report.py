@@ -153,6 +153,16 @@ def sandbox_speed(result: dict[str, Any]) -> str:
     )
 
 
+def _prefill_choice(choice: dict[str, Any]) -> str:
+    """How a recorded decode-kernel choice ran prefills (absent from runs before it was recorded)."""
+    if choice.get("prefill_onednn_s") is None:
+        return ""
+    return (
+        f", prefills on {'oneDNN' if choice.get('any_rows') else 'F.linear'} (128 rows:"
+        f" {1e3 * choice['prefill_onednn_s']:.1f} ms oneDNN, {1e3 * choice['prefill_exact_s']:.1f} ms F.linear)"
+    )
+
+
 def _rollout_speed(result: dict[str, Any]) -> str:
     best = result["tokens_per_s_best"]
     rows = [[name, _fmt(value)] for name, value in best.items()]
@@ -210,6 +220,7 @@ def _rollout_speed(result: dict[str, Any]) -> str:
                     if c.get("exact_s") is not None
                     else ""
                 )
+                + _prefill_choice(c)
                 for c in choices
             )
             + ". `engine_n_k_exact` is `engine_n_k` with `decode_kernel: exact`."
@@ -343,6 +354,7 @@ def _decode_kernel_line(result: dict[str, Any]) -> str:
                 if c.get("exact_s")
                 else ""
             )
+            + _prefill_choice(c)
             for c in choices
         )
         + "."

@@ -43,6 +43,7 @@ other load). Ratios are printed and written with everything else to
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -355,7 +356,7 @@ def main(argv: list[str] | None = None) -> dict:
         "team_credit_cost": team_credit_cost,
         "prefix_cache": prefix_cache,
         "decode_kernel_choices": [
-            {"rows": c.rows, "kernel": c.kernel, "exact_s": c.exact_s, "onednn_s": c.onednn_s}
+            dataclasses.asdict(c)
             for c in (shared.packed_weights.choices.values() if shared.packed_weights is not None else ())
         ],
         "torch": torch.__version__,

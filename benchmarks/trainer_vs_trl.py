@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import importlib.metadata
 import json
@@ -665,7 +666,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "prompt_check": verification,
         # What rollout.decode_kernel: auto chose on this machine for our engine's decode products.
         "decode_kernel_choices": [
-            {"rows": c.rows, "kernel": c.kernel, "exact_s": c.exact_s, "onednn_s": c.onednn_s}
+            dataclasses.asdict(c)
             for c in getattr(getattr(ours.engine, "packed_weights", None), "choices", {}).values()
         ],
         "summary": summary,
