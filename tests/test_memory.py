@@ -62,9 +62,12 @@ def test_kept_memory_stops_a_steps_large_tensors_from_page_faulting_again():
     plain, kept = _run("glibc"), _run("kept")
     assert plain["changed"] == []
     assert kept["changed"] == ["MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"]
-    # glibc's defaults map each 48 MiB tensor afresh: about 12k faults each, 24k per step.
+    # glibc's defaults map each 48 MiB tensor afresh: about 12k faults each, 24k per step on the
+    # project's Xeon. On an AMD EPYC (another kernel) 80k per step with glibc's defaults, and with
+    # the memory kept under 8k in some runs and 11k (one tensor's pages) in others: at least a
+    # 7x cut either way, so the bound is 4x, not the Xeon's 10x.
     assert plain["faults_per_step"] > 10_000
-    assert kept["faults_per_step"] < plain["faults_per_step"] / 10
+    assert kept["faults_per_step"] < plain["faults_per_step"] / 4
 
 
 @glibc_only
