@@ -184,9 +184,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     uncached = HFEngine(model, tokenizer, max_batch_size=args.envs * args.k, prefix_cache_mb=0)
 
-    def cold(method):
+    def cold(method, engine=shared):
         def timed():
-            shared.clear_prefix_cache()  # as after an update: nothing from earlier calls
+            engine.clear_prefix_cache()  # as after an update: nothing from earlier calls
             return method()
 
         return timed
@@ -194,10 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
     methods = {
         "engine_n_k": cold(lambda: time_engine(shared, prompts, args.k, sampling)),
         "engine_n_k_no_share": lambda: time_engine(unshared, prompts, args.k, sampling),
-        "engine_n_k_exact": lambda: (
-            exact.clear_prefix_cache(),
-            time_engine(exact, prompts, args.k, sampling),
-        )[1],
+        "engine_n_k_exact": cold(lambda: time_engine(exact, prompts, args.k, sampling), exact),
         "engine_k_requests": cold(lambda: time_k_requests(shared, prompts, args.k, sampling)),
         "raw_generate": lambda: time_raw_generate(model, tokenizer, prompts, args.k, sampling),
     }

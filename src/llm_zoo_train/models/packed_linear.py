@@ -108,25 +108,20 @@ TIMED_PASSES = 3
 PREFILL_ROWS = 128
 
 
+def _has_ops(backend_available: bool, namespace: str, *names: str) -> bool:
+    ops = getattr(torch.ops, namespace, None)
+    return backend_available and ops is not None and all(hasattr(ops, name) for name in names)
+
+
 def mkl_packing_available() -> bool:
     """This torch build has MKL and its packed-linear ops."""
-    mkl = getattr(torch.ops, "mkl", None)
-    return (
-        torch.backends.mkl.is_available()
-        and mkl is not None
-        and hasattr(mkl, "_mkl_linear")
-        and hasattr(mkl, "_mkl_reorder_linear_weight")
-    )
+    return _has_ops(torch.backends.mkl.is_available(), "mkl", "_mkl_linear", "_mkl_reorder_linear_weight")
 
 
 def onednn_packing_available() -> bool:
     """This torch build has oneDNN and its packed-linear ops."""
-    mkldnn = getattr(torch.ops, "mkldnn", None)
-    return (
-        torch.backends.mkldnn.is_available()
-        and mkldnn is not None
-        and hasattr(mkldnn, "_reorder_linear_weight")
-        and hasattr(mkldnn, "_linear_pointwise")
+    return _has_ops(
+        torch.backends.mkldnn.is_available(), "mkldnn", "_reorder_linear_weight", "_linear_pointwise"
     )
 
 
@@ -330,12 +325,15 @@ class PackedLinearWeights:
             for features in {layer.in_features for layer in layers}
         }
         calls: dict[str, list[Callable[[], torch.Tensor]]] = {}
+        onednn_packed: list[torch.Tensor] = []
         # MKL's copies last, so they are the ones kept when they win: packing them again would
         # probe again, while oneDNN's packing is a plain reorder.
         for kernel, forward in (("onednn", _onednn_forward), ("mkl", _packed_forward)):
             calls[kernel] = []
             for layer in layers:
                 packing = self._packing(layer, rows, kernel)
+                if kernel == "onednn":
+                    onednn_packed.append(packing.packed)
                 x = inputs[layer.in_features]
                 calls[kernel].append(
                     partial(forward, layer, packing.packed, rows, x)
@@ -351,7 +349,7 @@ class PackedLinearWeights:
         exact_s, onednn_s = min(seconds["mkl"]), min(seconds["onednn"])
         if exact_s < ONEDNN_MIN_SPEEDUP * onednn_s:
             return KernelChoice(rows, "mkl", exact_s, onednn_s)
-        prefill = self._prefill_seconds(layers, calls["onednn"])
+        prefill = self._prefill_seconds(layers, onednn_packed, rows)
         return KernelChoice(
             rows,
             "onednn",
@@ -363,10 +361,10 @@ class PackedLinearWeights:
         )
 
     def _prefill_seconds(
-        self, layers: list[torch.nn.Linear], onednn_calls: list[Callable[[], torch.Tensor]]
+        self, layers: list[torch.nn.Linear], onednn_packed: list[torch.Tensor], rows: int
     ) -> dict[str, float]:
         """The fastest of two passes of :data:`PREFILL_ROWS` rows over ``layers`` with ``F.linear``
-        and with oneDNN's copies (those of ``onednn_calls``), after one untimed pass of each."""
+        and with their oneDNN copies packed for ``rows``, after one untimed pass of each."""
         inputs = {
             features: torch.randn(PREFILL_ROWS, features, generator=self._generator)
             for features in {layer.in_features for layer in layers}
@@ -376,8 +374,8 @@ class PackedLinearWeights:
                 partial(F.linear, inputs[layer.in_features], layer.weight, layer.bias) for layer in layers
             ],
             "onednn": [
-                partial(call.func, *call.args[:3], inputs[layer.in_features], True)
-                for layer, call in zip(layers, onednn_calls, strict=True)
+                partial(_onednn_forward, layer, packed, rows, inputs[layer.in_features], True)
+                for layer, packed in zip(layers, onednn_packed, strict=True)
             ],
         }
         seconds: dict[str, list[float]] = {"F.linear": [], "onednn": []}
