@@ -361,6 +361,25 @@ def _decode_kernel_line(result: dict[str, Any]) -> str:
     )
 
 
+def _update_kernel_line(result: dict[str, Any]) -> str:
+    choices = result.get("update_kernel_choices")
+    if not choices:
+        return ""
+    return (
+        " The update's frozen layers (`training.update_kernel: auto`, measured on this machine): "
+        + "; ".join(
+            ("oneDNN's packed copies" if c["kernel"] == "onednn" else "F.linear")
+            + (
+                f" ({1e3 * c['onednn_s']:.0f} ms a pass oneDNN, {1e3 * c['f_linear_s']:.0f} ms F.linear)"
+                if c.get("f_linear_s")
+                else ""
+            )
+            for c in choices
+        )
+        + "."
+    )
+
+
 def trainer_vs_trl(result: dict[str, Any]) -> str:
     summary, settings = result["summary"], result["settings"]
     rows = []
@@ -377,7 +396,7 @@ def trainer_vs_trl(result: dict[str, Any]) -> str:
         f" {settings['micro_batch']}, one optimizer step per generation batch, {settings['torch_threads']} torch"
         f" thread(s) each, {settings['rounds']} alternating rounds of {settings['steps_per_round']} steps"
         f" ({settings['warmup']}). Same prompts on both sides:"
-        f" {result['prompt_check'].get('same_prompt_token_ids')} (token ids compared).{_allocator_line(settings)}{_decode_kernel_line(result)}\n\n"
+        f" {result['prompt_check'].get('same_prompt_token_ids')} (token ids compared).{_allocator_line(settings)}{_decode_kernel_line(result)}{_update_kernel_line(result)}\n\n"
     )
     text += _table(["trainer", "median s/step", "mean", "range", "steps", "round means"], rows)
     breakdown = summary.get("breakdown_ours_mean_s", {})
@@ -391,7 +410,7 @@ def trainer_vs_trl(result: dict[str, Any]) -> str:
         old = summary.get("breakdown_ours_old_mean_s", {})
         text += (
             f"\n\nSide by side, our trainer as before issue 29 (`--old-too`: samples shuffled one by one"
-            f" into micro-batches, sdpa attention): **{summary['ratio_old_median']:.3f}** (median; mean"
+            f" into micro-batches, sdpa attention, `F.linear` for the update's frozen layers, adapters not merged into the engine's packed copies): **{summary['ratio_old_median']:.3f}** (median; mean"
             f" {summary['ratio_old_mean']:.3f}); its update {old.get('update_s', float('nan')):.1f} s"
             f" ({old.get('update_cpu_s', float('nan')):.1f} s CPU) against"
             f" {breakdown.get('update_s', float('nan')):.1f} s ({breakdown.get('update_cpu_s', float('nan')):.1f}"

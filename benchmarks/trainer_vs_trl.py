@@ -158,7 +158,8 @@ def step_topics(seed: int, step: int, prompts_per_step: int) -> list[str]:
 
 def make_ours(args: argparse.Namespace, path: str, workdir: Path, total_steps: int, *, old: bool = False):
     """Our trainer; ``old``: with the update and attention of before issue 29 (samples shuffled one
-    by one into micro-batches, transformers' default sdpa attention), for ``--old-too``."""
+    by one into micro-batches, transformers' default sdpa attention, ``F.linear`` for the update's
+    frozen layers, adapters not merged into the engine's packed copies), for ``--old-too``."""
     from llm_zoo_train.config import (
         AgentsConfig,
         AlgorithmConfig,
@@ -205,6 +206,7 @@ def make_ours(args: argparse.Namespace, path: str, workdir: Path, total_steps: i
             per_device_train_batch_size=args.micro_batch,
             gradient_accumulation_steps=None,
             micro_batches="samples" if old else "groups",
+            update_kernel="exact" if old else "auto",
             # the allocator is the process's, set once for both sides in main (--allocator)
             keep_freed_memory=args.allocator == "kept",
             seed=args.seed,
@@ -213,6 +215,8 @@ def make_ours(args: argparse.Namespace, path: str, workdir: Path, total_steps: i
         logging=LoggingConfig(progress_bar=False, plot=False),
     )
     trainer = Trainer(config)
+    if old and getattr(trainer.engine, "packed_weights", None) is not None:
+        trainer.engine.packed_weights.merge_adapters = False
     update = trainer.updater.update
     trainer.update_cpu_s = []  # type: ignore[attr-defined]
 
@@ -669,6 +673,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             dataclasses.asdict(c)
             for c in getattr(getattr(ours.engine, "packed_weights", None), "choices", {}).values()
         ],
+        # What training.update_kernel: auto chose for the update's frozen layers.
+        "update_kernel_choices": [dataclasses.asdict(c) for c in ours.updater.frozen_linear.choices.values()],
         "summary": summary,
         "steps": {"ours": callback.ours, "trl": callback.trl, "ours_old": callback.ours_old},
         "trl_own_step_time_metric_s": trl_step_time,

@@ -173,7 +173,9 @@ class RolloutConfig:
     once per model and row count, oneDNN's where a pass over the model is at least 1.15x faster,
     else exact, and oneDNN's for prefills too where a 128-row pass is 1.15x faster as well; the
     run's log says which (INFO, llm_zoo_train.models.packed_linear). Measured on an AMD EPYC (Zen
-    4, one thread): 16 rows by SmolLM2-135M's vocabulary head 23.9 ms exact, 11.7 ms oneDNN."""
+    4, one thread): 16 rows by SmolLM2-135M's vocabulary head 23.9 ms exact, 11.7 ms oneDNN.
+    Where oneDNN's copies serve, LoRA layers multiply by a copy of their merged weight (one
+    product instead of three; llm_zoo_train.models.merged_lora), merged again after each update."""
     team_credit_lookahead: int = -1
     """Team credit: teammate actions played (one sample each, current adapters, not trained on)
     after each candidate to score the team outcome it leads to; that global reward is the
@@ -341,6 +343,13 @@ class TrainingConfig:
     put different samples into each optimizer step."""
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     """Autocast precision of forward/backward (Accelerate's mixed_precision)."""
+    update_kernel: Literal["auto", "exact", "onednn"] = "auto"
+    """Float32 on a CPU: how the update multiplies by the frozen base layers (forward and the
+    input's gradient; llm_zoo_train.models.frozen_linear). exact: F.linear (MKL's sgemm, which
+    re-packs each weight on every call). onednn: oneDNN's copies of W and W^T, packed once and
+    kept (twice the base layers' float32 size in memory; other float32 rounding). auto: measured
+    once per model on the machine, oneDNN's where at least 1.15x faster, else exact; the log says
+    which (INFO, llm_zoo_train.models.frozen_linear)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     keep_freed_memory: bool = True

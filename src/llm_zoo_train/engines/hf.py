@@ -175,6 +175,9 @@ class HFEngine:
             ``"auto"`` (oneDNN's where a pass over the model measures at least 1.15x faster, else
             exact; prefills too where they measure faster as well):
             :class:`~llm_zoo_train.models.packed_linear.PackedLinearWeights`.
+        merge_adapters: Where oneDNN's copies serve, each LoRA layer multiplies by a packed copy
+            of its merged weight (one product instead of three;
+            :mod:`~llm_zoo_train.models.merged_lora`), merged again after each optimizer step.
     """
 
     def __init__(
@@ -191,6 +194,7 @@ class HFEngine:
         prefix_block: int = PREFIX_BLOCK,
         pack_base_weights: bool = True,
         decode_kernel: str = "auto",
+        merge_adapters: bool = True,
     ):
         if int(max_batch_size) < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
@@ -216,7 +220,7 @@ class HFEngine:
             raise ValueError(f"prefix_block must be >= 1, got {prefix_block!r}")
         self.prefix_block = int(prefix_block)
         self.packed_weights: PackedLinearWeights | None = (
-            PackedLinearWeights(decode_kernel) if pack_base_weights else None
+            PackedLinearWeights(decode_kernel, merge_adapters=merge_adapters) if pack_base_weights else None
         )
 
     # ------------------------------------------------------------------ Engine interface

@@ -10,11 +10,15 @@ at shapes where a probe gave peft's bits; :class:`ProbeVerdicts` remembers those
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["ProbeVerdicts", "lora_linear_class", "replaced_lora_forwards"]
+__all__ = ["ProbeVerdicts", "lora_linear_class", "replaced_by_lora_forwards", "replaced_lora_forwards"]
+
+# The layers whose forward a replaced_lora_forwards block set, while it runs.
+_replaced: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class ProbeVerdicts:
@@ -70,9 +74,16 @@ def replaced_lora_forwards(model: Any, forward_of: Callable[[Any], Callable[...,
     swapped = [(layer, forward_of(layer)) for layer in layers]
     for layer, forward in swapped:
         layer.forward = forward
+        _replaced.add(layer)
     try:
         yield
     finally:
         for layer, forward in swapped:
+            _replaced.discard(layer)
             if vars(layer).get("forward") is forward:  # never remove what someone set since
                 del layer.forward
+
+
+def replaced_by_lora_forwards(layer: Any) -> bool:
+    """``layer``'s forward is one a :func:`replaced_lora_forwards` block set (it runs now)."""
+    return layer in _replaced

@@ -68,13 +68,15 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
+
+from llm_zoo_train.models.merged_lora import MergedAdapterPackings
 
 __all__ = [
     "KERNELS",
@@ -197,16 +199,18 @@ def _packed_forward(
     return torch.ops.mkl._mkl_linear(x, packed, module.weight, module.bias, rows)
 
 
-def _onednn_forward(
-    module: torch.nn.Linear, packed: torch.Tensor, rows: int, x: torch.Tensor, any_rows: bool = False
-) -> torch.Tensor:
+def _onednn_takes(x: torch.Tensor, rows: int, any_rows: bool) -> bool:
     # oneDNN's copy serves any row count (the count it was packed for is a tuning hint), so the
     # rows a decode keeps after others finish use it too: 4 rows by a 576 x 1536 projection took
     # 220 us against 400 us for F.linear (AMD EPYC, one thread); with ``any_rows``, a prefill's
     # rows as well (128 rows through SmolLM2-135M's layer shapes 13.3 -> 9.7 ms).
-    if not _takes_packed(x, rows, fewer=True) and not (
-        any_rows and _takes_packed(x, x.numel() // x.shape[-1])
-    ):
+    return _takes_packed(x, rows, fewer=True) or (any_rows and _takes_packed(x, x.numel() // x.shape[-1]))
+
+
+def _onednn_forward(
+    module: torch.nn.Linear, packed: torch.Tensor, rows: int, x: torch.Tensor, any_rows: bool = False
+) -> torch.Tensor:
+    if not _onednn_takes(x, rows, any_rows):
         return F.linear(x, module.weight, module.bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
 
@@ -234,12 +238,17 @@ class PackedLinearWeights:
 
     Args:
         kernel: ``"auto"``, ``"exact"`` or ``"onednn"`` (module docstring).
+        merge_adapters: Where oneDNN's copies serve, serve each peft LoRA layer's one active
+            adapter by a copy of its merged weight (:mod:`~llm_zoo_train.models.merged_lora`).
     """
 
-    def __init__(self, kernel: str = "auto") -> None:
+    def __init__(self, kernel: str = "auto", *, merge_adapters: bool = True) -> None:
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {', '.join(map(repr, KERNELS))}, got {kernel!r}")
         self.kernel = kernel
+        self.merge_adapters = bool(merge_adapters)
+        #: The LoRA layers' merged copies, where oneDNN's copies serve (``merge_adapters``).
+        self.merged = MergedAdapterPackings()
         self._by_layer: weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict[int, _Packing]] = (
             weakref.WeakKeyDictionary()
         )
@@ -259,6 +268,7 @@ class PackedLinearWeights:
         self._by_layer = weakref.WeakKeyDictionary()
         self._other_bits.clear()
         self.choices.clear()
+        self.merged.clear()
 
     def _packing(self, module: torch.nn.Linear, rows: int, kernel: str) -> _Packing | None:
         """The ``kernel`` packing of ``module`` for ``rows`` rows, packed now if missing or stale;
@@ -390,26 +400,42 @@ class PackedLinearWeights:
     def applied(self, model: torch.nn.Module, rows: int) -> Iterator[None]:
         """Within the block, every packable layer of ``model`` multiplies inputs of ``rows`` rows
         (without autograd) by its packed copy, packed on first use (with ``"auto"``, the kernel
-        measured first); afterwards ``F.linear`` again. Does nothing where neither MKL's nor
-        oneDNN's packing is available."""
+        measured first), and with oneDNN's copies and ``merge_adapters`` every eligible LoRA layer
+        by its merged copy; afterwards ``F.linear`` and the LoRA layers' previous forwards again.
+        Does nothing where neither MKL's nor oneDNN's packing is available."""
         swapped: list[torch.nn.Module] = []
-        if rows >= 1 and (mkl_packing_available() or onednn_packing_available()):
-            with torch.no_grad():
-                layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and _packable(m)]
-                choice = self._choice(layers, rows) if layers else None
-                kernel = choice.kernel if choice is not None else None
-                for module in layers if kernel is not None else ():
-                    packing = self._packing(module, rows, kernel)
-                    if packing is None:
-                        continue
-                    module.forward = (  # type: ignore[method-assign]
-                        partial(_packed_forward, module, packing.packed, rows)
-                        if kernel == "mkl"
-                        else partial(_onednn_forward, module, packing.packed, rows, any_rows=choice.any_rows)
-                    )
-                    swapped.append(module)
-        try:
-            yield
-        finally:
-            for module in swapped:
-                del module.forward
+        with ExitStack() as merging:
+            if rows >= 1 and (mkl_packing_available() or onednn_packing_available()):
+                with torch.no_grad():
+                    self._swap_in(model, rows, swapped, merging)
+            try:
+                yield
+            finally:
+                for module in swapped:
+                    del module.forward
+
+    def _swap_in(
+        self, model: torch.nn.Module, rows: int, swapped: list[torch.nn.Module], merging: ExitStack
+    ) -> None:
+        """Route ``model``'s packable layers to their packed copies (recorded in ``swapped``) and,
+        with oneDNN's copies, its LoRA layers to their merged ones (undone when ``merging`` closes)."""
+        layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and _packable(m)]
+        choice = self._choice(layers, rows) if layers else None
+        kernel = choice.kernel if choice is not None else None
+        if kernel == "onednn" and self.merge_adapters:
+            accepts = partial(_onednn_takes, rows=rows, any_rows=choice.any_rows)
+            merged = merging.enter_context(self.merged.applied(model, rows, accepts))
+            served = {id(layer.base_layer) for layer in merged}
+            for layer in merged:  # their base weights' own copies are not needed while merged
+                self._by_layer.pop(layer.base_layer, None)
+            layers = [layer for layer in layers if id(layer) not in served]
+        for module in layers if kernel is not None else ():
+            packing = self._packing(module, rows, kernel)
+            if packing is None:
+                continue
+            module.forward = (  # type: ignore[method-assign]
+                partial(_packed_forward, module, packing.packed, rows)
+                if kernel == "mkl"
+                else partial(_onednn_forward, module, packing.packed, rows, any_rows=choice.any_rows)
+            )
+            swapped.append(module)

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from llm_zoo_train.config import AlgorithmConfig, TrainingConfig
+from llm_zoo_train.models.frozen_linear import FrozenLinearPackings
 from llm_zoo_train.models.lora_training import fused_lora_forward
 from llm_zoo_train.models.policy import Policy
 from llm_zoo_train.rollout.samples import Sample
@@ -78,6 +79,8 @@ class AdapterUpdater:
         self.max_completion_length = max_completion_length
         self.rng = rng
         self.pad_token_id = int(policy.tokenizer.pad_token_id)
+        #: The frozen base layers' packed copies (``training.update_kernel``), kept across steps.
+        self.frozen_linear = FrozenLinearPackings(training.update_kernel)
 
     def update(
         self, adapter: str, samples: list[Sample], progress: Callable[[int, int], None] | None = None
@@ -155,8 +158,9 @@ class AdapterUpdater:
         prompts = [s.prompt_token_ids for s in batch]
         completions = [s.completion_token_ids for s in batch]
         with self.accelerator.autocast():
-            # The same bits as peft's LoRA forward, with fewer passes over each layer's output.
-            with fused_lora_forward(self.policy.model):
+            # The same bits as peft's LoRA forward, with fewer passes over each layer's output; the
+            # frozen base layers by packed copies where training.update_kernel chose them.
+            with fused_lora_forward(self.policy.model), self.frozen_linear.applied(self.policy.model):
                 logprobs, mask, entropy = completion_logprobs(
                     self.policy.model,
                     prompts,
@@ -221,7 +225,7 @@ class AdapterUpdater:
         for start in range(0, len(rows), size):
             chunk = rows[start : start + size]
             batch = [samples[row] for row in chunk]
-            with self.accelerator.autocast():
+            with self.accelerator.autocast(), self.frozen_linear.applied(self.policy.model):
                 logprobs, _, _ = completion_logprobs(
                     self.policy.model,
                     [s.prompt_token_ids for s in batch],
