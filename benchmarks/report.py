@@ -408,9 +408,15 @@ def trainer_vs_trl(result: dict[str, Any]) -> str:
     )
     if "ours_old" in summary:
         old = summary.get("breakdown_ours_old_mean_s", {})
+        # runs that record the update's kernel also ran their old side without the two later levers
+        old_levers = (
+            ", `F.linear` for the update's frozen layers, adapters not merged into the engine's packed copies"
+            if "update_kernel_choices" in result
+            else ""
+        )
         text += (
             f"\n\nSide by side, our trainer as before issue 29 (`--old-too`: samples shuffled one by one"
-            f" into micro-batches, sdpa attention, `F.linear` for the update's frozen layers, adapters not merged into the engine's packed copies): **{summary['ratio_old_median']:.3f}** (median; mean"
+            f" into micro-batches, sdpa attention{old_levers}): **{summary['ratio_old_median']:.3f}** (median; mean"
             f" {summary['ratio_old_mean']:.3f}); its update {old.get('update_s', float('nan')):.1f} s"
             f" ({old.get('update_cpu_s', float('nan')):.1f} s CPU) against"
             f" {breakdown.get('update_s', float('nan')):.1f} s ({breakdown.get('update_cpu_s', float('nan')):.1f}"
