@@ -16,9 +16,27 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
 from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
-from llm_zoo_train.models.attention import SDPA_SHARED_KV, register  # noqa: E402
+from llm_zoo_train.models import attention  # noqa: E402
+from llm_zoo_train.models.attention import (  # noqa: E402
+    GROUPED_MIN_SPEEDUP,
+    SDPA_SHARED_KV,
+    decode_attention_choices,
+    forget_decode_attention_choices,
+    grouped_decode_attention,
+    register,
+)
 
 PROMPTS = ["hello", "apple banana cherry, reply with one word", "say the word", "U D L R"]
+
+
+@pytest.fixture(autouse=True)
+def decode_by_sdpa(monkeypatch):
+    """The bit-for-bit comparisons below are of torch's sdpa kernel (the measured choice of the
+    decode's attention is tested on its own at the end)."""
+    monkeypatch.setattr(attention, "DECODE_ATTENTION", "sdpa")
+    forget_decode_attention_choices()
+    yield
+    forget_decode_attention_choices()
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +126,82 @@ def test_register_is_idempotent_and_names_the_implementation(model_and_tokenizer
     model.get_base_model().set_attn_implementation(SDPA_SHARED_KV)
     assert model.config._attn_implementation == SDPA_SHARED_KV
     model.get_base_model().set_attn_implementation("sdpa")
+
+
+def grouped_inputs(dtype=torch.float32):
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(5, 1, 9, 16, generator=generator).transpose(1, 2).to(dtype)  # as the model's view
+    key, value = (torch.randn(5, 3, 12, 16, generator=generator).to(dtype) for _ in range(2))
+    keep = torch.ones(5, 1, 1, 12, dtype=torch.bool)
+    keep[1, ..., :4] = False
+    keep[3, ..., :9] = False
+    return query, key, value, keep
+
+
+@pytest.mark.parametrize("mask", ["none", "bool", "additive"])
+def test_grouped_decode_attention_is_sdpas_over_copied_heads_to_float32_rounding(mask):
+    query, key, value, keep = grouped_inputs()
+    given = {
+        "none": None,
+        "bool": keep,
+        "additive": torch.zeros(keep.shape).masked_fill(~keep, float("-inf")),
+    }[mask]
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        query, key.repeat_interleave(3, 1), value.repeat_interleave(3, 1), attn_mask=given, scale=0.25
+    )
+    torch.testing.assert_close(
+        grouped_decode_attention(query, key, value, given, 0.25), reference, rtol=0, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    ("grouped_s", "chosen"),
+    [(0.010 / GROUPED_MIN_SPEEDUP - 1e-6, "grouped"), (0.010 / GROUPED_MIN_SPEEDUP + 1e-4, "sdpa")],
+)
+def test_auto_takes_the_grouped_products_only_when_faster_by_the_margin_once_per_dtype(
+    monkeypatch, grouped_s, chosen
+):
+    query, key, value, keep = grouped_inputs()
+    times = {"sdpa": 0.010, "grouped": grouped_s}
+    calls: list[str] = []
+
+    def timed(name):
+        def run(*args):
+            calls.append(name)
+            return torch.zeros(1)
+
+        return run
+
+    clock = iter(range(1000))
+    started: dict[str, float] = {}
+
+    def perf_counter():
+        # each timed call starts at a whole second and lasts its fake time
+        if not calls or calls[-1] in started:
+            tick = float(next(clock))
+            started.clear()
+            return tick
+        started[calls[-1]] = 1.0
+        return float(next(clock)) - 1.0 + times[calls[-1]]
+
+    monkeypatch.setattr(attention, "_sdpa_in_place", timed("sdpa"))
+    monkeypatch.setattr(attention, "grouped_decode_attention", timed("grouped"))
+    monkeypatch.setattr(attention.time, "perf_counter", perf_counter)
+    assert attention._grouped_faster(query, key, value, keep, 0.25) == (chosen == "grouped")
+    measured = len(calls)
+    assert attention._grouped_faster(query, key, value, keep, 0.25) == (chosen == "grouped")
+    assert len(calls) == measured == 8  # measured once: 4 calls of each
+    assert decode_attention_choices()["cpu/float32"]["kernel"] == chosen
+
+
+def test_the_engine_decodes_with_the_grouped_products_to_float32_rounding(model_and_tokenizer, monkeypatch):
+    model, tokenizer = model_and_tokenizer
+    sampling = SamplingParams(max_tokens=10, temperature=0.9, seed=5)
+    by_sdpa = generated(model, tokenizer, register(), sampling)
+    monkeypatch.setattr(attention, "DECODE_ATTENTION", "grouped")
+    grouped = generated(model, tokenizer, register(), sampling)
+    # tokens can differ only where two are within float32 rounding of each other; this seed's do not
+    assert [[c[0] for c in row] for row in grouped] == [[c[0] for c in row] for row in by_sdpa]
+    for row, reference in zip(grouped, by_sdpa, strict=True):
+        for ours, theirs in zip(row, reference, strict=True):
+            torch.testing.assert_close(torch.tensor(ours[1]), torch.tensor(theirs[1]), rtol=0, atol=1e-4)
