@@ -172,17 +172,11 @@ def test_auto_takes_the_grouped_products_only_when_faster_by_the_margin_once_per
 
         return run
 
-    clock = iter(range(1000))
-    started: dict[str, float] = {}
+    readings = iter(range(1000))  # perf_counter alternates: a start, then that call's end
 
     def perf_counter():
-        # each timed call starts at a whole second and lasts its fake time
-        if not calls or calls[-1] in started:
-            tick = float(next(clock))
-            started.clear()
-            return tick
-        started[calls[-1]] = 1.0
-        return float(next(clock)) - 1.0 + times[calls[-1]]
+        reading = float(next(readings))
+        return reading if reading % 2 == 0 else reading - 1 + times[calls[-1]]
 
     monkeypatch.setattr(attention, "_sdpa_in_place", timed("sdpa"))
     monkeypatch.setattr(attention, "grouped_decode_attention", timed("grouped"))

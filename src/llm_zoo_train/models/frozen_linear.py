@@ -175,7 +175,6 @@ class FrozenLinearPackings:
         return packing
 
     def _choice(self, layers: list[torch.nn.Linear]) -> FrozenLinearChoice:
-        key = tuple(sorted({tuple(layer.weight.shape) for layer in layers}))
         shapes = tuple(sorted(tuple(layer.weight.shape) for layer in layers))
         choice = self.choices.get(shapes)
         if choice is None:
@@ -186,7 +185,7 @@ class FrozenLinearPackings:
             else:
                 choice = _measured.get(shapes)
                 if choice is None:
-                    choice = _measured[shapes] = _measure(layers, key)
+                    choice = _measured[shapes] = _measure(layers)
                     logger.info(
                         "update products (%d frozen linear layers, %d rows, forward and input gradient):"
                         " F.linear %.1f ms a pass, oneDNN's packed copies %.1f ms: using %s",
@@ -220,14 +219,14 @@ class FrozenLinearPackings:
                     del module.forward
 
 
-def _measure(layers: list[torch.nn.Linear], shapes: tuple[tuple[int, int], ...]) -> FrozenLinearChoice:
+def _measure(layers: list[torch.nn.Linear]) -> FrozenLinearChoice:
     """Times one layer of each shape both ways (module docstring)."""
     generator = torch.Generator().manual_seed(0)
-    count = {shape: 0 for shape in shapes}
+    count: dict[tuple[int, int], int] = {}
     first: dict[tuple[int, int], torch.nn.Linear] = {}
     for layer in layers:
         shape = tuple(layer.weight.shape)
-        count[shape] += 1
+        count[shape] = count.get(shape, 0) + 1
         first.setdefault(shape, layer)
     plain, packed = [], []
     for shape, layer in first.items():
