@@ -20,15 +20,33 @@ pytest.importorskip("peft")
 
 import toy_envs_trainer  # noqa: E402, F401  (registers test/Scripted-v0)
 from llm_zoo_train.config import ConfigError, validate  # noqa: E402
+from llm_zoo_train.models.attention import forget_decode_attention_choices  # noqa: E402
+from llm_zoo_train.models.kernel_choices import adopt_kernel_choices  # noqa: E402
 from llm_zoo_train.rollout.asynchronous import RolloutWorkerError, algorithm_settings  # noqa: E402
 from llm_zoo_train.rollout.samples import read_jsonl  # noqa: E402
 from llm_zoo_train.rollout.step import merge_parts, play_step  # noqa: E402
+from llm_zoo_train.runs.checkpoint import read_trainer_state  # noqa: E402
 from llm_zoo_train.trainer import Trainer  # noqa: E402
 from train_helpers import history_without_timing, toy_config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 STEPS = 4
+
+#: The decode attention every process of these runs starts from. Each run starts generation
+#: processes of its own, and the tests compare runs: a process that timed the attention itself
+#: could choose otherwise than another one and round differently.
+PINNED = {"decode_attention": {"cpu/float32": {"kernel": "sdpa", "sdpa_s": 1.0, "grouped_s": 1.0}}}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pinned_kernels():
+    forget_decode_attention_choices()
+    adopt_kernel_choices(PINNED)
+    yield
+    forget_decode_attention_choices()
+
+
 ASYNC = ["--rollout.async_steps", "1", "--rollout.async_worker_threads", "1"]
 COMMON = ["--training.max_steps", str(STEPS), "--eval.num_episodes", "0", "--training.save_steps", "1"]
 
@@ -217,7 +235,19 @@ def test_resume_with_a_rollout_in_flight_is_exact(async_run, tiny_model_dir, tmp
     assert pids and not _alive(pids[-1])
     resumed = Trainer(config, resume_from=tmp_path / "resumed")
     assert resumed.step == 2
-    resumed.train()
+    # The generation process's kernel choices came back with its rollouts and went into the checkpoint.
+    [recorded] = [
+        r["rollout_process"]
+        for r in read_trainer_state(tmp_path / "resumed" / "checkpoint-2")["kernel_choices"]
+    ]
+    assert recorded["decode_attention"] == PINNED["decode_attention"]
+    assert resumed.async_rollouts.kernel_choices == recorded
+    forget_decode_attention_choices()  # the new process must start from the checkpoint's, not from here
+    try:
+        resumed.train()
+    finally:
+        adopt_kernel_choices(PINNED)
+    assert resumed.async_rollouts.kernel_choices["decode_attention"] == PINNED["decode_attention"]
     assert history_without_timing(resumed.history) == history_without_timing(straight.history)
     assert _same_adapters(_adapters(tmp_path / "resumed"), _adapters(root / "run"))
 
@@ -398,10 +428,13 @@ sys.path.insert(0, {tests!r})
 torch.set_num_threads(1)
 import toy_envs_trainer
 from train_helpers import history_without_timing, toy_config
+from llm_zoo_train.config import ModelConfig
+# The code now times a decode step's attention; the code before async always ran torch's sdpa.
+PIN = ["--model.decode_attention", "sdpa"] if hasattr(ModelConfig, "decode_attention") else []
 from llm_zoo_train.trainer import Trainer
 
 if __name__ == "__main__":
-    trainer = Trainer(toy_config({model!r}, {output!r}, ["--training.max_steps", "2", "--eval.num_episodes", "2"]))
+    trainer = Trainer(toy_config({model!r}, {output!r}, ["--training.max_steps", "2", "--eval.num_episodes", "2", *PIN]))
     trainer.train()
     weights = {{n: trainer.policy.adapter_state_dict(n) for n in trainer.plan.adapters}}
     torch.save({{"history": history_without_timing(trainer.history), "weights": weights}}, {output!r} + ".pt")

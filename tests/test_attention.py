@@ -199,3 +199,24 @@ def test_the_engine_decodes_with_the_grouped_products_to_float32_rounding(model_
     for row, reference in zip(grouped, by_sdpa, strict=True):
         for ours, theirs in zip(row, reference, strict=True):
             torch.testing.assert_close(torch.tensor(ours[1]), torch.tensor(theirs[1]), rtol=0, atol=1e-4)
+
+
+def test_model_decode_attention_sets_the_process_choice(tiny_model_dir):
+    from llm_zoo_train.config import ModelConfig
+    from llm_zoo_train.models.policy import load_base_model
+
+    for choice in ("grouped", "sdpa", "auto"):
+        load_base_model(ModelConfig(name_or_path=str(tiny_model_dir), decode_attention=choice))
+        assert choice == attention.DECODE_ATTENTION
+    with pytest.raises(ValueError, match="must be one of 'auto', 'sdpa', 'grouped', got 'fast'"):
+        attention.set_decode_attention("fast")
+    assert attention.DECODE_ATTENTION == "auto"
+
+
+def test_an_unknown_decode_attention_is_a_config_error_naming_the_choices(tiny_model_dir, tmp_path):
+    from llm_zoo_train.config import ConfigError, validate
+    from train_helpers import toy_config
+
+    with pytest.raises(ConfigError, match="decode_attention") as err:
+        validate(toy_config(tiny_model_dir, tmp_path / "run", ["--model.decode_attention", "fast"]))
+    assert "grouped" in str(err.value) and "sdpa" in str(err.value)

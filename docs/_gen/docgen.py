@@ -98,6 +98,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.models.packed_linear", "llm_zoo_train.models.packed_linear"),
     ("llm_zoo_train.models.merged_lora", "llm_zoo_train.models.merged_lora"),
     ("llm_zoo_train.models.frozen_linear", "llm_zoo_train.models.frozen_linear"),
+    ("llm_zoo_train.models.kernel_choices", "llm_zoo_train.models.kernel_choices"),
     ("llm_zoo_train.models.chat", "llm_zoo_train.models.chat"),
     ("llm_zoo_train.engines.base", "llm_zoo_train.engines.base"),
     ("llm_zoo_train.engines.hf", "llm_zoo_train.engines.hf"),

@@ -3,7 +3,8 @@
 What goes into a checkpoint and how it is written atomically is :mod:`llm_zoo_train.runs.checkpoint`;
 this module collects the trainer's pieces (adapters, optimizers, schedulers, the mixed-precision
 scaler, every process's RNG states, step, adapter version, metrics history, config, model cards,
-and the rollouts generated ahead with ``rollout.async_steps``) and puts them back, so that a
+the kernels ``"auto"`` chose (:mod:`llm_zoo_train.models.kernel_choices`), and the rollouts
+generated ahead with ``rollout.async_steps``) and puts them back, so that a
 resumed run continues exactly as the uninterrupted one.
 """
 
@@ -14,6 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from llm_zoo_train.config import save_config
+from llm_zoo_train.models.kernel_choices import (
+    KernelChoicesError,
+    adopt_kernel_choices,
+    measured_kernel_choices,
+)
 from llm_zoo_train.reporting.model_card import write_model_cards
 from llm_zoo_train.runs.checkpoint import (
     CheckpointDamagedError,
@@ -50,10 +56,20 @@ def save_trainer_checkpoint(trainer: Any, rng_state: dict[str, Any] | None = Non
     for name in trainer.plan.trainable:
         check_finite_weights(name, trainer.policy.adapter_parameters(name), trainer.step)
     rng_states = [rng_state if rng_state is not None else capture_rng_state(trainer.rng)]
+    # What each process's "auto" options measured, and its rollout generation process's: a resumed
+    # run multiplies as this one did (llm_zoo_train.models.kernel_choices).
+    async_rollouts = getattr(trainer, "async_rollouts", None)
+    kernel_choices = [
+        {
+            "trainer": measured_kernel_choices(),
+            "rollout_process": async_rollouts.kernel_choices if async_rollouts is not None else None,
+        }
+    ]
     if accelerator.num_processes > 1:
         from accelerate.utils import gather_object
 
         rng_states = gather_object(rng_states)
+        kernel_choices = gather_object(kernel_choices)
     path = checkpoint_path(trainer.output_dir, trainer.step)
     if accelerator.is_main_process:
         state = {
@@ -63,6 +79,7 @@ def save_trainer_checkpoint(trainer: Any, rng_state: dict[str, Any] | None = Non
             "trainable": trainer.plan.trainable,
             "num_processes": accelerator.num_processes,
             "history": trainer.history,
+            "kernel_choices": kernel_choices,  # one per process
         }
         if getattr(trainer, "async_rollouts", None) is not None:
             # Resume checks that each of them is in the checkpoint: a missing one is an error,
@@ -116,10 +133,35 @@ def load_trainer_checkpoint(trainer: Any, checkpoint: Path) -> None:
             f"{accelerator.num_processes}: the run continues but is not bit-identical"
         )
     restore_rng_state(ranks[min(accelerator.process_index, len(ranks) - 1)], trainer.rng)
+    kernel_choices = _own_kernel_choices(state, accelerator.process_index, checkpoint)
     trainer.step, trainer.version = int(state["step"]), int(state["version"])
     trainer.history = list(state["history"])
     if getattr(trainer, "async_rollouts", None) is not None:
         trainer.async_rollouts.restore(checkpoint, state.get("async_rollout_steps"))
+        trainer.async_rollouts.kernel_choices = kernel_choices.get("rollout_process")
+
+
+def _own_kernel_choices(state: dict[str, Any], process_index: int, checkpoint: Path) -> dict[str, Any]:
+    """Adopt this process's recorded kernel choices (the nearest rank's when the checkpoint had
+    fewer processes); return its record. A record that cannot be read is one warning line, and
+    the choices are measured again (none recorded: a checkpoint from before they were)."""
+    records = state.get("kernel_choices")
+    if records is None:
+        return {}
+    try:
+        if not isinstance(records, list) or not records or not all(isinstance(r, dict) for r in records):
+            raise KernelChoicesError("expected a list of one record per process")
+        record = records[min(process_index, len(records) - 1)]
+        if record.get("rollout_process") is not None and not isinstance(record["rollout_process"], dict):
+            raise KernelChoicesError("rollout_process: not a record")
+        adopt_kernel_choices(record.get("trainer") or {})
+        return record
+    except KernelChoicesError as err:
+        warn_line(
+            f"{checkpoint.name}: the kernel choices it recorded cannot be read ({err}); measuring them"
+            " again: the run continues but may not be bit-identical"
+        )
+        return {}
 
 
 def restore_trainer(trainer: Any, checkpoint: Path, warn: Callable[[str], None]) -> Path:

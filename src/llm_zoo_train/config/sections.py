@@ -64,6 +64,13 @@ class ModelConfig:
     position) by two grouped batched products instead of torch's flash kernel where they measure
     at least 1.15x faster on the machine (on an AMD EPYC in bfloat16 0.8 against 5.5 ms a layer;
     other rounding, logged at INFO). See `llm_zoo_train.models.precision`."""
+    decode_attention: Literal["auto", "sdpa", "grouped"] = "auto"
+    """With `llm_zoo_sdpa` (`attn_implementation: auto` on a CPU): how a decode step's attention
+    (one query position) is computed while generating. `auto`: timed once per dtype in each
+    process, the grouped batched products where torch's kernel is at least 1.15x slower (a
+    resumed run takes the checkpoint's choice); `sdpa`: torch's kernel always (the bits of
+    transformers' sdpa); `grouped`: the grouped products always (other float32 rounding). Set
+    `sdpa` for separate runs that must match bit for bit. `llm_zoo_train.models.attention`."""
     system_prompt: str | None = None
     """System message put before every env prompt by the chat template (None: none)."""
     trust_remote_code: bool = False

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -44,22 +45,28 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 __all__ = [
     "DECODE_ATTENTION",
+    "DECODE_ATTENTIONS",
     "GROUPED_MIN_SPEEDUP",
     "SDPA_SHARED_KV",
+    "adopt_decode_attention_choices",
     "decode_attention_choices",
     "forget_decode_attention_choices",
     "grouped_decode_attention",
     "register",
     "sdpa_shared_kv_forward",
+    "set_decode_attention",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: The attention implementation's name, as ``set_attn_implementation`` takes it.
 SDPA_SHARED_KV = "llm_zoo_sdpa"
-#: How a decode step's attention (one query position) is computed while generating: ``"auto"``
-#: (measured, module docstring), ``"sdpa"`` (torch's kernel) or ``"grouped"``
-#: (:func:`grouped_decode_attention`). Tests that compare bits pin it.
+#: The choices of :func:`set_decode_attention`.
+DECODE_ATTENTIONS = ("auto", "sdpa", "grouped")
+#: How a decode step's attention (one query position) is computed while generating, in this
+#: process: ``"auto"`` (measured, module docstring), ``"sdpa"`` (torch's kernel) or ``"grouped"``
+#: (:func:`grouped_decode_attention`); ``model.decode_attention`` sets it
+#: (:func:`set_decode_attention`). Tests that compare bits pin it.
 DECODE_ATTENTION = "auto"
 #: ``"auto"`` takes the grouped products only when torch's kernel is this much slower.
 GROUPED_MIN_SPEEDUP = 1.15
@@ -68,6 +75,17 @@ GROUPED_MIN_SPEEDUP = 1.15
 _grouped_wins: dict[tuple[str, torch.dtype], bool] = {}
 # Their timings (seconds: torch's kernel, the grouped products), for the log and benchmarks.
 _timings: dict[tuple[str, torch.dtype], tuple[float, float]] = {}
+
+
+def set_decode_attention(choice: str) -> None:
+    """Set :data:`DECODE_ATTENTION` (for the whole process: every model it decodes); a
+    ``ValueError`` naming the choices for anything else."""
+    global DECODE_ATTENTION
+    if choice not in DECODE_ATTENTIONS:
+        raise ValueError(
+            f"decode attention must be one of {', '.join(map(repr, DECODE_ATTENTIONS))}, got {choice!r}"
+        )
+    DECODE_ATTENTION = choice
 
 
 def forget_decode_attention_choices() -> None:
@@ -86,6 +104,29 @@ def decode_attention_choices() -> dict[str, dict[str, Any]]:
         }
         for (device, dtype), (sdpa_s, grouped_s) in _timings.items()
     }
+
+
+def adopt_decode_attention_choices(choices: Mapping[str, Mapping[str, Any]], *, replace: bool = True) -> None:
+    """Take ``choices`` (:func:`decode_attention_choices` of another process or an earlier run) as
+    this process's, so that ``"auto"`` chooses as they did without measuring; with
+    ``replace=False`` only for device types and dtypes not measured here yet."""
+    parsed: dict[tuple[str, torch.dtype], tuple[bool, float, float]] = {}  # all first: one bad adopts none
+    for where, choice in choices.items():
+        device, dtype_name = where.split("/")
+        dtype = getattr(torch, dtype_name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"not a torch dtype: {dtype_name!r}")
+        if choice["kernel"] not in ("sdpa", "grouped"):
+            raise ValueError(f"unknown decode attention {choice['kernel']!r}")
+        parsed[(device, dtype)] = (
+            choice["kernel"] == "grouped",
+            float(choice["sdpa_s"]),
+            float(choice["grouped_s"]),
+        )
+    for key, (grouped, sdpa_s, grouped_s) in parsed.items():
+        if replace or key not in _grouped_wins:
+            _grouped_wins[key] = grouped
+            _timings[key] = (sdpa_s, grouped_s)
 
 
 def grouped_decode_attention(

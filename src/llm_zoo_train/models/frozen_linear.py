@@ -39,9 +39,9 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any, Literal
 
@@ -56,7 +56,14 @@ from llm_zoo_train.models.packed_linear import (
     onednn_packing_available,
 )
 
-__all__ = ["MEASURED_ROWS", "FrozenLinearChoice", "FrozenLinearPackings", "forget_frozen_measurements"]
+__all__ = [
+    "MEASURED_ROWS",
+    "FrozenLinearChoice",
+    "FrozenLinearPackings",
+    "adopt_frozen_measurements",
+    "forget_frozen_measurements",
+    "frozen_measurements",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +87,30 @@ _measured: dict[tuple[tuple[int, int], ...], FrozenLinearChoice] = {}
 def forget_frozen_measurements() -> None:
     """Drop ``"auto"``'s measurements: the next use of each set of shapes measures again."""
     _measured.clear()
+
+
+def frozen_measurements() -> list[dict[str, Any]]:
+    """``"auto"``'s measurements in this process, JSON-ready (:func:`adopt_frozen_measurements` takes them)."""
+    return [
+        {"layers": [list(shape) for shape in shapes], **asdict(choice)}
+        for shapes, choice in _measured.items()
+    ]
+
+
+def adopt_frozen_measurements(entries: Iterable[Mapping[str, Any]], *, replace: bool = True) -> None:
+    """Take ``entries`` (:func:`frozen_measurements` of another process or an earlier run) as
+    this process's measurements, so that ``"auto"`` chooses as they did without measuring; with
+    ``replace=False`` only for shapes not measured here yet. Packings that already chose keep
+    their choice."""
+    parsed = {}  # all of them first: a malformed entry adopts none
+    for entry in entries:
+        choice = FrozenLinearChoice(**{k: v for k, v in entry.items() if k != "layers"})
+        if choice.kernel not in ("onednn", None):
+            raise ValueError(f"unknown kernel {choice.kernel!r}")
+        parsed[tuple(sorted((int(o), int(i)) for o, i in entry["layers"]))] = choice
+    for key, choice in parsed.items():
+        if replace or key not in _measured:
+            _measured[key] = choice
 
 
 class _PackedProduct(torch.autograd.Function):

@@ -67,11 +67,11 @@ import logging
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -87,7 +87,9 @@ __all__ = [
     "TIMED_PASSES",
     "KernelChoice",
     "PackedLinearWeights",
+    "adopt_measurements",
     "forget_measurements",
+    "measurements",
     "mkl_packing_available",
     "onednn_packing_available",
 ]
@@ -231,6 +233,30 @@ _measured: dict[tuple[int, tuple[tuple[int, ...], ...]], KernelChoice] = {}
 def forget_measurements() -> None:
     """Drop ``"auto"``'s measurements: the next use of each shape measures again."""
     _measured.clear()
+
+
+def measurements() -> list[dict[str, Any]]:
+    """``"auto"``'s measurements in this process, JSON-ready (:func:`adopt_measurements` takes them)."""
+    return [
+        {"layers": [list(shape) for shape in shapes], **asdict(choice)}
+        for (_, shapes), choice in _measured.items()
+    ]
+
+
+def adopt_measurements(entries: Iterable[Mapping[str, Any]], *, replace: bool = True) -> None:
+    """Take ``entries`` (:func:`measurements` of another process or an earlier run) as this
+    process's measurements, so that ``"auto"`` chooses as they did without measuring; with
+    ``replace=False`` only for shapes not measured here yet. Engines ask at their next new row
+    count or model."""
+    parsed = {}  # all of them first: a malformed entry adopts none
+    for entry in entries:
+        choice = KernelChoice(**{k: v for k, v in entry.items() if k != "layers"})
+        if choice.kernel not in ("mkl", "onednn", None):
+            raise ValueError(f"unknown kernel {choice.kernel!r}")
+        parsed[(int(choice.rows), tuple((int(o), int(i), bool(b)) for o, i, b in entry["layers"]))] = choice
+    for key, choice in parsed.items():
+        if replace or key not in _measured:
+            _measured[key] = choice
 
 
 class PackedLinearWeights:

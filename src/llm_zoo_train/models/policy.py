@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from llm_zoo_train.config import ConfigError, LoraSettings, ModelConfig
+from llm_zoo_train.models.attention import set_decode_attention
 from llm_zoo_train.models.precision import choose_attention, warn_if_emulated
 from llm_zoo_train.runs.checkpoint import make_world_readable
 
@@ -224,6 +225,7 @@ def load_base_model(config: ModelConfig, device: torch.device | str | None = Non
     if device is not None:
         model.to(device)  # type: ignore[arg-type]
     model.set_attn_implementation(choose_attention(config.attn_implementation, model))
+    set_decode_attention(config.decode_attention)
     warn_if_emulated(model)
     model.requires_grad_(False)
     return model, tokenizer

@@ -27,7 +27,9 @@ when async). Adapters reach the process the way the vLLM engine gets them: saved
 
 Determinism: a step's rollout depends only on the run seed, the step and the adapter version that
 generated it, which the schedule above fixes, so an asynchronous run is determined by its seed (and
-its thread counts, which change float rounding).
+its thread counts and the kernels its ``"auto"`` options measured, which change float rounding:
+the generation process starts from the trainer's choices, reports its own with each rollout, and
+checkpoints keep them for the process a resumed run starts; :mod:`llm_zoo_train.models.kernel_choices`).
 
 Checkpoints keep the rollouts in flight: saving a checkpoint waits for them and writes them into
 the checkpoint (``async_rollouts/``); a resumed run uses them instead of generating them again, so
@@ -52,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_zoo_train.config import AlgorithmConfig, Config
+from llm_zoo_train.models.kernel_choices import measured_kernel_choices
 from llm_zoo_train.models.policy import Policy
 from llm_zoo_train.rollout.samples import read_jsonl, write_jsonl
 from llm_zoo_train.rollout.step import StepRollout, merge_parts
@@ -128,6 +131,10 @@ class AsyncRollouts:
         self._ready: dict[int, StepRollout] = {}
         self._process: Any = None
         self._connection: Any = None
+        #: The ``"auto"`` kernels the generation process chose (its newest report, or a resumed
+        #: run's checkpoint; :mod:`llm_zoo_train.models.kernel_choices`). ``None``: none yet; a
+        #: process then starts from the trainer's own.
+        self.kernel_choices: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ the trainer's calls
 
@@ -292,6 +299,9 @@ class AsyncRollouts:
             threads=rollout.async_worker_threads,
             cores=rollout.async_worker_cores,
             parent_pid=os.getpid(),
+            kernel_choices=self.kernel_choices
+            if self.kernel_choices is not None
+            else measured_kernel_choices(),
         )
         context = multiprocessing.get_context("spawn")
         self._connection, child = context.Pipe()
@@ -307,13 +317,15 @@ class AsyncRollouts:
             if not self._process.is_alive():
                 raise self._lost("no rollout came back")
         try:
-            kind, payload = self._connection.recv()
+            kind, payload, *rest = self._connection.recv()
         except (EOFError, OSError) as err:
             raise self._lost(f"its pipe broke ({err})") from None
         if kind == "error":
             self.close()
             raise RolloutWorkerError(f"the rollout generation process failed:\n{payload}")
         if kind == "rollout":
+            if rest:  # its "auto" kernels, for the checkpoint: a resumed run generates as this one did
+                self.kernel_choices = rest[0]
             self._in_flight.pop(payload.step, None)
             own = self._own_parts.pop(payload.step, None)
             self._ready[payload.step] = payload if own is None else merge_parts([own, payload])

@@ -11,7 +11,8 @@ pipe, in order:
 * ``("rollout", step, version, paths, envs)``: load the adapters saved at ``paths`` (adapter name
   -> PEFT directory) when ``version`` is newer than the one it serves, play tasks ``envs`` (a
   range) of step ``step`` (:func:`llm_zoo_train.rollout.step.play_step`) and send back
-  ``("rollout", StepRollout)``;
+  ``("rollout", StepRollout, kernel choices)`` (the ``"auto"`` kernels it chose, which the
+  trainer keeps: :mod:`llm_zoo_train.models.kernel_choices`);
 * ``("stop",)``: exit.
 
 It first sends ``("ready", pid)``; any error is sent as ``("error", traceback text)`` before it
@@ -24,11 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["WorkerSpec", "run_worker"]
@@ -50,6 +52,9 @@ class WorkerSpec:
         threads: Torch threads (``None``: one per core the process may run on).
         cores: CPU cores to pin the process to (``None``: the trainer's).
         parent_pid: The trainer's pid: the process exits if it is gone before it could be watched.
+        kernel_choices: ``"auto"`` kernel choices to take before anything is measured here
+            (:func:`~llm_zoo_train.models.kernel_choices.measured_kernel_choices`: the trainer's,
+            or those of the process a resumed run replaces).
     """
 
     config: Any
@@ -61,6 +66,7 @@ class WorkerSpec:
     threads: int | None
     cores: list[int] | None
     parent_pid: int
+    kernel_choices: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -96,11 +102,20 @@ def _serve(connection: Any, spec: WorkerSpec) -> None:
 
     from llm_zoo_train.config import validate
     from llm_zoo_train.engines.hf import HFEngine, prefix_cache_mb_for
+    from llm_zoo_train.models.kernel_choices import (
+        KernelChoicesError,
+        adopt_kernel_choices,
+        measured_kernel_choices,
+    )
     from llm_zoo_train.models.policy import Policy
     from llm_zoo_train.rollout import env_servers
     from llm_zoo_train.rollout.replay import GenerationRecorder
     from llm_zoo_train.rollout.step import play_step, save_step_rollout
 
+    try:
+        adopt_kernel_choices(spec.kernel_choices)
+    except KernelChoicesError as err:  # a damaged record costs bit-identity, not the run
+        logging.getLogger(__name__).warning("kernel choices not taken (%s): measuring them again", err)
     config = spec.config
     plan = validate(config)  # also imports the env plugins into this process
     env_servers.configure_env_servers(config.env.servers)
@@ -148,7 +163,7 @@ def _serve(connection: Any, spec: WorkerSpec) -> None:
                 save_step_rollout(
                     config.training.output_dir, produced, spec.rank, spec.num_processes, recorder
                 )
-            connection.send(("rollout", produced))
+            connection.send(("rollout", produced, measured_kernel_choices()))
     finally:
         close = getattr(engine, "close", None)
         if close is not None and not isinstance(engine, HFEngine):

@@ -6,7 +6,7 @@ A checkpoint is a directory ``OUTPUT_DIR/checkpoint-STEP/``::
     optimizers.pt         optimizer state per trainable adapter
     schedulers.pt         LR scheduler state per trainable adapter
     rng_state.pt          Python, NumPy, torch (CPU and CUDA) RNG states and the trainer's generator
-    trainer_state.json    step, adapter version, metrics history
+    trainer_state.json    step, adapter version, metrics history, the kernels "auto" chose
     config.yaml           the run's configuration
     manifest.json         size and SHA-256 of every other file, written last (llm_zoo_train.runs.manifest)
 
