@@ -225,6 +225,8 @@ def _rollout_speed(result: dict[str, Any]) -> str:
             )
             + ". `engine_n_k_exact` is `engine_n_k` with `decode_kernel: exact`."
         )
+    if result.get("decode_attention_choices"):
+        text += "\n\n" + _decode_attention_line(result).strip()
     return text
 
 
@@ -361,6 +363,21 @@ def _decode_kernel_line(result: dict[str, Any]) -> str:
     )
 
 
+def _decode_attention_line(result: dict[str, Any]) -> str:
+    choices = result.get("decode_attention_choices")
+    if not choices:
+        return ""
+    return (
+        " A decode step's attention (measured on this machine): "
+        + "; ".join(
+            f"{where.split('/')[-1]} {'grouped products' if c['kernel'] == 'grouped' else 'sdpa'}"
+            f" ({1e6 * c['sdpa_s']:.0f} us a layer sdpa, {1e6 * c['grouped_s']:.0f} us grouped)"
+            for where, c in choices.items()
+        )
+        + "."
+    )
+
+
 def _update_kernel_line(result: dict[str, Any]) -> str:
     choices = result.get("update_kernel_choices")
     if not choices:
@@ -396,7 +413,7 @@ def trainer_vs_trl(result: dict[str, Any]) -> str:
         f" {settings['micro_batch']}, one optimizer step per generation batch, {settings['torch_threads']} torch"
         f" thread(s) each, {settings['rounds']} alternating rounds of {settings['steps_per_round']} steps"
         f" ({settings['warmup']}). Same prompts on both sides:"
-        f" {result['prompt_check'].get('same_prompt_token_ids')} (token ids compared).{_allocator_line(settings)}{_decode_kernel_line(result)}{_update_kernel_line(result)}\n\n"
+        f" {result['prompt_check'].get('same_prompt_token_ids')} (token ids compared).{_allocator_line(settings)}{_decode_kernel_line(result)}{_update_kernel_line(result)}{_decode_attention_line(result)}\n\n"
     )
     text += _table(["trainer", "median s/step", "mean", "range", "steps", "round means"], rows)
     breakdown = summary.get("breakdown_ours_mean_s", {})

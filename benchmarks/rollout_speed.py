@@ -57,6 +57,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import llm_zoo
 from llm_zoo_train.engines.base import SamplingParams
 from llm_zoo_train.engines.hf import HFEngine, prefix_cache_mb_for
+from llm_zoo_train.models.attention import decode_attention_choices
 from llm_zoo_train.models.chat import encode_prompt
 from llm_zoo_train.rollout.team_credit import LOOKAHEAD_ROUND, generated_tokens
 from llm_zoo_train.rollout.tree import tree_rollout
@@ -356,6 +357,7 @@ def main(argv: list[str] | None = None) -> dict:
             dataclasses.asdict(c)
             for c in (shared.packed_weights.choices.values() if shared.packed_weights is not None else ())
         ],
+        "decode_attention_choices": decode_attention_choices(),
         "torch": torch.__version__,
         "quick": args.quick,
     }
