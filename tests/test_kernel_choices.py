@@ -6,6 +6,7 @@ its checkpoint saved."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -19,6 +20,7 @@ from llm_zoo_train.models.frozen_linear import FrozenLinearPackings, forget_froz
 from llm_zoo_train.models.kernel_choices import (  # noqa: E402
     KernelChoicesError,
     adopt_kernel_choices,
+    describe_kernel_choices,
     measured_kernel_choices,
 )
 from llm_zoo_train.models.packed_linear import (  # noqa: E402
@@ -148,7 +150,9 @@ def test_a_malformed_record_is_one_error_naming_the_problem(record, message):
     assert measured_kernel_choices() == {"decode_products": [], "update_products": [], "decode_attention": {}}
 
 
-def test_a_resumed_run_takes_the_kernels_its_checkpoint_recorded(tiny_model_dir, tmp_path, one_torch_thread):
+def test_a_resumed_run_takes_the_kernels_its_checkpoint_recorded(
+    tiny_model_dir, tmp_path, caplog, one_torch_thread
+):
     overrides = ["--training.max_steps", "2", "--training.save_steps", "1", "--eval.num_episodes", "0"]
     config = toy_config(tiny_model_dir, tmp_path / "run", overrides)
     Trainer(config).train(stop_after_step=1)
@@ -160,9 +164,11 @@ def test_a_resumed_run_takes_the_kernels_its_checkpoint_recorded(tiny_model_dir,
     assert set(recorded["decode_attention"]) == {"cpu/float32"}
 
     forget_all()  # a new process: nothing measured
-    resumed = Trainer(config, resume_from=tmp_path / "run")
+    with caplog.at_level(logging.INFO, logger="llm_zoo_train.models.kernel_choices"):
+        resumed = Trainer(config, resume_from=tmp_path / "run")
     assert resumed.step == 1
     assert measured_kernel_choices() == recorded
+    assert "kernel choices taken, not measured: decode attention cpu/float32: " in caplog.text
     resumed.train()
     # Its decode steps chose by the record: the timings are the first run's, not new ones.
     assert measured_kernel_choices()["decode_attention"] == recorded["decode_attention"]
@@ -205,3 +211,15 @@ def test_a_checkpoint_whose_record_is_damaged_resumes_with_a_warning(
     assert measured_kernel_choices()["decode_attention"] == {}
     resumed.train()  # and the run goes on
     assert resumed.step == 2
+
+
+def test_a_record_is_described_in_one_line():
+    record = {
+        "decode_products": [{"layers": [[160, 96, True]], "rows": 16, "kernel": "onednn"}],
+        "update_products": [{"layers": [[160, 96]], "kernel": None}],
+        "decode_attention": ATTENTION,
+    }
+    assert describe_kernel_choices(record) == (
+        "decode products at 16 rows: onednn; update products: F.linear; decode attention cpu/float32: grouped"
+    )
+    assert describe_kernel_choices({}) == "none"

@@ -15,11 +15,13 @@ So a run measures each choice once and passes the record on: the trainer saves
 (``rollout.async_steps``) starts from the trainer's record, sends its own back with each
 rollout, and the checkpoint keeps that too, for the process a resumed run starts. A record that
 cannot be read is named in a one-line warning and the choices are measured again: the run goes
-on, bit-identical only where the timings choose the same.
+on, bit-identical only where the timings choose the same. Each adoption logs the choices it took
+in one ``INFO`` line (:func:`describe_kernel_choices`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,7 +29,9 @@ from llm_zoo_train.models.attention import adopt_decode_attention_choices, decod
 from llm_zoo_train.models.frozen_linear import adopt_frozen_measurements, frozen_measurements
 from llm_zoo_train.models.packed_linear import adopt_measurements, measurements
 
-__all__ = ["KernelChoicesError", "adopt_kernel_choices", "measured_kernel_choices"]
+__all__ = ["KernelChoicesError", "adopt_kernel_choices", "describe_kernel_choices", "measured_kernel_choices"]
+
+logger = logging.getLogger(__name__)
 
 
 class KernelChoicesError(ValueError):
@@ -66,3 +70,23 @@ def adopt_kernel_choices(record: Mapping[str, Any], *, replace: bool = True) -> 
                 adopt(record[part], replace=replace)
             except (AttributeError, KeyError, TypeError, ValueError) as err:
                 raise KernelChoicesError(f"{part}: {type(err).__name__}: {err}") from None
+    if any(record.get(part) for part in adopters):
+        logger.info("kernel choices taken, not measured: %s", describe_kernel_choices(record))
+
+
+def describe_kernel_choices(record: Mapping[str, Any]) -> str:
+    """``record`` (:func:`measured_kernel_choices`) in one line, e.g. ``decode products at 16 rows:
+    onednn; update products: onednn; decode attention cpu/float32: sdpa``."""
+    parts = [
+        f"decode products at {entry.get('rows')} rows: {entry.get('kernel') or 'F.linear'}"
+        for entry in record.get("decode_products") or ()
+    ]
+    parts += [
+        f"update products: {entry.get('kernel') or 'F.linear'}"
+        for entry in record.get("update_products") or ()
+    ]
+    parts += [
+        f"decode attention {where}: {choice.get('kernel')}"
+        for where, choice in (record.get("decode_attention") or {}).items()
+    ]
+    return "; ".join(parts) or "none"
