@@ -1,8 +1,10 @@
 """Generation speed of the transformers engine in the shape tree rollouts use it.
 
 A tree rollout step asks, for E live envs, K candidates per prompt. This script times that same
-request (E real env prompts, K samples each, one LoRA adapter active, sampled at temperature 1)
-four ways and reports generated tokens per second:
+request (E real env prompts, K samples each, one LoRA adapter active, sampled at temperature 1,
+the model's attention as the trainer chooses it: ``model.attn_implementation: auto``, whose
+decode-step choice ``decode_attention_choices`` in the JSON records) five ways and reports
+generated tokens per second:
 
 * ``engine_n_k``: ``HFEngine.generate(prompts, n=K)``, one call; each prompt is prefilled once and
   its KV cache copied to its K rows (what the rollout does);
@@ -59,6 +61,7 @@ from llm_zoo_train.engines.base import SamplingParams
 from llm_zoo_train.engines.hf import HFEngine, prefix_cache_mb_for
 from llm_zoo_train.models.attention import decode_attention_choices
 from llm_zoo_train.models.chat import encode_prompt
+from llm_zoo_train.models.precision import choose_attention
 from llm_zoo_train.rollout.team_credit import LOOKAHEAD_ROUND, generated_tokens
 from llm_zoo_train.rollout.tree import tree_rollout
 
@@ -77,6 +80,8 @@ def load_model(name: str, dtype: str):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     if torch.cuda.is_available():
         model = model.to("cuda")
+    # The attention the trainer loads its model with (model.attn_implementation: auto).
+    model.set_attn_implementation(choose_attention("auto", model))
     # A LoRA adapter is active during rollouts; its cost belongs in the measurement.
     lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     model = get_peft_model(model, lora, adapter_name=ADAPTER).eval()
