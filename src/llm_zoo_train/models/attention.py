@@ -71,10 +71,9 @@ DECODE_ATTENTION = "auto"
 #: ``"auto"`` takes the grouped products only when torch's kernel is this much slower.
 GROUPED_MIN_SPEEDUP = 1.15
 
-# "auto"'s choice per (device type, dtype): True where the grouped products won.
-_grouped_wins: dict[tuple[str, torch.dtype], bool] = {}
-# Their timings (seconds: torch's kernel, the grouped products), for the log and benchmarks.
-_timings: dict[tuple[str, torch.dtype], tuple[float, float]] = {}
+# "auto"'s choice per (device type, dtype): whether the grouped products won, and the timings
+# (seconds: torch's kernel, the grouped products) for the log and benchmarks.
+_measured: dict[tuple[str, torch.dtype], tuple[bool, float, float]] = {}
 
 
 def set_decode_attention(choice: str) -> None:
@@ -90,19 +89,18 @@ def set_decode_attention(choice: str) -> None:
 
 def forget_decode_attention_choices() -> None:
     """Drop ``"auto"``'s measurements (each dtype is measured again at its next decode step)."""
-    _grouped_wins.clear()
-    _timings.clear()
+    _measured.clear()
 
 
 def decode_attention_choices() -> dict[str, dict[str, Any]]:
     """What ``"auto"`` measured and chose in this process, by ``"device/dtype"``."""
     return {
         f"{device}/{str(dtype).removeprefix('torch.')}": {
-            "kernel": "grouped" if _grouped_wins[(device, dtype)] else "sdpa",
+            "kernel": "grouped" if grouped else "sdpa",
             "sdpa_s": sdpa_s,
             "grouped_s": grouped_s,
         }
-        for (device, dtype), (sdpa_s, grouped_s) in _timings.items()
+        for (device, dtype), (grouped, sdpa_s, grouped_s) in _measured.items()
     }
 
 
@@ -123,10 +121,9 @@ def adopt_decode_attention_choices(choices: Mapping[str, Mapping[str, Any]], *, 
             float(choice["sdpa_s"]),
             float(choice["grouped_s"]),
         )
-    for key, (grouped, sdpa_s, grouped_s) in parsed.items():
-        if replace or key not in _grouped_wins:
-            _grouped_wins[key] = grouped
-            _timings[key] = (sdpa_s, grouped_s)
+    for key, measured in parsed.items():
+        if replace or key not in _measured:
+            _measured[key] = measured
 
 
 def grouped_decode_attention(
@@ -163,7 +160,7 @@ def _sdpa_in_place(query, key, value, attention_mask, dropout, scaling) -> torch
 def _grouped_faster(query, key, value, attention_mask, scaling) -> bool:
     """``"auto"``: time both ways on this call's tensors once per device type and dtype."""
     where = (query.device.type, query.dtype)
-    if where not in _grouped_wins:
+    if where not in _measured:
         calls = {
             "sdpa": lambda: _sdpa_in_place(query, key, value, attention_mask, 0.0, scaling),
             "grouped": lambda: grouped_decode_attention(query, key, value, attention_mask, scaling),
@@ -176,8 +173,7 @@ def _grouped_faster(query, key, value, attention_mask, scaling) -> bool:
                 if timed:  # the first of each warms the kernels
                     seconds[name].append(time.perf_counter() - start)
         sdpa_s, grouped_s = min(seconds["sdpa"]), min(seconds["grouped"])
-        _grouped_wins[where] = sdpa_s >= GROUPED_MIN_SPEEDUP * grouped_s
-        _timings[where] = (sdpa_s, grouped_s)
+        _measured[where] = (sdpa_s >= GROUPED_MIN_SPEEDUP * grouped_s, sdpa_s, grouped_s)
         logger.info(
             "decode attention in %s on the %s (%d rows, %d positions): torch's sdpa %.0f us a layer,"
             " grouped products %.0f us: using %s",
@@ -187,9 +183,9 @@ def _grouped_faster(query, key, value, attention_mask, scaling) -> bool:
             key.shape[2],
             1e6 * sdpa_s,
             1e6 * grouped_s,
-            "the grouped products" if _grouped_wins[where] else "sdpa",
+            "the grouped products" if _measured[where][0] else "sdpa",
         )
-    return _grouped_wins[where]
+    return _measured[where][0]
 
 
 def _reads_in_place(module: Any, query: torch.Tensor, attention_mask: Any, kwargs: dict[str, Any]) -> bool:
