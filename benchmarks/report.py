@@ -394,6 +394,26 @@ def _update_kernel_line(result: dict[str, Any]) -> str:
             for c in choices
         )
         + "."
+        + _update_lora_line(result)
+    )
+
+
+def _update_lora_line(result: dict[str, Any]) -> str:
+    choices = result.get("update_lora_choices")
+    if not choices:
+        return ""
+    return (
+        " Its LoRA products: "
+        + "; ".join(
+            ("the rank as the rows" if c["rank_rows"] else "peft's")
+            + (
+                f" ({1e3 * c['rank_rows_s']:.0f} ms a pass, peft's {1e3 * c['peft_s']:.0f} ms)"
+                if c.get("peft_s")
+                else ""
+            )
+            for c in choices
+        )
+        + "."
     )
 
 

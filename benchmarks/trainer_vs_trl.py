@@ -68,6 +68,7 @@ from _common import git_commit
 import llm_zoo
 from llm_zoo import Outcome, TextAECEnv
 from llm_zoo_train.models.attention import decode_attention_choices
+from llm_zoo_train.models.lora_rank_rows import rank_rows_measurements
 from llm_zoo_train.runs.memory import keep_freed_memory
 
 RESULTS = Path(__file__).parent / "results"
@@ -676,6 +677,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ],
         # What training.update_kernel: auto chose for the update's frozen layers.
         "update_kernel_choices": [dataclasses.asdict(c) for c in ours.updater.frozen_linear.choices.values()],
+        # And for its LoRA products (llm_zoo_train.models.lora_rank_rows).
+        "update_lora_choices": rank_rows_measurements(),
         # What a decode step's attention took in this process (llm_zoo_train.models.attention).
         "decode_attention_choices": decode_attention_choices(),
         "summary": summary,

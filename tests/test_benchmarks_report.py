@@ -122,3 +122,14 @@ def test_the_decode_attention_choice_is_reported_where_recorded(name):
         "A decode step's attention (measured on this machine): float32 grouped products (1300 us a layer sdpa, 1100 us grouped)."
         in formatter(result)
     )
+
+
+def test_the_update_lora_choice_is_reported_where_recorded():
+    result = json.loads((BENCHMARKS / "results" / "trainer_vs_trl.json").read_text())
+    formatter = next(f for n, _, f in report.SECTIONS if n == "trainer_vs_trl")
+    result.pop("update_lora_choices", None)
+    assert "Its LoRA products" not in formatter(result)
+    result["update_lora_choices"] = [
+        {"layers": [[576, 576, 8]], "rank_rows": True, "peft_s": 0.097, "rank_rows_s": 0.068}
+    ]
+    assert "Its LoRA products: the rank as the rows (68 ms a pass, peft's 97 ms)." in formatter(result)

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import toy_envs_trainer  # noqa: E402, F401
-from llm_zoo_train.models import frozen_linear, packed_linear  # noqa: E402
+from llm_zoo_train.models import frozen_linear, lora_rank_rows, packed_linear  # noqa: E402
 from llm_zoo_train.models.attention import forget_decode_attention_choices  # noqa: E402
 from llm_zoo_train.models.frozen_linear import FrozenLinearPackings, forget_frozen_measurements  # noqa: E402
 from llm_zoo_train.models.kernel_choices import (  # noqa: E402
@@ -23,6 +23,7 @@ from llm_zoo_train.models.kernel_choices import (  # noqa: E402
     describe_kernel_choices,
     measured_kernel_choices,
 )
+from llm_zoo_train.models.lora_rank_rows import forget_rank_rows_measurements, rank_rows_chosen  # noqa: E402
 from llm_zoo_train.models.packed_linear import (  # noqa: E402
     PackedLinearWeights,
     forget_measurements,
@@ -40,6 +41,7 @@ needs_onednn = pytest.mark.skipif(
 def forget_all() -> None:
     forget_measurements()
     forget_frozen_measurements()
+    forget_rank_rows_measurements()
     forget_decode_attention_choices()
 
 
@@ -72,13 +74,23 @@ def timings(monkeypatch):
         timed.append("update F.linear" if plain else "update onednn")
         return 0.010 if plain else 0.005
 
+    def lora_pass(calls):
+        peft = calls[0][1].func.__name__ == "_peft_pass"
+        timed.append("update LoRA peft" if peft else "update LoRA rank rows")
+        return 0.010 if peft else 0.005
+
     monkeypatch.setattr(packed_linear, "_pass_seconds", decode_pass)
     monkeypatch.setattr(frozen_linear, "_pass_seconds", update_pass)
+    monkeypatch.setattr(lora_rank_rows, "_pass_seconds", lora_pass)
     return timed
 
 
-def choose(layer: torch.nn.Linear) -> tuple[object, object]:
-    """The decode and the update choices fresh objects make for ``layer``."""
+LORA_SHAPES = {(96, 160, 8): 2}
+
+
+def choose(layer: torch.nn.Linear) -> tuple[object, object, bool]:
+    """The decode and the update choices fresh objects make for ``layer``, and the update's LoRA
+    products' for two rank-8 adapters on it."""
     decode, update = PackedLinearWeights("auto"), FrozenLinearPackings("auto")
     with torch.no_grad(), decode.applied(layer, 16):
         pass
@@ -86,7 +98,7 @@ def choose(layer: torch.nn.Linear) -> tuple[object, object]:
         pass
     [decode_choice] = decode.choices.values()
     [update_choice] = update.choices.values()
-    return decode_choice, update_choice
+    return decode_choice, update_choice, rank_rows_chosen("auto", LORA_SHAPES)
 
 
 ATTENTION = {"cpu/float32": {"kernel": "grouped", "sdpa_s": 0.002, "grouped_s": 0.001}}
@@ -96,11 +108,12 @@ ATTENTION = {"cpu/float32": {"kernel": "grouped", "sdpa_s": 0.002, "grouped_s": 
 def test_an_adopted_record_is_chosen_again_without_measuring(timings):
     layer = frozen(96, 160)
     measured = choose(layer)
-    assert measured[0].kernel == "onednn" and measured[1].kernel == "onednn"
+    assert measured[0].kernel == "onednn" and measured[1].kernel == "onednn" and measured[2]
     adopt_kernel_choices({"decode_attention": ATTENTION})
     record = json.loads(json.dumps(measured_kernel_choices()))  # what a checkpoint keeps
     assert record["decode_attention"] == ATTENTION
-    assert [len(record["decode_products"]), len(record["update_products"])] == [1, 1]
+    parts = ("decode_products", "update_products", "update_lora_products")
+    assert [len(record[part]) for part in parts] == [1, 1, 1]
     timed_before = len(timings)
 
     forget_all()
@@ -118,11 +131,13 @@ def test_replace_false_keeps_this_processes_own_choices(timings):
     other = json.loads(json.dumps(own))
     other["decode_products"][0].update(kernel="mkl", onednn_s=0.02, any_rows=False)
     other["update_products"][0].update(kernel=None, onednn_s=0.02)
+    other["update_lora_products"][0].update(rank_rows=False, rank_rows_s=0.02)
     other["decode_attention"] = ATTENTION
     adopt_kernel_choices(other, replace=False)
     taken = measured_kernel_choices()
     assert taken["decode_products"] == own["decode_products"]
     assert taken["update_products"] == own["update_products"]
+    assert taken["update_lora_products"] == own["update_lora_products"]
     assert taken["decode_attention"] == ATTENTION  # not measured here: taken
     adopt_kernel_choices(other)
     assert measured_kernel_choices() == {**other, "decode_attention": ATTENTION}
@@ -138,6 +153,8 @@ def test_replace_false_keeps_this_processes_own_choices(timings):
         ({"decode_attention": {"cpu/float32": {"kernel": "sdpa"}}}, "KeyError"),
         ({"update_products": [{"layers": [[160, 96]], "kernel": "onednn", "speed": 2}]}, "speed"),
         ({"decode_products": [{"layers": [[160, 96, True]], "rows": 16, "kernel": "blas"}]}, "'blas'"),
+        ({"update_lora_products": [{"layers": [[96, 160, 8]], "rank_rows": 1}]}, "true or false"),
+        ({"update_lora_products": [{"layers": [[96, 160]], "rank_rows": True}]}, "ValueError"),
     ],
 )
 def test_a_malformed_record_is_one_error_naming_the_problem(record, message):
@@ -147,7 +164,12 @@ def test_a_malformed_record_is_one_error_naming_the_problem(record, message):
     with pytest.raises(KernelChoicesError) as err:
         adopt_kernel_choices(record)
     assert message in str(err.value) and "\n" not in str(err.value)
-    assert measured_kernel_choices() == {"decode_products": [], "update_products": [], "decode_attention": {}}
+    assert measured_kernel_choices() == {
+        "decode_products": [],
+        "update_products": [],
+        "update_lora_products": [],
+        "decode_attention": {},
+    }
 
 
 def test_a_resumed_run_takes_the_kernels_its_checkpoint_recorded(
@@ -168,7 +190,8 @@ def test_a_resumed_run_takes_the_kernels_its_checkpoint_recorded(
         resumed = Trainer(config, resume_from=tmp_path / "run")
     assert resumed.step == 1
     assert measured_kernel_choices() == recorded
-    assert "kernel choices taken, not measured: decode attention cpu/float32: " in caplog.text
+    assert "kernel choices taken, not measured: " in caplog.text
+    assert "decode attention cpu/float32: " in caplog.text
     resumed.train()
     # Its decode steps chose by the record: the timings are the first run's, not new ones.
     assert measured_kernel_choices()["decode_attention"] == recorded["decode_attention"]
@@ -217,9 +240,11 @@ def test_a_record_is_described_in_one_line():
     record = {
         "decode_products": [{"layers": [[160, 96, True]], "rows": 16, "kernel": "onednn"}],
         "update_products": [{"layers": [[160, 96]], "kernel": None}],
+        "update_lora_products": [{"layers": [[96, 160, 8]], "rank_rows": True}],
         "decode_attention": ATTENTION,
     }
     assert describe_kernel_choices(record) == (
-        "decode products at 16 rows: onednn; update products: F.linear; decode attention cpu/float32: grouped"
+        "decode products at 16 rows: onednn; update products: F.linear; update LoRA products: the rank"
+        " as the rows; decode attention cpu/float32: grouped"
     )
     assert describe_kernel_choices({}) == "none"

@@ -95,6 +95,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.models.lora_forward", "llm_zoo_train.models.lora_forward"),
     ("llm_zoo_train.models.lora_inference", "llm_zoo_train.models.lora_inference"),
     ("llm_zoo_train.models.lora_training", "llm_zoo_train.models.lora_training"),
+    ("llm_zoo_train.models.lora_rank_rows", "llm_zoo_train.models.lora_rank_rows"),
     ("llm_zoo_train.models.packed_linear", "llm_zoo_train.models.packed_linear"),
     ("llm_zoo_train.models.merged_lora", "llm_zoo_train.models.merged_lora"),
     ("llm_zoo_train.models.frozen_linear", "llm_zoo_train.models.frozen_linear"),

@@ -355,11 +355,13 @@ class TrainingConfig:
     """Autocast precision of forward/backward (Accelerate's mixed_precision)."""
     update_kernel: Literal["auto", "exact", "onednn"] = "auto"
     """Float32 on a CPU: how the update multiplies by the frozen base layers (forward and the
-    input's gradient; llm_zoo_train.models.frozen_linear). exact: F.linear (MKL's sgemm, which
-    re-packs each weight on every call). onednn: oneDNN's copies of W and W^T, packed once and
-    kept (twice the base layers' float32 size in memory; other float32 rounding). auto: measured
-    once per model on the machine, oneDNN's where at least 1.15x faster, else exact; the log says
-    which (INFO, llm_zoo_train.models.frozen_linear)."""
+    input's gradient; llm_zoo_train.models.frozen_linear) and computes the LoRA products that
+    have the rank as a side (llm_zoo_train.models.lora_rank_rows). exact: F.linear (MKL's sgemm,
+    which re-packs each weight on every call) and peft's LoRA products, bit for bit. onednn:
+    oneDNN's copies of W and W^T, packed once and kept (twice the base layers' float32 size in
+    memory), and the LoRA products with the rank as the rows; other float32 rounding. auto: each
+    of the two measured once per model on the machine and taken where at least 1.15x faster, else
+    exact's; the log says which (INFO, llm_zoo_train.models.frozen_linear and lora_rank_rows)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     keep_freed_memory: bool = True

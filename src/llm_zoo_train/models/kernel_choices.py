@@ -1,9 +1,10 @@
 """What the ``"auto"`` kernel choices measured, as one record a run keeps and passes on.
 
-Three choices are timed on the machine rather than assumed, once per process: the decode's
+Four choices are timed on the machine rather than assumed, once per process: the decode's
 packed products (``rollout.decode_kernel``, :mod:`llm_zoo_train.models.packed_linear`), the
-update's frozen-layer products (``training.update_kernel``, :mod:`llm_zoo_train.models.frozen_linear`)
-and a decode step's attention (:mod:`llm_zoo_train.models.attention`). Each alternative rounds
+update's frozen-layer products and its LoRA products (``training.update_kernel``,
+:mod:`llm_zoo_train.models.frozen_linear`, :mod:`llm_zoo_train.models.lora_rank_rows`) and a decode
+step's attention (:mod:`llm_zoo_train.models.attention`). Each alternative rounds
 differently, and where the two are close in time a timing can go either way. A process that
 measured again could then choose otherwise, and its tokens, logprobs and gradients would differ
 from the run it continues in the last float32 bits, so that a resumed run would not repeat the
@@ -27,6 +28,7 @@ from typing import Any
 
 from llm_zoo_train.models.attention import adopt_decode_attention_choices, decode_attention_choices
 from llm_zoo_train.models.frozen_linear import adopt_frozen_measurements, frozen_measurements
+from llm_zoo_train.models.lora_rank_rows import adopt_rank_rows_measurements, rank_rows_measurements
 from llm_zoo_train.models.packed_linear import adopt_measurements, measurements
 
 __all__ = ["KernelChoicesError", "adopt_kernel_choices", "describe_kernel_choices", "measured_kernel_choices"]
@@ -40,11 +42,13 @@ class KernelChoicesError(ValueError):
 
 def measured_kernel_choices() -> dict[str, Any]:
     """Every ``"auto"`` choice this process measured or adopted, JSON-ready: ``decode_products``,
-    ``update_products`` (lists of the layer shapes with the choice and its timings) and
+    ``update_products``, ``update_lora_products`` (lists of the layer shapes with the choice and
+    its timings) and
     ``decode_attention`` (by ``"device/dtype"``)."""
     return {
         "decode_products": measurements(),
         "update_products": frozen_measurements(),
+        "update_lora_products": rank_rows_measurements(),
         "decode_attention": decode_attention_choices(),
     }
 
@@ -59,6 +63,7 @@ def adopt_kernel_choices(record: Mapping[str, Any], *, replace: bool = True) -> 
     adopters: dict[str, Callable[..., None]] = {
         "decode_products": adopt_measurements,
         "update_products": adopt_frozen_measurements,
+        "update_lora_products": adopt_rank_rows_measurements,
         "decode_attention": adopt_decode_attention_choices,
     }
     unknown = sorted(set(record) - set(adopters))
@@ -84,6 +89,10 @@ def describe_kernel_choices(record: Mapping[str, Any]) -> str:
     parts += [
         f"update products: {entry.get('kernel') or 'F.linear'}"
         for entry in record.get("update_products") or ()
+    ]
+    parts += [
+        f"update LoRA products: {'the rank as the rows' if entry.get('rank_rows') else 'peft'}"
+        for entry in record.get("update_lora_products") or ()
     ]
     parts += [
         f"decode attention {where}: {choice.get('kernel')}"

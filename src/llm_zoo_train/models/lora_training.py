@@ -21,6 +21,10 @@ anything peft's plain path does not cover (several or disabled adapters, merged 
 such as DoRA, dropout, a ``lora_B`` bias, mixed dtypes, autocast, extra forward arguments, a
 ``forward`` already replaced on the instance), keeps peft's own forward.
 
+That is ``training.update_kernel: exact``. Under ``auto`` (where measured faster) and ``onednn``,
+float32 layers on a CPU instead compute the products that have the rank as a side with the rank
+as the rows (:mod:`~llm_zoo_train.models.lora_rank_rows`, any scaling): faster, other rounding.
+
 Measured on the project's Xeon (one thread, SmolLM2-135M in float32, all-linear r=8 adapters,
 load ~0.9): one micro-batch of 8 completions of 32 tokens, forward and backward, 1.80 -> 1.70 s
 with the same logprobs and gradients; the trainer-vs-TRL job's whole update, alternating steps,
@@ -41,7 +45,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from llm_zoo_train.models.lora_forward import ProbeVerdicts, replaced_lora_forwards
+from llm_zoo_train.models.lora_forward import ProbeVerdicts, lora_linear_class, replaced_lora_forwards
+from llm_zoo_train.models.lora_rank_rows import RankRowsLoRA, rank_rows_chosen
 
 __all__ = ["exact_scaling", "fused_lora_forward", "fused_matches_peft"]
 
@@ -85,11 +90,9 @@ def fused_matches_peft(
     )
 
 
-def _fusable_adapter(
-    layer: Any, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> str | None:
-    """The one active adapter when this call is a plain LoRA forward with autograd on and an exact
-    scaling (the fused form applies), else ``None`` (peft's forward runs)."""
+def _plain_adapter(layer: Any, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The one active adapter when this call is a plain LoRA forward with autograd on, else ``None``
+    (peft's forward runs)."""
     if args or kwargs or not torch.is_grad_enabled() or layer.disable_adapters or layer.merged:
         return None
     if torch.is_autocast_enabled(x.device.type):
@@ -103,23 +106,25 @@ def _fusable_adapter(
         adapter in layer.lora_variant
         or not isinstance(layer.lora_dropout[adapter], torch.nn.Identity)
         or getattr(lora_b, "bias", None) is not None
-        or not exact_scaling(float(layer.scaling[adapter]))
         or not (x.dtype == lora_a.weight.dtype == lora_b.weight.dtype)
     ):
         return None
     return adapter
 
 
-def _fused_forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    adapter = _fusable_adapter(layer, x, args, kwargs)
-    if adapter is None:
+def _fused_forward(layer: Any, rank_rows: bool, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    adapter = _plain_adapter(layer, x, args, kwargs)
+    scaling = float(layer.scaling[adapter]) if adapter is not None else 1.0
+    takes_rank_rows = rank_rows and x.dtype == torch.float32 and x.device.type == "cpu"
+    if adapter is None or not (takes_rank_rows or exact_scaling(scaling)):
         return type(layer).forward(layer, x, *args, **kwargs)
     result = layer.base_layer(x)
     lora_a, lora_b = layer.lora_A[adapter], layer.lora_B[adapter]
-    scaling = float(layer.scaling[adapter])
-    hidden = lora_a(x)
     if result.dtype != x.dtype:  # peft would promote and cast back: keep its operations
-        return (result + lora_b(hidden) * scaling).to(result.dtype)
+        return (result + lora_b(lora_a(x)) * scaling).to(result.dtype)
+    if takes_rank_rows:  # training.update_kernel chose other rounding for speed (lora_rank_rows)
+        return RankRowsLoRA.apply(result, x, lora_a.weight, lora_b.weight, scaling)
+    hidden = lora_a(x)
     out_features, rank = lora_b.weight.shape
     rows = hidden.numel() // rank
     if not fused_matches_peft(rows, out_features, rank, scaling, x.dtype, x.device):
@@ -130,8 +135,26 @@ def _fused_forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> to
     return fused.view(result.shape)
 
 
-def fused_lora_forward(model: Any) -> AbstractContextManager[None]:
+def _rank_rows_shapes(model: Any) -> dict[tuple[int, int, int], int]:
+    """The (input, output, rank) shapes of ``model``'s float32 CPU LoRA products, with their counts."""
+    lora_linear = lora_linear_class()
+    shapes: dict[tuple[int, int, int], int] = {}
+    for module in model.modules() if lora_linear is not None else ():
+        if type(module) is not lora_linear:
+            continue
+        for name, lora_a in module.lora_A.items():
+            lora_b = module.lora_B[name]
+            if lora_a.weight.dtype == torch.float32 and lora_a.weight.device.type == "cpu":
+                shape = (lora_a.in_features, lora_b.out_features, lora_a.out_features)
+                shapes[shape] = shapes.get(shape, 0) + 1
+    return shapes
+
+
+def fused_lora_forward(model: Any, kernel: str = "exact") -> AbstractContextManager[None]:
     """Within the block, every peft LoRA linear layer of ``model`` runs the fused forward (module
     docstring) where it applies, peft's own elsewhere; afterwards peft's own again. The graph built
-    inside the block can be differentiated after it."""
-    return replaced_lora_forwards(model, lambda layer: partial(_fused_forward, layer))
+    inside the block can be differentiated after it. ``kernel`` (``training.update_kernel``):
+    ``"exact"`` keeps peft's bits; ``"auto"`` and ``"onednn"`` may multiply with the rank as the
+    rows instead (:mod:`~llm_zoo_train.models.lora_rank_rows`, other rounding)."""
+    rank_rows = kernel != "exact" and rank_rows_chosen(kernel, _rank_rows_shapes(model))
+    return replaced_lora_forwards(model, lambda layer: partial(_fused_forward, layer, rank_rows))

@@ -158,9 +158,12 @@ class AdapterUpdater:
         prompts = [s.prompt_token_ids for s in batch]
         completions = [s.completion_token_ids for s in batch]
         with self.accelerator.autocast():
-            # The same bits as peft's LoRA forward, with fewer passes over each layer's output; the
-            # frozen base layers by packed copies where training.update_kernel chose them.
-            with fused_lora_forward(self.policy.model), self.frozen_linear.applied(self.policy.model):
+            # peft's LoRA forward with fewer passes over each layer's output (its bits, or the rank
+            # as the rows), the frozen base layers by packed copies: as training.update_kernel chose.
+            with (
+                fused_lora_forward(self.policy.model, self.training.update_kernel),
+                self.frozen_linear.applied(self.policy.model),
+            ):
                 logprobs, mask, entropy = completion_logprobs(
                     self.policy.model,
                     prompts,
