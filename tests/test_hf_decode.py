@@ -92,6 +92,18 @@ def forward_rows(model, monkeypatch) -> list[int]:
     return batch_sizes
 
 
+def test_a_shared_prefill_gives_the_first_token_without_another_pass(model_and_tokenizer, monkeypatch):
+    """The compacting loop samples each row's first token from the prefill's logits: the prompts
+    are read once, whole, and every later pass runs a sampled token."""
+    model, tokenizer = model_and_tokenizer
+    engine = HFEngine(model, tokenizer, prefix_cache_mb=0)
+    batch_sizes = forward_rows(model, monkeypatch)
+    out = engine.generate(PROMPTS, ["one"] * len(PROMPTS), 3, SamplingParams(max_tokens=6, seed=7))
+    longest = max(len(c.token_ids) for row in out for c in row)
+    assert batch_sizes[0] == len(PROMPTS)
+    assert len(batch_sizes) == longest  # the prefill, then one pass per token after the first
+
+
 def test_finished_rows_leave_the_forward_passes(model_and_tokenizer, monkeypatch):
     """The work shrinks: the rows fed to the model fall as rows end (generate keeps all of them).
     Without the float32 CPU floor, every finished row leaves at once."""

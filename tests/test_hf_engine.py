@@ -319,7 +319,9 @@ def test_shared_prefill_gives_the_same_samples(peft_model, tokenizer):
     separate = HFEngine(peft_model, tokenizer, max_batch_size=5, share_prefill=False, prefix_cache_mb=0)
     prefills = []
     original = shared._prefill
-    shared._prefill = lambda ids, mask, index: prefills.append(index.tolist()) or original(ids, mask, index)
+    shared._prefill = lambda ids, mask, index, **kw: (
+        prefills.append(index.tolist()) or original(ids, mask, index, **kw)
+    )
     for sampling in (GREEDY, SamplingParams(max_tokens=8, temperature=0.8, seed=9)):
         a = shared.generate(PROMPTS, ["one", "two", None, "one"], 3, sampling)
         b = separate.generate(PROMPTS, ["one", "two", None, "one"], 3, sampling)

@@ -74,9 +74,13 @@ def test_each_layer_of_the_prompt_pass_is_reported_before_the_first_token(
     )
     reading, after = _reads_then_tokens(engine)
     width = max(len(engine._encode(p)) for p in PROMPTS)
-    # With a shared prefill the unique prompts are read once, all but their last token (the first
+    # With a shared prefill the unique prompts are read once: whole for the compacting loop (it
+    # samples the first token from that pass), all but their last token for generate (its first
     # decode step runs it); otherwise every row (prompt x sample) is read whole.
-    rows, positions = (len(PROMPTS), width - 1) if share_prefill else (2 * len(PROMPTS), width)
+    if share_prefill:
+        rows, positions = len(PROMPTS), width if compact else width - 1
+    else:
+        rows, positions = 2 * len(PROMPTS), width
     assert reading == [("reading", rows, positions, done, layers) for done in range(1, layers + 1)]
     assert all(event[0] == "tokens" for event in after)  # decode steps are not reads
     assert hook_count(model) == 0

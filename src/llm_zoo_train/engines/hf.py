@@ -401,14 +401,17 @@ class HFEngine:
         sampling: SamplingParams,
         generation_config: GenerationConfig,
         width: int,
+        first_logits: torch.Tensor | None = None,
     ) -> tuple[list[list[int]], list[list[float]]]:
-        """Each row's new tokens and their logprobs, from prompts left-padded to ``width``."""
+        """Each row's new tokens and their logprobs, from prompts left-padded to ``width``
+        (``first_logits``: the compacting loop's, from a prefill of whole prompts)."""
         if self.compact_finished_rows:
             return decode_compacting(
                 self.model,
                 input_ids,
                 attention_mask,
                 cache=cache,
+                first_logits=first_logits,
                 max_new_tokens=int(sampling.max_tokens),
                 eos_token_ids=self.eos_token_ids,
                 pad_token_id=self.pad_token_id,
@@ -473,15 +476,27 @@ class HFEngine:
                 and max(len(ids) for ids in unique) > self.prefix_block
             ):
                 cache = self._prefill_from_prefixes(unique, adapter, width - 1, index)
+            first_logits = None
             if (
                 cache is None
                 and self.share_prefill
                 and len(unique) < len(prompt_ids)
                 and min(len(ids) for ids in unique) >= 2
             ):
-                cache = self._prefill(input_ids[:, :-1], attention_mask[:, :-1], index)
+                if self.compact_finished_rows:
+                    # The whole prompt: the compacting loop samples its first token from this pass's
+                    # logits, one forward pass over every row less than generate's way below.
+                    cache, first_logits = self._prefill(input_ids, attention_mask, index, with_logits=True)
+                else:  # generate must run the last prompt token itself
+                    cache, _ = self._prefill(input_ids[:, :-1], attention_mask[:, :-1], index)
             new_tokens, logprobs = self._decode(
-                input_ids[index], attention_mask[index], cache, sampling, generation_config, width
+                input_ids[index],
+                attention_mask[index],
+                cache,
+                sampling,
+                generation_config,
+                width,
+                first_logits,
             )
 
         completions = []
@@ -509,27 +524,36 @@ class HFEngine:
         report_generated(0, len(unreported))
         return completions
 
-    def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, index: torch.Tensor) -> Any:
-        """The KV cache of every prompt but its last token, computed once per unique prompt and
-        copied to the rows (``index``) that sample from it. ``generate`` then runs only the last
-        prompt token per row before decoding. ``None`` (no sharing) for models whose cache cannot be
-        built or indexed this way; a warning says so once."""
+    def _prefill(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        index: torch.Tensor,
+        *,
+        with_logits: bool = False,
+    ) -> tuple[Any, torch.Tensor | None]:
+        """The KV cache of the prompts ``input_ids`` (each unique prompt once: every token but the
+        last for ``generate``, which then runs the last one per row, or whole prompts for the
+        compacting loop), copied to the rows (``index``) that sample from it; with ``with_logits``
+        also each row's logits at its last position (``[rows, vocabulary]``). ``(None, None)``
+        (no sharing) for models whose cache cannot be built or indexed this way; a warning says so
+        once."""
         try:
             from transformers import DynamicCache
 
             cache = DynamicCache(config=self.model.config)
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
             with torch.no_grad():
-                self.model(
+                output = self.model(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
                     position_ids=position_ids,
                     past_key_values=cache,
                     use_cache=True,
-                    # Only the cache is read.
                     **last_logits_only(self.model, input_ids.shape[1], input_ids.device),
                 )
             cache.batch_select_indices(index)
+            logits = output.logits[:, -1][index] if with_logits else None
         except (AttributeError, NotImplementedError, TypeError, ValueError) as err:
             self.share_prefill = False
             warnings.warn(
@@ -538,8 +562,8 @@ class HFEngine:
                 RuntimeWarning,
                 stacklevel=3,
             )
-            return None
-        return cache
+            return None, None
+        return cache, logits
 
     def _prefill_from_prefixes(
         self, unique: list[list[int]], adapter: str | None, span: int, index: torch.Tensor

@@ -165,6 +165,7 @@ def decode_compacting(
     attention_mask: torch.Tensor,
     *,
     cache: Any,
+    first_logits: torch.Tensor | None = None,
     max_new_tokens: int,
     eos_token_ids: Collection[int],
     pad_token_id: int,
@@ -183,7 +184,11 @@ def decode_compacting(
         input_ids: ``[B, L]`` left-padded prompts.
         attention_mask: ``[B, L]``, 0 on padding.
         cache: ``None`` (the prompts are prefilled here), or a ``DynamicCache`` holding every
-            prompt position but the last (then only the last prompt token is run first).
+            prompt position but the last (then only the last prompt token is run first), or every
+            position when ``first_logits`` is given.
+        first_logits: ``[B, V]``: each row's logits at its last prompt position, from the pass that
+            filled ``cache`` with whole prompts: the first token is sampled from them, without a
+            forward pass.
         max_new_tokens: Most tokens per row.
         eos_token_ids: Tokens that end a row (kept as its last token).
         pad_token_id: Not emitted; rows never produce it after they end because they are dropped.
@@ -240,19 +245,22 @@ def decode_compacting(
     grow_in_place = preallocate_kv
 
     for _ in range(max_new_tokens):
-        positions = (step_mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
-        logits = model(
-            input_ids=step_ids,
-            attention_mask=step_mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            **(
-                last_logits_only(model, step_ids.shape[1], device)
-                if gather_prompts and step_ids.shape[1] > 1
-                else only_last
-            ),
-        ).logits[:, -1]
+        if first_logits is not None:  # the prefill's: no pass for the last prompt token
+            logits, first_logits = first_logits, None
+        else:
+            positions = (step_mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
+            logits = model(
+                input_ids=step_ids,
+                attention_mask=step_mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                **(
+                    last_logits_only(model, step_ids.shape[1], device)
+                    if gather_prompts and step_ids.shape[1] > 1
+                    else only_last
+                ),
+            ).logits[:, -1]
         if live.numel() < logits.shape[0]:
             logits = logits[live]
         logits = logits.to(copy=True, dtype=torch.float32)
