@@ -451,6 +451,8 @@ def trainer_vs_trl(result: dict[str, Any]) -> str:
             if "update_kernel_choices" in result
             else ""
         )
+        if "update_lora_choices" in result:  # training.update_kernel: exact also keeps peft's LoRA products
+            old_levers += ", peft's LoRA products"
         text += (
             f"\n\nSide by side, our trainer as before issue 29 (`--old-too`: samples shuffled one by one"
             f" into micro-batches, sdpa attention{old_levers}): **{summary['ratio_old_median']:.3f}** (median; mean"

@@ -160,8 +160,9 @@ def step_topics(seed: int, step: int, prompts_per_step: int) -> list[str]:
 
 def make_ours(args: argparse.Namespace, path: str, workdir: Path, total_steps: int, *, old: bool = False):
     """Our trainer; ``old``: with the update and attention of before issue 29 (samples shuffled one
-    by one into micro-batches, transformers' default sdpa attention, ``F.linear`` for the update's
-    frozen layers, adapters not merged into the engine's packed copies), for ``--old-too``."""
+    by one into micro-batches, transformers' default sdpa attention, ``F.linear`` and peft's LoRA
+    products in the update, adapters not merged into the engine's packed copies), for
+    ``--old-too``. Its engine is today's otherwise (the prefill's first token included)."""
     from llm_zoo_train.config import (
         AgentsConfig,
         AlgorithmConfig,

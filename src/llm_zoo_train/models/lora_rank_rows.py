@@ -170,14 +170,18 @@ def _pass_seconds(calls: list[tuple[int, Callable[[], None]]]) -> float:
     return total
 
 
-def _peft_pass(result, x, lora_a, lora_b, grad) -> None:
+def _peft_pass(
+    result: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, grad: torch.Tensor
+) -> None:
     """peft's products (the fused ``addmm`` of :mod:`~llm_zoo_train.models.lora_training`), forward
     and backward."""
     output = torch.addmm(result, F.linear(x, lora_a), lora_b.t(), alpha=2.0)
     torch.autograd.grad(output, (result, x, lora_a, lora_b), grad)
 
 
-def _rank_rows_pass(result, x, lora_a, lora_b, grad) -> None:
+def _rank_rows_pass(
+    result: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, grad: torch.Tensor
+) -> None:
     """:class:`RankRowsLoRA`, forward and backward."""
     output = RankRowsLoRA.apply(result, x, lora_a, lora_b, 2.0)
     torch.autograd.grad(output, (result, x, lora_a, lora_b), grad)
@@ -192,9 +196,9 @@ def _measure(shapes: Mapping[Shape, int]) -> RankRowsChoice:
         lora_a = torch.randn(rank, in_features, generator=generator)
         lora_b = torch.randn(out_features, rank, generator=generator)
         grad = torch.randn(MEASURED_ROWS, out_features, generator=generator)
-        inputs = [t.requires_grad_() for t in (result, x, lora_a, lora_b)]
-        passes["peft"].append((count, partial(_peft_pass, *inputs, grad)))
-        passes["rank_rows"].append((count, partial(_rank_rows_pass, *inputs, grad)))
+        result, x, lora_a, lora_b = (t.requires_grad_() for t in (result, x, lora_a, lora_b))
+        passes["peft"].append((count, partial(_peft_pass, result, x, lora_a, lora_b, grad)))
+        passes["rank_rows"].append((count, partial(_rank_rows_pass, result, x, lora_a, lora_b, grad)))
     seconds: dict[str, list[float]] = {name: [] for name in passes}
     with torch.enable_grad():
         for timed in range(TIMED_PASSES + 1):

@@ -139,9 +139,8 @@ def _rank_rows_shapes(model: Any) -> dict[tuple[int, int, int], int]:
     """The (input, output, rank) shapes of ``model``'s float32 CPU LoRA products, with their counts."""
     lora_linear = lora_linear_class()
     shapes: dict[tuple[int, int, int], int] = {}
-    for module in model.modules() if lora_linear is not None else ():
-        if type(module) is not lora_linear:
-            continue
+    layers: list[Any] = [m for m in model.modules() if lora_linear is not None and type(m) is lora_linear]
+    for module in layers:
         for name, lora_a in module.lora_A.items():
             lora_b = module.lora_B[name]
             if lora_a.weight.dtype == torch.float32 and lora_a.weight.device.type == "cpu":
