@@ -27,8 +27,14 @@ def no_sandbox(*args, **kwargs):
 
 @pytest.mark.parametrize(
     "options",
-    [SOLO, {"prompt_style": "compact"}, {"move_parser": "lenient"}, SMALL_MODEL],
-    ids=["solo", "compact", "lenient", "solo-compact-lenient"],
+    [
+        SOLO,
+        {"prompt_style": "compact"},
+        {"move_parser": "lenient"},
+        SMALL_MODEL,
+        {"prompt_layout": "fixed_first"},
+    ],
+    ids=["solo", "compact", "lenient", "solo-compact-lenient", "fixed-first"],
 )
 def test_check_env_over_the_variants(options):
     check_env(
@@ -44,6 +50,7 @@ def test_defaults_are_unchanged():
     env = llm_zoo.make("PlanPath-v0")
     assert env.possible_agents == ["tool_agent", "plan_agent"]
     assert (env.prompt_style, env.move_parser, env.solo) == ("full", "strict", False)
+    assert (env.prompt_layout, env.feedback_last) == ("classic", False)
     env.reset(seed=0)
     env.step("skip")
     env.step("go down and right")  # words without #### [...]: a format error by default
@@ -58,11 +65,65 @@ def test_defaults_are_unchanged():
         ({"agents": "plan_agent"}, "agents must be"),
         ({"prompt_style": "tiny"}, "prompt_style must be one of ['full', 'compact']"),
         ({"move_parser": "loose"}, "move_parser must be one of ['strict', 'lenient']"),
+        ({"prompt_layout": "fixed"}, "prompt_layout must be one of ['classic', 'fixed_first']"),
     ],
 )
 def test_bad_options_raise_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         llm_zoo.make("PlanPath-v0", **kwargs)
+
+
+# ---------------------------------------------------------------- the fixed text first
+
+
+def turn_prompts(options: dict, agent: str) -> list[str]:
+    """``agent``'s prompts over three turns of unusable answers (feedback from the second on)."""
+    env = llm_zoo.make("PlanPath-v0", max_turns=3, **options)
+    env.reset(seed=3)
+    prompts = []
+    for acting in env.agent_iter(max_iter=6):
+        _, _, terminated, truncated, _ = env.last()
+        if terminated or truncated:
+            env.step(None)
+            continue
+        if acting == agent:
+            prompts.append(env.observe(agent)["prompt"])
+        env.step("no idea")
+    return prompts
+
+
+def sections(prompt: str) -> list[str]:
+    return prompt.split("\n\n")
+
+
+@pytest.mark.parametrize(
+    ("options", "agent"),
+    [
+        ({}, "tool_agent"),
+        ({}, "plan_agent"),
+        ({"prompt_style": "compact"}, "tool_agent"),
+        ({"prompt_style": "compact"}, "plan_agent"),
+        (SOLO, "plan_agent"),
+    ],
+    ids=["full-tool", "full-plan", "compact-tool", "compact-plan", "solo"],
+)
+def test_fixed_first_reorders_the_same_sections_and_keeps_a_common_prefix(options, agent):
+    classic = turn_prompts(options, agent)
+    fixed_first = turn_prompts({**options, "prompt_layout": "fixed_first"}, agent)
+    assert len(classic) == len(fixed_first) == 3
+    for old, new in zip(classic, fixed_first, strict=True):
+        assert sorted(sections(old)) == sorted(sections(new))  # the same text, reordered
+    # Later turns: the classic prompt opens with the feedback, the fixed-first one ends with it.
+    feedback = sections(classic[1])[0]
+    assert feedback.startswith("Your previous answer") and new.endswith(feedback)
+    # The fixed text (who, the task, how to answer) opens every turn's prompt, word for word.
+    first_turn = sections(fixed_first[0])
+    fixed = "\n\n".join(
+        first_turn[: next(i for i, s in enumerate(first_turn) if s.startswith(("Turn ", "Current board")))]
+    )
+    assert len(fixed) > len(fixed_first[0]) // 3
+    assert all(prompt.startswith(fixed + "\n\n") for prompt in fixed_first)
+    assert not classic[1].startswith(fixed)
 
 
 # ---------------------------------------------------------------- the plan agent alone

@@ -124,8 +124,9 @@ class Outcome:
         role_reward: The acting agent's own reward for this action.
         global_reward: The team reward after this action (the same quantity whoever acted).
         format_ok: Whether the action could be parsed as the agent was asked to answer.
-        feedback: A message shown at the top of this agent's next prompt (e.g. why the action
-            could not be parsed, or what happened). Empty for none.
+        feedback: A message shown at the top of this agent's next prompt (at its end where the env
+            sets :attr:`TextAECEnv.feedback_last`), e.g. why the action could not be parsed, or what
+            happened. Empty for none.
         terminated: The episode is over for every agent (solved, or failed for good).
         success: The team solved the task. Sticky: once true it stays true for the episode.
         info: Env-specific extras merged into ``infos[agent]`` (plain, comparable values only).
@@ -170,6 +171,9 @@ class TextAECEnv(AECEnv):
     #: dict, ``reset`` refuses another env's task option (``problem_id`` where levels are generated)
     #: and a typo of one of these (:func:`llm_zoo.arguments.check_options`).
     reset_options: ClassVar[dict[str, str] | None] = None
+    #: Where an agent's feedback goes in its next prompt: at the top (``False``), or at the end for
+    #: an env whose layout keeps the text that does not change first (a prefix cache reuses it).
+    feedback_last: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -289,7 +293,9 @@ class TextAECEnv(AECEnv):
         prompt = self._prompt(agent)
         feedback = self._feedback.get(agent, "")
         if feedback:
-            prompt = f"{feedback.strip()}\n\n{prompt}"
+            prompt = (
+                f"{prompt}\n\n{feedback.strip()}" if self.feedback_last else f"{feedback.strip()}\n\n{prompt}"
+            )
         return {"prompt": prompt}
 
     def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict[str, Any]]:

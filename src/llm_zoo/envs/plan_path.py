@@ -107,6 +107,12 @@ Options
         word (up, down, left, right, any case) and every standalone capital U/D/L/R after the last
         ``####`` (in the whole answer when there is none), in order. An answer with no move at all
         still earns ``-1.0``. The rewards are unchanged. Default ``"strict"``.
+    ``prompt_layout="fixed_first"``
+        The same sections in another order: who the agent is, the task and how to answer first
+        (the same for the agent all episode), then the turn and board, the tool agent's run (for
+        the plan agent), and the feedback on the agent's previous answer last. A prefix cache then
+        reuses the first part from turn to turn. Default ``"classic"`` (feedback first, the
+        instructions last).
 
     Why (measured once with the untrained SmolLM2-135M-Instruct, 16 tasks on 3 x 3 grids with
     ``wall_ratio=0.1``, the plan agent alone, compact prompts, 32 new tokens): the strict parser
@@ -123,7 +129,7 @@ Parallel API
 
 Version history
     v0: initial. Later additions that keep the defaults' behaviour: the ``agents``,
-    ``prompt_style`` and ``move_parser`` options.
+    ``prompt_style``, ``move_parser`` and ``prompt_layout`` options.
     v0 (2026-12, rewards a policy cannot game): the shaping is a pure potential difference (the
     discount ``shaping_gamma = 0.99`` is gone: around any cycle it paid ``(1 - gamma)`` times the
     distances, +85 to +151 per answer for walking back and forth); move costs take at most 0.5
@@ -376,6 +382,8 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
         agents: ``("tool_agent", "plan_agent")`` or ``("plan_agent",)`` (the plan agent alone).
         prompt_style: ``"full"`` or ``"compact"`` (short prompts for small models).
         move_parser: ``"strict"`` or ``"lenient"`` (how the plan agent's moves are read).
+        prompt_layout: ``"classic"`` or ``"fixed_first"`` (the fixed text first, the feedback last,
+            so a prefix cache reuses it from turn to turn; :mod:`llm_zoo.envs.grid_agents`).
     """
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -400,6 +408,7 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
         agents: Sequence[str] = ("tool_agent", "plan_agent"),
         prompt_style: str = "full",
         move_parser: str = "strict",
+        prompt_layout: str = "classic",
     ):
         check_grid_params(rows, cols, wall_ratio)
         super().__init__(
@@ -411,6 +420,7 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
             agents=agents,
             prompt_style=prompt_style,
             move_parser=move_parser,
+            prompt_layout=prompt_layout,
         )
         self.rows, self.cols, self.wall_ratio = int(rows), int(cols), float(wall_ratio)
         check_number("shaping_lambda", shaping_lambda, low=0.0)
