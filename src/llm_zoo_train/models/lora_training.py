@@ -114,9 +114,11 @@ def _plain_adapter(layer: Any, x: torch.Tensor, args: tuple[Any, ...], kwargs: d
 
 def _fused_forward(layer: Any, rank_rows: bool, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     adapter = _plain_adapter(layer, x, args, kwargs)
-    scaling = float(layer.scaling[adapter]) if adapter is not None else 1.0
+    if adapter is None:
+        return type(layer).forward(layer, x, *args, **kwargs)
+    scaling = float(layer.scaling[adapter])
     takes_rank_rows = rank_rows and x.dtype == torch.float32 and x.device.type == "cpu"
-    if adapter is None or not (takes_rank_rows or exact_scaling(scaling)):
+    if not (takes_rank_rows or exact_scaling(scaling)):
         return type(layer).forward(layer, x, *args, **kwargs)
     result = layer.base_layer(x)
     lora_a, lora_b = layer.lora_A[adapter], layer.lora_B[adapter]
@@ -139,7 +141,9 @@ def _rank_rows_shapes(model: Any) -> dict[tuple[int, int, int], int]:
     """The (input, output, rank) shapes of ``model``'s float32 CPU LoRA products, with their counts."""
     lora_linear = lora_linear_class()
     shapes: dict[tuple[int, int, int], int] = {}
-    layers: list[Any] = [m for m in model.modules() if lora_linear is not None and type(m) is lora_linear]
+    if lora_linear is None:
+        return shapes
+    layers: list[Any] = [m for m in model.modules() if type(m) is lora_linear]
     for module in layers:
         for name, lora_a in module.lora_A.items():
             lora_b = module.lora_B[name]
