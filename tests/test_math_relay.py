@@ -132,14 +132,16 @@ def test_each_role_earns_most_when_the_team_solves(checker):
         env.reset(seed=0, options={"problem_id": problem_id, "key": "3"})
         gold = env.problem.answer
         env.step({"intermediate": program(gold), "team": program(f"{gold}3"), "none": "no code"}[tool])
-        tool_return = env.rewards["tool_agent"]  # the reasoner's action pays the tool agent nothing
+        tool_return = env.rewards[
+            "tool_agent"
+        ]  # then the reasoner's action pays it alpha x the team's change
         prompt = env.observe("reasoner")["prompt"]
         copied = re.search(r"printed: (\S+)", prompt)
         env.step(
             reasoner_reading_its_prompt(prompt) if reasoner == "relays" else (copied[1] if copied else "")
         )
         returns[name] = (tool_return + env.rewards["tool_agent"], env.rewards["reasoner"], env.success)
-    assert returns["solved"] == (1.0, 1.5, True)
+    assert returns["solved"] == (1.5, 1.5, True)  # the team's outcome reaches the tool agent too
     # The tool agent that guesses the team answer is wrong for its role, and the team fails.
     assert returns["tool prints the team answer"] == (0.0, 0.0, False)
     assert returns["reasoner copies the printed number"] == (1.0, 0.0, False)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from test_docs import Block, parse_blocks, run_block
+from test_docs import test_doc_block as check_doc_block
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -32,6 +33,9 @@ def test_readme_block_runs_or_says_why_not(block: Block, tmp_path: Path) -> None
     if "skip-test" in block.markers:
         assert block.markers["skip-test"].strip(), f"{block.id}: skip-test needs a reason"
         pytest.skip(f"{block.id}: {block.markers['skip-test']}")
+    if block.lang == "text" and block.markers.get("test") == "output-of-previous":
+        check_doc_block(block, tmp_path)  # the shown output must be what the block before prints
+        return
     assert block.lang in ("python", "bash"), f"{block.id}: a {block.lang!r} block is neither run nor marked"
     result = run_block(block, tmp_path)
     output = result.stdout + result.stderr
@@ -105,7 +109,11 @@ def test_the_first_example_shows_a_success_and_a_failure(tmp_path: Path) -> None
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     right, _, wrong = out.partition("A wrong answer")
-    assert "plan_agent is done, success: True" in right and "success: False" not in right
-    assert "plan_agent is done, success: False" in wrong and "success: True" not in wrong
+    assert "success: True" in right and "success: False" not in right
+    assert "success: False" in wrong and "success: True" not in wrong
     assert right.count("feedback: ") == wrong.count("feedback: ") == 2  # tool agent and plan agent
-    assert re.search(r"plan_agent: reward [+-]\d+\.\d{3} \(role [+-]\d+\.\d{3}, team \+1\.0\)", right)
+    assert re.search(r"plan_agent: role reward [+-]\d+\.\d{3}, team reward \+1\.0", right)
+    # the team's outcome reaches the tool agent's return, though it acted before the plan agent solved
+    returns = re.compile(r"returns: tool_agent ([+-]\d+\.\d{3}), plan_agent ([+-]\d+\.\d{3})")
+    (tool_right, _), (tool_wrong, _) = returns.search(right).groups(), returns.search(wrong).groups()
+    assert float(tool_right) == float(tool_wrong) + 1.0

@@ -286,7 +286,9 @@ def test_evaluation_rollout_sums_rewards_per_agent():
     assert [r.env_index for r in results] == [0, 1]
     for result in results:
         # Turn 0: alice 1 (bob has not written yet: no global), bob 1 + 1; turn 1: both 1 + 1.
-        assert result.rewards == {"alice": 3.0, "bob": 4.0}
+        # Each agent's return also holds alpha x the global of its teammate's steps (PettingZoo's
+        # cumulative rewards): alice 3 + 2 (bob's two steps), bob 4 + 1 (alice's second step).
+        assert result.rewards == {"alice": 5.0, "bob": 5.0}
         assert result.role_rewards == {"alice": 2.0, "bob": 2.0}
         assert result.global_rewards == {"alice": 1.0, "bob": 2.0}
         assert result.success and result.turns == 2 and result.format_ok_rate == 1.0

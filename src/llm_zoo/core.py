@@ -36,9 +36,17 @@ Contract (see ``DESIGN.md``):
   agent should answer; applying a chat template is the trainer's job.
 * Actions are strings. *Any* string is a legal action: text the rules cannot parse earns the env's
   format penalty and an explanation in that agent's next prompt, never an exception.
-* ``rewards[agent]`` for the agent that just acted is ``role_reward + alpha * global_reward``; the
-  other agents get 0 for that step. ``infos[agent]`` always carries ``role_reward``,
-  ``global_reward``, ``success``, ``turn``, ``format_ok`` and ``feedback``, plus env-specific keys.
+* Rewards (the reward algebra of every env, plugins included): an action's :class:`Outcome` has a
+  ``role_reward`` (what the acting agent's own work earned) and a ``global_reward`` (the change
+  of the team's level that the action made: a potential difference, so the global rewards of an
+  episode sum to the team's final level). On each step the acting agent's reward is
+  ``role_reward + alpha * global_reward`` and **every other agent still in the episode** gets
+  ``alpha * global_reward``, through PettingZoo's cumulative rewards: a PettingZoo user summing
+  ``env.last()``'s reward for every agent the iterator yields gets, for agent A,
+  ``sum of A's role rewards + alpha * (the team's final level)``. So whoever moves first still
+  sees whether the team solved. ``alpha`` (a constructor argument, default 1) is the one team
+  weight. ``infos[agent]`` always carries ``role_reward``, ``global_reward`` (of the agent's
+  own last action), ``success``, ``turn``, ``format_ok`` and ``feedback``, plus env-specific keys.
 * A *turn* is one action by every agent, in the order of ``possible_agents``. After ``max_turns``
   turns every agent is truncated.
 * An agent may finish before the others: a subclass sets ``terminations[agent] = True`` (in
@@ -122,7 +130,10 @@ class Outcome:
 
     Attributes:
         role_reward: The acting agent's own reward for this action.
-        global_reward: The team reward after this action (the same quantity whoever acted).
+        global_reward: The team's reward for this action: the change of the team's level it made
+            (0 when it changed nothing), so an episode's global rewards sum to the team's final
+            level. ``alpha`` times it reaches every agent still in the episode, not only the
+            acting one (module docstring, "Rewards").
         format_ok: Whether the action could be parsed as the agent was asked to answer.
         feedback: A message shown at the top of this agent's next prompt (at its end where the env
             sets :attr:`TextAECEnv.feedback_last`), e.g. why the action could not be parsed, or what
@@ -328,9 +339,10 @@ class TextAECEnv(AECEnv):
         self.success = self.success or bool(outcome.success)
 
         self._cumulative_rewards[agent] = 0.0
-        mixed = float(outcome.role_reward) + self.alpha * float(outcome.global_reward)
-        self.rewards = {a: 0.0 for a in self.agents}
-        self.rewards[agent] = mixed
+        team_part = self.alpha * float(outcome.global_reward)
+        # the team's outcome reaches every agent's return, not only the actor's (module docstring)
+        self.rewards = {a: team_part for a in self.agents}
+        self.rewards[agent] = float(outcome.role_reward) + team_part
         self._feedback[agent] = outcome.feedback
         info = self._base_info()
         info.update(

@@ -45,15 +45,17 @@ from 0), never the level itself, so a return does not grow with the number of tu
   ``level(now) - level(before)``.
 * global reward: the change of ``c_r`` made by this action (0 for the tool agent's actions); with
   the tool agent alone (``agents=("tool_agent",)``), the change of ``c_t``.
-* each agent's reward: ``role + alpha * global`` (see :class:`llm_zoo.core.TextAECEnv`).
+* each agent's reward: the acting agent's ``role + alpha * global``, its teammate's
+  ``alpha * global`` on the same step (see :class:`llm_zoo.core.TextAECEnv`): the team's outcome
+  reaches both returns.
 
 So a reply without an answer costs 0.5 plus what its agent's previous answer was worth (a
 second one in a row costs nothing more), and the next reply with an answer pays it back.
 
 Bound: the returns telescope. Over any episode, whatever its length, the reasoner's return is
 ``(1 + alpha) * c_r(final)`` (``-0.5`` if its last reply had no answer), the tool agent's
-``c_t(final)`` (``-0.5`` likewise) and the team's (the sum of the global rewards)
-``c_r(final)``. ``c_r(final) = 1`` exactly when the episode succeeds, so every episode that does
+``c_t(final) + alpha * c_r(final)`` (``-0.5`` likewise) and the team's (the sum of the global
+rewards) ``c_r(final)``. ``c_r(final) = 1`` exactly when the episode succeeds, so every episode that does
 not succeed pays the reasoner at most 0 and the team 0, and every succeeding one ``1 + alpha`` and
 1; a correct answer repeated for 3 turns pays what it pays once. Within an AT-GRPO group (the K
 candidates of one env, turn and agent) the candidates share the previous level, so the reward
@@ -117,6 +119,8 @@ agent acts per step). ``max_cycles`` is accepted as PettingZoo's name for ``max_
 
 Version history:
 
+* v0, rewards v2 (2026-12): the team's outcome reaches the tool agent's return too (it earned
+  +1.000 for printing the right answer whether the reasoner then solved or not).
 * v0, strict answer checks (issue 24): percent and approximation markers, leading relations and
   values too large to evaluate are wrong; plain-number answers must equal the gold exactly
   (except a decimal of 6 or more significant digits for a gold no decimal of its length writes). Before, math-verify took ``3744\\%`` and ``\\approx 3744+10^{-9}`` for ``3744`` and

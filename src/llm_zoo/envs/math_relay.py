@@ -32,8 +32,9 @@ against the team answer; with the tool agent alone (``agents=("tool_agent",)``),
 the team's and is checked against the team answer. Each agent is paid the change of its level
 (``1`` if its latest answer is correct, else ``0``; plus the ``FORMAT_PENALTY`` of -0.5 while its
 latest reply gave no answer); the global reward is the change of the team answer's correctness;
-each agent's reward is ``role + alpha * global``. As in Math-v0 the returns telescope: the
-reasoner's is ``(1 + alpha) * c_r(final)``, the tool agent's ``c_t(final)`` (``-0.5`` without an
+the acting agent's reward is ``role + alpha * global`` and its teammate's ``alpha * global``
+(:class:`llm_zoo.core.TextAECEnv`). As in Math-v0 the returns telescope: the
+reasoner's is ``(1 + alpha) * c_r(final)``, the tool agent's ``c_t(final) + alpha * c_r(final)`` (``-0.5`` without an
 answer), the team's ``c_r(final)``, so no failing episode pays the reasoner or the team more than a
 succeeding one, and the tool agent earns most by printing the intermediate the reasoner needs.
 

@@ -45,7 +45,8 @@ class EvalResult:
         ci_low: Lower end of the 95% Wilson interval of the success rate.
         ci_high: Upper end.
         mean_turns: Mean number of turns per episode.
-        mean_rewards: Per agent, the mean over episodes of its summed reward (role + alpha x global).
+        mean_rewards: Per agent, the mean over episodes of its return (its role rewards plus alpha
+            x the global rewards of every agent's actions, as a PettingZoo user sums them).
         format_ok_rate: Mean over episodes of the fraction of actions the env could parse.
         mean_role_rewards: Per agent, the mean over episodes of its summed role reward.
         mean_global_rewards: Per agent, the mean over episodes of the summed global reward it

@@ -73,7 +73,8 @@ class EpisodeResult:
         task_id: The env's task instance id.
         success: The env reported success (sticky) by the end of the episode.
         turns: Number of turns in which at least one agent acted.
-        rewards: Sum of each agent's rewards (role + alpha x global) over the episode.
+        rewards: Each agent's return as a PettingZoo user sums it: the rewards it received on every
+            step, its own (role + alpha x global) and its teammates' (alpha x global).
         role_rewards: Sum of each agent's role rewards.
         global_rewards: Sum of the global rewards each agent received after its actions.
         format_ok_rate: Fraction of actions the env could parse.
@@ -414,7 +415,8 @@ def evaluation_rollout(
             result.turns = int(env.turn) + 1
             env.step(completion.text)
             info = env.infos[agent]
-            result.rewards[agent] += float(env.rewards[agent])
+            for name, reward in env.rewards.items():  # the team's part reaches every agent
+                result.rewards[name] = result.rewards.get(name, 0.0) + float(reward)
             result.role_rewards[agent] += float(info.get("role_reward", 0.0))
             result.global_rewards[agent] += float(info.get("global_reward", 0.0))
             result.success = result.success or bool(info.get("success", False))
