@@ -20,7 +20,7 @@ from llm_zoo.data.code import CallSpec, CodeProblem, TestCase
 from llm_zoo.data.code_problem import call_test
 from llm_zoo.envs.code import CodeEnv, parse_tests
 from llm_zoo.envs.code_judge import StdioJudge
-from llm_zoo.envs.grid_agents import oracle_answer
+from llm_zoo.envs.grid_agents import MAX_EPISODE_COST, oracle_answer
 from llm_zoo.envs.plan_path import PlanPathEnv, apply_move, shortest_path
 from llm_zoo.testing import check_reward_hacks
 
@@ -85,7 +85,8 @@ def test_the_tool_agent_is_paid_once_for_the_same_simulated_solution():
         env.step("I give up.")  # the plan agent never moves: the real state stays at S
     assert not env.success
     assert tool_total <= 18 + 1.5  # d0 + goal + bonus, once (cb3ad02: three times, ~58)
-    assert tool_total == pytest.approx(18 + 1.5 - 3 * 0.18)
+    # three answers of 18 moves cost 0.18 each, but an agent's costs take at most 0.5 an episode
+    assert tool_total == pytest.approx(18 + 1.5 - min(3 * 0.18, MAX_EPISODE_COST))
 
 
 def test_the_tool_agent_is_paid_for_progress_beyond_the_plan_agents():

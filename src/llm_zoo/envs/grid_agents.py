@@ -13,10 +13,16 @@ Each turn has two steps, in this order:
 
 An answer that cannot be used - no code block; a program that crashes, times out or prints no
 parsable ``**Actions List**`` line; a list that is not a list literal; a move other than U, D, L, R -
-earns :data:`FORMAT_PENALTY` (``format_ok = False``) and an explanation at the top of that agent's
-next prompt. It never raises. Text without a complete code block never reaches the sandbox.
+makes :data:`FORMAT_PENALTY` part of that agent's level (``format_ok = False``) and puts an
+explanation at the top of its next prompt. It never raises. Text without a complete code block
+never reaches the sandbox. The penalty is a level, not a fine: the first unusable answer in a row
+costs ``1.0``, the next ones nothing more, and the agent's next usable answer pays it back. So
+only the last answer's form counts, and an agent that flounders for many turns and then solves
+still earns the whole success bonus.
 
-The global (team) reward of both puzzles is ``1.0`` once the real state is solved, else ``0.0``.
+The team's level is ``1.0`` once the real state is solved, else ``0.0``; the global reward of an
+action is its change (``1.0`` for the plan answer that solves, ``0.0`` otherwise), and ``alpha``
+times it reaches both agents (:class:`~llm_zoo.core.TextAECEnv`).
 
 Rewards a policy cannot game. Each puzzle gives every state a *value* ``V`` (a potential plus the
 bonuses of a solved state) and every move a *cost* (<= 0). An answer's moves, from state ``s`` to
@@ -31,9 +37,10 @@ bonuses of a solved state) and every move a *cost* (<= 0). An answer's moves, fr
   once for any progress: the same simulated solution, answered again every turn, earns nothing
   more, and its return over an episode is at most ``V(solved) - V(start)``.
 
-An answer's costs take at most :data:`MAX_MOVE_COST` from it (a format failure costs
-:data:`FORMAT_PENALTY`), so wasted turns cannot cost a succeeding episode more than the success
-bonus is worth: each puzzle's docstring states the resulting bound.
+An answer's costs take at most :data:`MAX_MOVE_COST` from it, and all the answers of one agent in
+one episode at most :data:`MAX_EPISODE_COST` together (later costs are not charged), so wasted
+turns cannot cost a succeeding episode more than the success bonus is worth, whatever
+``max_turns``: each puzzle's docstring states the resulting bound.
 
 Options for small models (constructor arguments; the defaults are the behaviour above):
 
@@ -78,6 +85,7 @@ __all__ = [
     "ACTIONS_LIST_MARKER",
     "FINAL_MOVES_MARKER",
     "FORMAT_PENALTY",
+    "MAX_EPISODE_COST",
     "MAX_MOVES",
     "MAX_MOVE_COST",
     "MOVES",
@@ -109,6 +117,8 @@ FORMAT_PENALTY = -1.0
 MAX_MOVES = 1000
 #: The most that the per-move costs take from one answer (see the module docstring).
 MAX_MOVE_COST = 0.5
+#: The most that the per-move costs take from one agent over a whole episode.
+MAX_EPISODE_COST = 0.5
 #: Values of the ``prompt_style`` option (see the module docstring).
 PROMPT_STYLES = ("full", "compact")
 #: Values of the ``prompt_layout`` option (see the module docstring).
@@ -435,9 +445,24 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
         self.last_tool_run = None
         self._new_puzzle(rng, options)
         self.best_value = self._value(self.state)
+        # per agent: the format penalty in its level (0 or FORMAT_PENALTY), the costs it may still pay
+        self._penalty = dict.fromkeys(self.possible_agents, 0.0)
+        self._cost_left = dict.fromkeys(self.possible_agents, MAX_EPISODE_COST)
+        self._team_level = 0.0
 
     def _global_reward(self) -> float:
-        return 1.0 if self._is_solved() else 0.0
+        """The change of the team's level (1 once the real state is solved) since it was last paid."""
+        level = 1.0 if self._is_solved() else 0.0
+        change, self._team_level = level - self._team_level, level
+        return change
+
+    def _usable_answer_reward(self, agent: str, value_terms: float, cost: float) -> float:
+        """A usable answer's role reward: its value terms, its costs within what the episode has
+        left to charge (``MAX_EPISODE_COST``), and the payback of a format penalty in the level."""
+        charged = max(cost, -self._cost_left[agent])
+        self._cost_left[agent] += charged
+        payback, self._penalty[agent] = -self._penalty[agent], 0.0
+        return value_terms + charged + payback
 
     def _short_task_text(self) -> str:
         """The task in a few lines, for ``prompt_style="compact"`` (default: :meth:`_task_text`)."""
@@ -543,6 +568,7 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
         info: dict[str, Any] = {"program_ran": run.ran}
         if run.moves is None:
             return self._format_failure(
+                "tool_agent",
                 run.error,
                 "Answer with one ```python block whose program prints a line "
                 f'{ACTIONS_LIST_MARKER} ["U", "R", ...].',
@@ -550,7 +576,8 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
             )
         result = self._simulate(self.state, run.moves)
         self.best_value = max(self.best_value, result.value_before)
-        reward = result.tool_reward(self.best_value)
+        value_terms = result.tool_reward(self.best_value) - result.cost
+        reward = self._usable_answer_reward("tool_agent", value_terms, result.cost)
         self.best_value = max(self.best_value, result.value_after)
         feedback = (
             f"Result of your previous program: it printed {count(len(run.moves), 'move')}; played from the board "
@@ -563,14 +590,18 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
             moves = parse_plan_moves(action, lenient=self.move_parser == "lenient")
         except ParseError as err:
             return self._format_failure(
-                str(err), f'End your answer with a line {FINAL_MOVES_MARKER} ["U", "R", ...].', {}
+                "plan_agent",
+                str(err),
+                f'End your answer with a line {FINAL_MOVES_MARKER} ["U", "R", ...].',
+                {},
             )
         result = self._simulate(self.state, moves)
         self.state = result.state
         self.best_value = max(self.best_value, result.value_after)
-        feedback = f"Result of your previous moves: {self._describe(result)} (reward {result.reward:+.3f})."
+        reward = self._usable_answer_reward("plan_agent", result.reward - result.cost, result.cost)
+        feedback = f"Result of your previous moves: {self._describe(result)} (reward {reward:+.3f})."
         solved = self._is_solved()
-        return self._moves_outcome(result, feedback, {}, terminated=solved)
+        return self._moves_outcome(result, feedback, {}, terminated=solved, reward=reward)
 
     def _moves_outcome(
         self,
@@ -597,13 +628,15 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
             info=info,
         )
 
-    def _format_failure(self, error: str, reminder: str, info: dict[str, Any]) -> Outcome:
+    def _format_failure(self, agent: str, error: str, reminder: str, info: dict[str, Any]) -> Outcome:
         info.update(moves=0, moves_applied=0, invalid_moves=0, moves_solve=False, **self._state_info())
+        charge, self._penalty[agent] = FORMAT_PENALTY - self._penalty[agent], FORMAT_PENALTY
         feedback = (
-            f"Your previous answer could not be used ({FORMAT_PENALTY:+g}): {error.rstrip('.')}. {reminder}"
+            f"Your previous answer could not be used ({FORMAT_PENALTY:+g}): {error.rstrip('.')}. {reminder} "
+            "Your next usable answer earns the penalty back."
         )
         return Outcome(
-            role_reward=FORMAT_PENALTY,
+            role_reward=charge,
             global_reward=self._global_reward(),
             format_ok=False,
             feedback=feedback,

@@ -65,19 +65,25 @@ Rewards
     with ``lambda = shaping_lambda = 1.0`` by default. The tool agent's moves, played on a copy
     of the real state, earn ``max(0, V(p') - best) + min(0, V(p') - V(p)) + max(cost, -0.5)``,
     ``best`` being the highest value seen so far in the episode (see
-    :mod:`llm_zoo.envs.grid_agents`). Moves after G is reached are ignored. An answer that
-    cannot be used earns ``-1.0`` (``format_ok = False``).
+    :mod:`llm_zoo.envs.grid_agents`). Moves after G is reached are ignored. All of one agent's
+    move costs in an episode take at most ``0.5`` together. An answer that cannot be used
+    (``format_ok = False``) puts ``-1.0`` in its agent's level: the first such answer in a row
+    costs ``1.0``, the next ones nothing more, and the agent's next usable answer pays it back.
 
-    Bounds (``d0`` = Manhattan distance from S to G, ``T = max_turns``): the value terms
+    Global reward: the team's level is ``1.0`` once the real position is G, else ``0.0``; an
+    action's global reward is the change it made (``1.0`` for the solving plan answer). Every
+    agent, the one that acted or not, receives ``alpha`` times it on that step (the acting agent
+    ``role_reward + alpha * global_reward``), so both agents' PettingZoo returns carry the
+    team's outcome.
+
+    Bounds (``d0`` = Manhattan distance from S to G), for every ``max_turns``: the value terms
     telescope, so walking in circles earns only its costs. Over an episode the plan agent's role
     return is at most ``lambda * (d0 - 1)`` when G is never reached, and at least
-    ``lambda * d0 + 1 - (T - 1) - 0.5`` when it is; the tool agent's is at most
-    ``lambda * d0 + 1.5`` whatever happens. Counting the global reward of the solving answer, a
-    succeeding episode pays the plan agent at least ``lambda + alpha + 1.5 - T`` more than any
-    failing one: ``0.5`` with the defaults (``lambda = 1``, ``alpha = 1``, ``T = 3``).
-
-    Global reward (the same for both agents): ``1.0`` once the real position is G, else ``0.0``.
-    Each agent receives ``role_reward + alpha * global_reward``. ``infos`` add ``moves``,
+    ``lambda * d0 + 1 - 0.5`` when it is (however many turns were wasted first); the tool
+    agent's is at most ``lambda * d0 + 1.5`` whatever happens. Counting the team's part, a
+    succeeding episode pays the plan agent at least ``lambda + 0.5 + alpha`` more than any
+    failing one (``2.5`` with the defaults), and the tool agent, holding its own answers fixed,
+    ``alpha`` more. ``infos`` add ``moves``,
     ``moves_applied``, ``invalid_moves``, ``moves_solve`` (these moves reach G), ``position``,
     ``distance_to_goal``, ``moves_taken``, ``shortest_path_length``, and ``program_ran`` for the
     tool agent.
@@ -135,6 +141,11 @@ Version history
     distances, +85 to +151 per answer for walking back and forth); move costs take at most 0.5
     per answer; the tool agent is paid once for any progress (it was paid again every turn for
     the same simulated moves). A shortest path of ``n`` moves earns ``d0 + 1.5 - 0.01 n``.
+    v0 (2026-12, rewards v2): the team's outcome reaches both agents' returns (the tool agent
+    earned the same whether the plan agent then solved or not); the format penalty is a level
+    the next usable answer pays back, and an agent's move costs take at most 0.5 per episode
+    (solving at the last of 5 turns after 4 unusable answers paid 1.47, stopping one cell short
+    1.90).
 """
 
 from __future__ import annotations

@@ -61,18 +61,23 @@ Rewards
     when the last box reaches a goal. The tool agent's moves, played on a copy of the real
     state, earn ``max(0, V(s') - best) + min(0, V(s') - V(s)) + max(cost, -0.5)``, ``best``
     being the highest value seen so far in the episode (see :mod:`llm_zoo.envs.grid_agents`).
-    Moves after every box is on a goal are ignored. An answer that cannot be used earns ``-1.0``
-    (``format_ok = False``).
+    Moves after every box is on a goal are ignored. All of one agent's move costs in an episode
+    take at most ``0.5`` together. An answer that cannot be used (``format_ok = False``) puts
+    ``-1.0`` in its agent's level: the first such answer in a row costs ``1.0``, the next ones
+    nothing more, and the agent's next usable answer pays it back.
 
-    Bounds (``n`` boxes, ``b0`` of them on goals at the start, ``T = max_turns``): only the net
-    change in boxes on goals is credited, so pushing a box on and off a goal earns only its
-    costs. Over an episode the plan agent's role return is at most ``n - 1 - b0`` when the level
-    is not solved and at least ``n - b0 + 10 - (T - 1) - 0.5`` when it is; the tool agent's is at
-    most ``n - b0 + 10`` whatever happens. With the defaults (``T = 3``, ``alpha = 1``) a
-    succeeding episode pays the plan agent at least ``9.5`` more than any failing one.
+    Bounds (``n`` boxes, ``b0`` of them on goals at the start), for every ``max_turns``: only
+    the net change in boxes on goals is credited, so pushing a box on and off a goal earns only
+    its costs. Over an episode the plan agent's role return is at most ``n - 1 - b0`` when the
+    level is not solved and at least ``n - b0 + 10 - 0.5`` when it is (however many turns were
+    wasted first); the tool agent's is at most ``n - b0 + 10`` whatever happens. Counting the
+    team's part, a succeeding episode pays the plan agent at least ``10.5 + alpha`` more than any
+    failing one, and the tool agent, holding its own answers fixed, ``alpha`` more.
 
-    Global reward (the same for both agents): ``1.0`` once every box of the real board is on a
-    goal, else ``0.0``. Each agent receives ``role_reward + alpha * global_reward``. ``infos`` add
+    Global reward: the team's level is ``1.0`` once every box of the real board is on a goal,
+    else ``0.0``; an action's global reward is the change it made. Every agent receives
+    ``alpha`` times it on that step (the acting agent ``role_reward + alpha * global_reward``),
+    so both agents' PettingZoo returns carry the team's outcome. ``infos`` add
     ``moves``, ``moves_applied``, ``invalid_moves``, ``moves_solve`` (these moves solve the
     level), ``player``, ``boxes_on_goals``, ``num_boxes``, ``moves_taken``, and ``program_ran`` for
     the tool agent.
@@ -100,6 +105,9 @@ Version history
     paid (-1.0, was -0.5: with 2 boxes, pushing one on and off earned +73.5 without solving);
     move costs take at most 0.5 per answer; the tool agent is paid once for any progress (it was
     paid again every turn for the same simulated moves).
+    v0 (2026-12, rewards v2): the team's outcome reaches both agents' returns; the format
+    penalty is a level the next usable answer pays back, and an agent's move costs take at most
+    0.5 per episode (with 2 boxes at 14 turns, solving last paid -0.05, failing +0.73).
 """
 
 from __future__ import annotations
