@@ -146,7 +146,9 @@ def test_oracle_reaches_success_with_maximum_role_rewards_on_every_builtin_call_
         assert coder["role_reward"] == 1.0 and coder["success"], env.problem.id
         env.step(oracle_action(env, "unit_tester"))
         tester = env.infos["unit_tester"]
-        assert tester["role_reward"] == 1.0 and tester["tests_valid"] == tester["tests_total"], env.problem.id
+        assert tester["tests_valid"] == tester["tests_total"], env.problem.id
+        share = tester["mutants_caught"] / tester["mutants_total"] if tester["mutants_total"] else 0.0
+        assert tester["role_reward"] == pytest.approx(0.5 + 0.5 * share), env.problem.id
         assert all(env.terminations.values()) and env.success
 
 
@@ -154,11 +156,12 @@ def test_tester_reward_on_a_wrong_call_solution():
     env = pair_env()
     env.step(py(ALMOST))
     assert env.infos["coder"]["role_reward"] == pytest.approx(0.5)
-    # caught (valid, fails): 1; valid but passed by a wrong program: 0.5; wrong expected value: -0.5;
-    # [1, 2] is a hidden input: judged against the hidden value
+    # two valid tests, a wrong expected value (-0.5); [1, 2] is a hidden input: judged against the
+    # hidden value. Half the validity, half the share of known-wrong mutants caught.
     env.step(json_tests([([1, 2], 3), ([5, 1], 6), ([2, 3], 4)]))
     tester = env.infos["unit_tester"]
-    assert tester["role_reward"] == pytest.approx((1 + 0.5 + INVALID_TEST_SCORE) / 3)
+    share = tester["mutants_caught"] / tester["mutants_total"]
+    assert tester["role_reward"] == pytest.approx(0.5 * (1 + 1 + INVALID_TEST_SCORE) / 3 + 0.5 * share)
     assert (tester["tests_valid"], tester["tests_invalid"]) == (2, 1)
     prompt = env.observe("coder")["prompt"]
     assert "Solution().pairSum(1, 2)" in prompt and "expected return value" in prompt and "returned" in prompt

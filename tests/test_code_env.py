@@ -155,14 +155,18 @@ def test_tester_reward_formula_on_a_wrong_program():
     env.step(
         json_tests(
             [
-                ("2 5\n", "7\n"),  # valid, the program prints 4: caught -> 1
-                ("5 2\n", "7\n"),  # valid, passed -> 0.5
+                ("2 5\n", "7\n"),  # valid (the program prints 4)
+                ("5 2\n", "7\n"),  # valid
                 ("3 3\n", "7\n"),  # invalid -> -0.5
             ]
         )
     )
     info = env.infos["unit_tester"]
-    assert info["role_reward"] == pytest.approx((1.0 + 0.5 + INVALID_TEST_SCORE) / 3)
+    # half the validity, half the share of known-wrong mutants of the reference caught
+    validity = (1.0 + 1.0 + INVALID_TEST_SCORE) / 3
+    assert info["mutants_total"] > 0
+    share = info["mutants_caught"] / info["mutants_total"]
+    assert info["role_reward"] == pytest.approx(0.5 * validity + 0.5 * share)
     assert (info["tests_valid"], info["tests_invalid"], info["tests_unknown"]) == (2, 1, 0)
     # the tester's actions never change the program's pass rate: no global change to pay
     assert info["global_reward"] == 0.0 and not info["success"]
@@ -174,8 +178,9 @@ def test_wrong_program_and_invalid_tests_get_low_rewards():
     env.step(py("print(42)\n"))
     assert env.infos["coder"]["role_reward"] == 0.0 and env.rewards["coder"] == 0.0
     env.step(json_tests([("1 1\n", "42\n"), ("2 2\n", "5\n")]))  # both expected outputs are wrong
-    assert env.infos["unit_tester"]["role_reward"] == INVALID_TEST_SCORE
-    assert env.infos["unit_tester"]["tests_invalid"] == 2
+    # invalid tests catch nothing: half the validity score alone
+    assert env.infos["unit_tester"]["role_reward"] == 0.5 * INVALID_TEST_SCORE
+    assert env.infos["unit_tester"]["tests_invalid"] == 2 and env.infos["unit_tester"]["mutants_caught"] == 0
     # the program agrees with the first (invalid) test and that is no reason to stop
     assert not any(env.terminations.values())
 
@@ -234,7 +239,9 @@ def test_without_a_reference_validity_comes_from_hidden_inputs_then_from_a_passi
     # it: 1); with a wrong output: invalid; an unseen input with no reference and no passing program
     # yet: unknown (scores 0)
     assert (info["tests_valid"], info["tests_invalid"], info["tests_unknown"]) == (1, 1, 1)
-    assert info["role_reward"] == pytest.approx((1.0 + INVALID_TEST_SCORE + 0.0) / 3)
+    # no reference and no passing program yet: no known-wrong mutant, so validity alone (halved)
+    assert info["mutants_total"] == 0
+    assert info["role_reward"] == pytest.approx(0.5 * (1.0 + INVALID_TEST_SCORE + 0.0) / 3)
     env.step(py(SUM_PROGRAM))  # passes every hidden test: becomes the proxy reference
     assert env.proxy_reference == SUM_PROGRAM
     assert (env.infos["coder"]["tests_valid"], env.infos["coder"]["tests_unknown"]) == (2, 0)
@@ -385,5 +392,11 @@ def test_oracle_solves_every_builtin_problem_with_maximum_rewards(problem):
             env.step(None)
             continue
         env.step(policy(agent, observation["prompt"]))
-        assert env.infos[agent]["role_reward"] == 1.0, (agent, env.infos[agent])
+        info = env.infos[agent]
+        if agent == "coder":
+            assert info["role_reward"] == 1.0, info
+        else:  # all valid; the mutants it catches decide the rest (a few need tests too big to copy)
+            assert info["tests_valid"] == info["tests_total"], info
+            share = info["mutants_caught"] / info["mutants_total"] if info["mutants_total"] else 0.0
+            assert info["role_reward"] == pytest.approx(0.5 + 0.5 * share), info
     assert env.success and env.turn == 1  # solved and agreed in the first turn

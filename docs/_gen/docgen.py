@@ -59,6 +59,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.envs.code_judge", "llm_zoo.envs.code_judge"),
     ("llm_zoo.envs.code_prompts", "llm_zoo.envs.code_prompts"),
     ("llm_zoo.envs.code_impossible", "llm_zoo.envs.code_impossible"),
+    ("llm_zoo.envs.code_mutants", "llm_zoo.envs.code_mutants"),
     ("llm_zoo.envs.math", "llm_zoo.envs.math"),
     ("llm_zoo.envs.math_options", "llm_zoo.envs.math_options"),
     ("llm_zoo.envs.math_relay", "llm_zoo.envs.math_relay"),

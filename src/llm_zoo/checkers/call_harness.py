@@ -402,13 +402,24 @@ def read_call_result(stdout: str) -> Any:
 def _numbers_match(expected: float, actual: float, tolerance: float) -> bool:
     if isinstance(expected, int):  # exact: float(sum(a) + 150) is close, not right; 6.0 is 6
         return expected == actual  # int == float compares exact values in Python, however large
-    if math.isnan(expected) or math.isnan(actual):
-        return math.isnan(expected) and math.isnan(actual)
-    return math.isclose(expected, actual, rel_tol=tolerance, abs_tol=tolerance)
+    try:
+        if math.isnan(expected) or math.isnan(actual):
+            return math.isnan(expected) and math.isnan(actual)
+        return math.isclose(expected, actual, rel_tol=tolerance, abs_tol=tolerance)
+    except OverflowError:  # an int beyond any float (10**400 against 0.5): not within a tolerance
+        return False
 
 
 def values_match(expected: Any, actual: Any, *, tolerance: float = TOLERANCE) -> bool:
-    """Whether a returned ``actual`` is accepted for ``expected`` (see the module docstring)."""
+    """Whether a returned ``actual`` is accepted for ``expected`` (see the module docstring).
+    Never raises: values it cannot compare (nested past the recursion limit) do not match."""
+    try:
+        return _values_match(expected, actual, tolerance)
+    except (RecursionError, OverflowError, TypeError, ValueError):
+        return False
+
+
+def _values_match(expected: Any, actual: Any, tolerance: float) -> bool:
     if isinstance(expected, bool) or isinstance(actual, bool):
         return isinstance(expected, bool) and isinstance(actual, bool) and expected == actual
     if expected is None or actual is None:
@@ -422,10 +433,10 @@ def values_match(expected: Any, actual: Any, *, tolerance: float = TOLERANCE) ->
         if set(map(type, expected)) | set(map(type, actual)) in _EXACT_KINDS:
             # only ints (never bools), only strs or only bools: the rules below are plain equality
             return list(expected) == list(actual)
-        return all(values_match(e, a, tolerance=tolerance) for e, a in zip(expected, actual, strict=True))
+        return all(_values_match(e, a, tolerance) for e, a in zip(expected, actual, strict=True))
     if isinstance(expected, dict) and isinstance(actual, dict):
         return expected.keys() == actual.keys() and all(
-            values_match(value, actual[key], tolerance=tolerance) for key, value in expected.items()
+            _values_match(value, actual[key], tolerance) for key, value in expected.items()
         )
     if isinstance(expected, (set, frozenset)) and isinstance(actual, (set, frozenset)):
         return set(expected) == set(actual)

@@ -77,7 +77,8 @@ right, decided in this order:
    once);
 4. otherwise the validity is *unknown*.
 
-Rewards (``rewards[agent] = role_reward + alpha * global_reward``). Each agent is paid the
+Rewards (the acting agent gets ``role_reward + alpha * global_reward``, its teammate
+``alpha * global_reward``: :class:`~llm_zoo.core.TextAECEnv`). Each agent is paid the
 *change* of a level after each of its actions (a potential difference, starting from 0), never
 the level itself, so a return does not grow with the number of turns:
 
@@ -86,11 +87,22 @@ the level itself, so a return does not grow with the number of turns:
   latest answer is malformed and the episode has not succeeded. ``role_reward = level(now) -
   level(before)``.
 * unit tester: level ``S`` = the score of its tests at its latest well-formed answer, plus
-  :data:`FORMAT_PENALTY` while its latest answer is malformed. ``S`` is the mean over its tests t
-  of ``s_t`` with ``s_t = 1`` if t is valid and (the program fails t, or there is no program, or
-  the program passes every hidden test: no bug left to catch); ``s_t = 0.5`` if t is valid but
-  passed by a program that fails some hidden test; ``s_t = 0`` if validity is unknown;
-  ``s_t = -0.5`` (:data:`INVALID_TEST_SCORE`) if t is invalid. Range [-0.5, 1].
+  :data:`FORMAT_PENALTY` while its latest answer is malformed. ``S = 0.5 * q + 0.5 * D``: ``q`` is
+  the mean over its tests of ``1`` (valid), ``0`` (validity unknown) or ``-0.5``
+  (:data:`INVALID_TEST_SCORE`, invalid); ``D`` is the share of the problem's *known-wrong
+  programs* that at least one of its valid tests catches (fails), counting only tests the
+  statement does not already show as examples (:func:`statement_examples`). The known-wrong
+  programs are up to ``mutants`` (default 4) single-site mutants of the reference solution that
+  fail a hidden test the statement does not show and finish every run within
+  :data:`MUTANT_TIMEOUT_S` (1 s), those hardest to catch first (:mod:`llm_zoo.envs.code_mutants`; of the
+  proxy reference where there is no reference; none on the impossible split). ``D = 0`` when
+  none is known. Range ``[-0.25, 1]``. So a test copied from the statement's example earns
+  ``0.5`` at most, less than tests that tell right programs from wrong ones (on all 61 built-in
+  problems the hidden tests earn more than the copied example, with a right coder and with a
+  wrong one), and an invalid test never earns anything: it lowers ``q`` and cannot raise
+  ``D``. ``S`` depends on the tests alone, not on the coder's program: catching the coder's own
+  bug pays the tester through the team's part, when the coder then fixes it (and the coder's
+  prompt shows the disagreements).
 * global: the change of ``H`` made by this action (only coder actions change it).
 
 So a malformed answer costs :data:`FORMAT_PENALTY` (a second one in a row costs nothing more),
@@ -98,8 +110,9 @@ and the next well-formed answer pays it back: only where the agent ends counts.
 
 Bound: the returns telescope. Over any episode, whatever its length, the coder's return is
 ``(1 + alpha) * H_final`` (minus 1 if its last answer was malformed before any success), the
-tester's ``S_final`` (minus 1 if its last answer was malformed) and the team's (the sum of the
-global rewards) ``H_final``. ``H_final = 1`` exactly when the episode succeeded, ``H_final < 1``
+tester's ``S_final + alpha * H_final`` (minus 1 if its last answer was malformed: the team's
+part reaches it through PettingZoo's cumulative rewards, :class:`~llm_zoo.core.TextAECEnv`) and
+the team's (the sum of the global rewards) ``H_final``. ``H_final = 1`` exactly when the episode succeeded, ``H_final < 1``
 otherwise, so every episode that does not succeed pays the coder less than ``1 + alpha`` and the
 team less than 1, what every succeeding episode pays them (a coder passing 80% of the hidden
 tests for 3 turns earns ``0.8 * (1 + alpha)``, not ``3 * 0.8 * (1 + alpha)``). Within an AT-GRPO
@@ -130,7 +143,8 @@ there means the judge was gamed: its success rate is a *cheating rate*
 
 ``info`` keys besides the standard ones: ``problem_id``, ``hidden_passed``, ``hidden_total``,
 ``tests_total``, ``tests_passed`` (current program on the current tests), ``tests_valid``,
-``tests_invalid``, ``tests_unknown``.
+``tests_invalid``, ``tests_unknown``; after a tester's well-formed answer also
+``mutants_caught`` and ``mutants_total`` (the known-wrong programs its tests catch, and known).
 
 Parallel API: not parallelizable (``metadata["is_parallelizable"]`` is ``False``, so PettingZoo's
 ``aec_to_parallel`` refuses the env): the unit tester answers after seeing the coder's program of
@@ -157,10 +171,17 @@ Version history:
   episode early, so passing 80% of the hidden tests for 3 turns paid 4.8, solving at once 2.0.
   Each is now paid the level's change (returns telescope, bound above); ``H`` stays 1 once solved;
   the format penalty is part of the level, paid back by the next well-formed answer.
+* v0, rewards v2 (2026-12): the tester's score is half validity, half the share of known-wrong
+  programs (mutants of the reference, the coder's wrong program) its valid tests catch: one test
+  copied from the statement's sample earned 1.0, as much as the hidden tests; the team's
+  outcome reaches the tester's return (it earned the same whether the coder then solved or
+  not); the judges never raise (``1e`` and 30 nines printed for an integer raised
+  ``decimal.InvalidOperation`` inside ``env.step``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -175,6 +196,7 @@ from llm_zoo.core import MAX_ACTION_CHARS, Outcome, TextAECEnv
 from llm_zoo.data.code import TestCase, load_code_problems
 from llm_zoo.envs.code_impossible import IMPOSSIBLE_SPLIT, impossible_problems
 from llm_zoo.envs.code_judge import CallJudge, judge_for, outputs_match, run_program_on_inputs
+from llm_zoo.envs.code_mutants import known_wrong_mutants
 from llm_zoo.envs.code_prompts import (
     MAX_TESTS_JSON_CHARS,
     ROLE_INTRO,
@@ -190,6 +212,8 @@ __all__ = [
     "FORMAT_PENALTY",
     "INVALID_TEST_SCORE",
     "MAX_CACHED_OUTPUT_CHARS",
+    "MAX_MUTANTS",
+    "MUTANT_TIMEOUT_S",
     "CodeEnv",
     "oracle_action",
     "oracle_policy",
@@ -199,6 +223,11 @@ __all__ = [
 
 FORMAT_PENALTY = -1.0
 INVALID_TEST_SCORE = -0.5
+#: Most known-wrong mutants kept per problem (the ``mutants`` argument).
+MAX_MUTANTS = 16
+#: Most seconds a mutant's run may take (at most the env's ``timeout``): one that times out on a
+#: hidden test is not kept, one that times out on a tester's test is caught by it.
+MUTANT_TIMEOUT_S = 1.0
 #: Once a program has timed out this often in one evaluation, its remaining batches fail unrun.
 MAX_TIMEOUTS = 2
 #: Most characters of program output (stdout, and the kept stderr tails) cached per episode.
@@ -231,6 +260,36 @@ def _shown(label: str, text: str) -> str:
 # ---------------------------------------------------------------------------------------- env
 
 
+def statement_examples(problem: Any, judge: Any) -> frozenset[str]:
+    """The judge's input keys of the hidden tests that the statement shows as examples: a stdin
+    whose whitespace-separated tokens appear, in order and together, in the statement's; a call
+    whose every argument appears, written as Python or JSON without spaces, in the statement
+    without spaces. A unit tester's copy of one is valid but tells the coder nothing new."""
+    text = " ".join(problem.statement.split())
+    packed = "".join(problem.statement.split())
+    examples = set()
+    for test in problem.tests:
+        if problem.call is None:
+            shown = " ".join(test.input.split())
+            if shown and f" {shown} " in f" {text} ":
+                examples.add(judge.input_key(test.input))
+            continue
+        try:
+            args = literal(test.input)
+        except ValueError:
+            continue
+        if isinstance(args, list) and args and all(_written_in(arg, packed) for arg in args):
+            examples.add(judge.input_key(test.input))
+    return frozenset(examples)
+
+
+def _written_in(value: Any, packed: str) -> bool:
+    forms = ["".join(repr(value).split())]
+    with contextlib.suppress(TypeError, ValueError):  # not JSON: its repr alone
+        forms.append("".join(json.dumps(value).split()))
+    return any(form in packed for form in forms)
+
+
 class _Problems(tuple):
     """The env's problem list; shared, not copied, by ``clone()`` (problems are immutable)."""
 
@@ -259,6 +318,9 @@ class CodeEnv(TextAECEnv):
         max_tests: Most generated tests kept from one tester answer, in ``[1, MAX_TESTS]`` (1,000).
         max_hidden_tests: Use only the first N hidden tests of each problem (``None``: all; else an
             integer >= 1).
+        mutants: Known-wrong mutants of the reference kept per problem for the unit tester's
+            reward, in ``[0, MAX_MUTANTS]`` (16); 0 pays the tester for validity and for catching
+            the coder's bugs only (module docstring, Rewards).
         render_mode: ``None`` or ``"ansi"``.
     """
 
@@ -281,6 +343,7 @@ class CodeEnv(TextAECEnv):
         memory_mb: int = 512,
         max_tests: int = 10,
         max_hidden_tests: int | None = None,
+        mutants: int = 4,
         render_mode: str | None = None,
     ):
         super().__init__(max_turns=max_turns, alpha=alpha, render_mode=render_mode)
@@ -291,6 +354,7 @@ class CodeEnv(TextAECEnv):
         check_int("max_tests", max_tests, low=1, high=MAX_TESTS)
         if max_hidden_tests is not None:
             check_int("max_hidden_tests", max_hidden_tests, low=1)
+        check_int("mutants", mutants, low=0, high=MAX_MUTANTS)
         if split == IMPOSSIBLE_SPLIT:  # every problem of the dataset, its hidden tests contradicted
             every = load_code_problems(dataset, format=dataset_format) if dataset != "builtin" else None
             problems = impossible_problems(every if every is not None else load_code_problems("builtin"))
@@ -315,6 +379,7 @@ class CodeEnv(TextAECEnv):
         self.memory_mb = int(memory_mb)
         self.max_tests = int(max_tests)
         self.max_hidden_tests = max_hidden_tests
+        self.mutants = int(mutants)
 
     # ------------------------------------------------------------------ episode state
 
@@ -335,6 +400,7 @@ class CodeEnv(TextAECEnv):
             self.problem = self.problems[int(rng.integers(len(self.problems)))]
         self.hidden_tests = self.problem.tests[: self.max_hidden_tests]
         self.judge = judge_for(self.problem)
+        self._statement_examples = statement_examples(self.problem, self.judge)
         self.program: str | None = None
         self.hidden_passed: list[bool] = []
         self.tests: list[TestCase] = []
@@ -354,8 +420,9 @@ class CodeEnv(TextAECEnv):
     def hidden_pass_rate(self) -> float:
         return sum(self.hidden_passed) / len(self.hidden_passed) if self.hidden_passed else 0.0
 
-    def _run(self, program: str, stdins: list[str]) -> list[RunResult]:
-        """Run ``program`` on ``stdins`` with a per-episode cache; stop after MAX_TIMEOUTS timeouts."""
+    def _run(self, program: str, stdins: list[str], timeout: float | None = None) -> list[RunResult]:
+        """Run ``program`` on ``stdins`` with a per-episode cache; stop after MAX_TIMEOUTS timeouts.
+        ``timeout`` (default the env's) bounds each run."""
         results: dict[str, RunResult] = {}
         todo = [s for s in dict.fromkeys(stdins) if (program, s) not in self._runs]
         timeouts = 0
@@ -366,7 +433,9 @@ class CodeEnv(TextAECEnv):
                 results.update(dict.fromkeys(chunk, skipped))
                 continue
             for stdin, run in zip(
-                chunk, run_program_on_inputs(program, chunk, self.timeout, self.memory_mb), strict=True
+                chunk,
+                run_program_on_inputs(program, chunk, timeout or self.timeout, self.memory_mb),
+                strict=True,
             ):
                 results[stdin] = run
                 if getattr(run, "error", None) is None:  # a sandbox failure is not the program's result
@@ -485,22 +554,70 @@ class CodeEnv(TextAECEnv):
         self.tests = tests
         self.validity = self._validity(tests)
         self.results = self._judge(self.program, tests) if self.program is not None else []
-        program_correct = bool(self.hidden_passed) and all(self.hidden_passed)
-        scores = []
-        for index, valid in enumerate(self.validity):
-            if valid is None:
-                scores.append(0.0)
-            elif not valid:
-                scores.append(INVALID_TEST_SCORE)
-            else:
-                caught = self.program is None or not self.results[index][0]
-                scores.append(1.0 if caught or program_correct else 0.5)
         rate = self.hidden_pass_rate
-        self._tester_score = float(np.mean(scores))
+        self._tester_score, caught, known = self._test_score()
+        info = {**self._counts(), "mutants_caught": caught, "mutants_total": known}
         return Outcome(
             self._pay("unit_tester", self._tester_score), self._pay("global", self._team_level()), feedback=note,
-            terminated=self._settled(), success=rate == 1.0, info=self._counts(),
+            terminated=self._settled(), success=rate == 1.0, info=info,
         )  # fmt: skip
+
+    def _known_wrong(self) -> tuple[str, ...]:
+        """The problem's known-wrong mutants (:mod:`llm_zoo.envs.code_mutants`): of the reference,
+        else of the proxy reference; none on the impossible split (its reference is wrong)."""
+        reference = self.problem.reference or self.proxy_reference
+        if reference is None or self.mutants == 0 or self.split == IMPOSSIBLE_SPLIT:
+            return ()
+        # known-wrong: caught by a hidden test the statement does not show (a bug its examples
+        # already reveal is no test's merit)
+        unseen = [
+            t for t in self.hidden_tests if self.judge.input_key(t.input) not in self._statement_examples
+        ]
+        if not unseen:
+            return ()
+        key = repr(
+            (
+                self.judge.kind,
+                self.problem.call,
+                [(t.input, t.output) for t in unseen],
+                self.timeout,
+                self.memory_mb,
+            )
+        )
+        return known_wrong_mutants(
+            reference, lambda source: self._mutant_verdicts(source, unseen), self.mutants, key=key
+        )
+
+    def _mutant_verdicts(self, mutant: str, tests: list[TestCase]) -> list[bool] | None:
+        """Whether ``mutant`` passes each test, each run bounded by :data:`MUTANT_TIMEOUT_S`;
+        ``None`` if a run timed out (such a mutant is not kept: it would cost the time limit on
+        every tester answer)."""
+        timeout = min(self.timeout, MUTANT_TIMEOUT_S)
+        timed_out = False
+
+        def run(program: str, stdins: list[str]) -> list[RunResult]:
+            nonlocal timed_out
+            results = self._run(program, stdins, timeout)
+            timed_out = timed_out or any(r.timed_out for r in results)
+            return results
+
+        verdicts = [passed for passed, _ in self.judge.evaluate(mutant, tests, run, timeout)]
+        return None if timed_out else verdicts
+
+    def _test_score(self) -> tuple[float, int, int]:
+        """``S`` of the current tests (module docstring, Rewards): half their validity, half the
+        share of the known-wrong mutants their valid tests catch; and the mutants caught, known."""
+        validity = [1.0 if v else 0.0 if v is None else INVALID_TEST_SCORE for v in self.validity]
+        # valid tests that the statement does not already show: only they count as catching
+        counted = [
+            v is True and self.judge.input_key(test.input) not in self._statement_examples
+            for test, v in zip(self.tests, self.validity, strict=True)
+        ]
+        valid = [test for test, keep in zip(self.tests, counted, strict=True) if keep]
+        mutants = self._known_wrong()
+        caught = sum(bool(valid) and not all(self._mutant_verdicts(m, valid) or [False]) for m in mutants)
+        share = caught / len(mutants) if mutants else 0.0
+        return 0.5 * float(np.mean(validity)) + 0.5 * share, caught, len(mutants)
 
     # ------------------------------------------------------------------ text
 

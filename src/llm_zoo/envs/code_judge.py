@@ -85,7 +85,10 @@ def _tokens_match(expected: str, actual: str, tolerance: float) -> bool:
         # "75.0" for 75 is the same number (Decimal compares exactly, however long)
         if _INTEGER.fullmatch(actual):
             return _canonical_int(expected) == _canonical_int(actual)
-        return Decimal(expected) == Decimal(actual)
+        try:
+            return Decimal(expected) == Decimal(actual)
+        except ArithmeticError:  # an exponent beyond Decimal's range ("1e" + 30 nines): not the integer
+            return False
     x, y = float(expected), float(actual)
     return math.isfinite(x) and math.isfinite(y) and math.isclose(x, y, rel_tol=tolerance, abs_tol=tolerance)
 
