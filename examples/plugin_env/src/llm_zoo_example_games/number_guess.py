@@ -9,19 +9,26 @@ Roles (turn order): ``guesser``, ``hinter``.
 
 Rewards:
 
-* guesser role reward: how much the guess improves on the closest one so far, in closeness
-  ``1 - |guess - secret| / (high - low)`` (0 if it does not), plus 1 the first time it is the
-  secret; -1 for an unreadable answer. Paid once for progress, so that guessing near the secret
-  turn after turn never earns more than finding it: over an episode, the closest guess's closeness
-  (+1 if the secret was guessed) minus 1 per unreadable answer.
-* hinter role reward: 1 for a truthful hint, -1 for a false or unreadable one.
-* global reward: 1 once the secret has been guessed, else 0.
+Each role is paid the change of its *level* after each of its answers (a potential difference),
+so a return is where the agent ends, whatever the number of turns:
 
-Each agent's reward is ``role + alpha * global``. The episode terminates when the hinter confirms
-a correct guess, and is truncated after ``max_turns`` turns.
+* guesser level: the closeness of its closest guess so far, ``1 - |guess - secret| / (high -
+  low)``, plus 1 once it has guessed the secret, minus 1 while its latest answer is unreadable
+  (the next readable one pays it back). Guessing near the secret turn after turn never earns more
+  than finding it.
+* hinter level: 1 while its latest hint is truthful, -1 while it is false or unreadable.
+* global reward: the change of the team's level, which is 1 once the secret has been guessed
+  and confirmed, else 0: 1 for the hinter's answer that confirms it, 0 for every other.
+
+The acting agent's reward is ``role + alpha * global``; its teammate gets ``alpha * global`` on
+the same step, so both returns carry the team's outcome. The episode terminates when the hinter
+confirms a correct guess, and is truncated after ``max_turns`` turns.
 
 Version history: v0: initial. v0 (2026-12): the guesser is paid for closeness once, for progress
 (it was paid every turn: a near guess repeated for 7 turns earned more than the secret at once).
+v0 (2026-12, rewards v2): both roles are paid level changes and the team's outcome reaches both
+(the hinter earned 7 for 7 truthful hints in a failing episode, more than confirming the secret
+at once; the guesser's unreadable answers were never paid back).
 """
 
 from __future__ import annotations
@@ -77,6 +84,8 @@ class NumberGuessEnv(TextAECEnv):
         self.solved = False
         self.best_closeness = 0.0
         self.found = False
+        self.unreadable = False  # the guesser's latest answer
+        self.paid = {"guesser": 0.0, "hinter": 0.0}  # the levels paid so far
 
     def _prompt(self, agent: str) -> str:
         if agent == "guesser":
@@ -94,24 +103,31 @@ class NumberGuessEnv(TextAECEnv):
         if agent == "guesser":
             guess = parse_guess(action)
             self.last_guess = guess
-            if guess is None:
-                return Outcome(-1.0, 0.0, format_ok=False, feedback="Write your guess as: GUESS: 42")
-            closeness = 1.0 - min(1.0, abs(guess - self.secret) / (self.high - self.low))
-            progress = max(0.0, closeness - self.best_closeness)
-            self.best_closeness = max(self.best_closeness, closeness)
-            bonus = 1.0 if guess == self.secret and not self.found else 0.0
-            self.found = self.found or guess == self.secret
-            return Outcome(progress + bonus, float(self.solved))
+            self.unreadable = guess is None
+            if guess is not None:
+                closeness = 1.0 - min(1.0, abs(guess - self.secret) / (self.high - self.low))
+                self.best_closeness = max(self.best_closeness, closeness)
+                self.found = self.found or guess == self.secret
+            level = self.best_closeness + float(self.found) - float(self.unreadable)
+            feedback = "Write your guess as: GUESS: 42" if self.unreadable else ""
+            # a guess alone changes nothing for the team: global 0
+            return Outcome(self._pay("guesser", level), 0.0, format_ok=not self.unreadable, feedback=feedback)
         hint = parse_hint(action)
         truth = None if self.last_guess is None else true_hint(self.last_guess, self.secret)
         if hint is None:
-            return Outcome(-1.0, float(self.solved), format_ok=False,
+            return Outcome(self._pay("hinter", -1.0), 0.0, format_ok=False,
                            feedback="Answer with exactly one word: higher, lower or correct.")  # fmt: skip
         if self.last_guess is not None:
             self.history.append((self.last_guess, hint))
-        self.solved = self.solved or (hint == "correct" and truth == "correct")
-        role = 1.0 if hint == truth else -1.0
-        return Outcome(role, float(self.solved), terminated=self.solved, success=self.solved)
+        newly_solved = not self.solved and hint == "correct" and truth == "correct"
+        self.solved = self.solved or newly_solved
+        role = self._pay("hinter", 1.0 if hint == truth else -1.0)
+        return Outcome(role, float(newly_solved), terminated=self.solved, success=self.solved)
+
+    def _pay(self, agent: str, level: float) -> float:
+        """``level`` paid as its change since ``agent``'s last answer."""
+        change, self.paid[agent] = level - self.paid[agent], level
+        return change
 
     def _render_state(self) -> str:
         return f"secret={self.secret} history={self.history}"
