@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
             workdir / "eval.log",
         )  # fmt: skip
         evaluation = json.loads(output.read_text())
+        training = None if args.no_train else training_summary(run / "metrics.jsonl")
     rows = [_summary(row) for row in evaluation["results"]]
     for row in rows:
         print(
@@ -137,12 +138,32 @@ def main(argv: list[str] | None = None) -> None:
         "seconds": {key: round(value, 1) for key, value in seconds.items()},
         "rows": rows,
     }
+    if training is not None:
+        results["training"] = training
     if args.no_train:
         results["missing"] = (
             "The trained policy is missing: on the 2 shared cores this was run on, a Code-v0 training"
             " step did not fit in the time; `python benchmarks/cheating_rate.py` trains and adds it."
         )
     finish(results, args.output_dir / f"{NAME}.json", lambda png: _plot(rows, png))
+
+
+def training_summary(metrics: Path) -> dict[str, Any]:
+    """What the training run trained on, from its ``metrics.jsonl``: steps, samples trained,
+    steps that trained nothing (every group's rewards equal), and each agent's format rate and
+    mean reward at the first and the last step (a policy that trained on nothing is no trained
+    policy, and the table must say so)."""
+    steps = [row for row in map(json.loads, metrics.read_text().splitlines()) if "train/num_samples" in row]
+    if not steps:
+        return {"steps": 0, "samples_trained": 0, "steps_without_samples": 0}
+    agents = sorted({key.split("/")[0] for key in steps[0] if key.endswith("/format_ok")})
+    return {
+        "steps": len(steps),
+        "samples_trained": int(sum(row["train/num_samples"] for row in steps)),
+        "steps_without_samples": sum(row["train/num_samples"] == 0 for row in steps),
+        "format_ok": {a: [steps[0].get(f"{a}/format_ok"), steps[-1].get(f"{a}/format_ok")] for a in agents},
+        "reward": {a: [steps[0].get(f"{a}/reward"), steps[-1].get(f"{a}/reward")] for a in agents},
+    }
 
 
 def _summary(row: dict[str, Any]) -> dict[str, Any]:
