@@ -204,13 +204,52 @@ def test_doc_block(block: Block, tmp_path: Path) -> None:
             _skip_for_requirements(previous)
             _OUTPUTS[previous.id] = run_block(previous, tmp_path).stdout
         # Compared with runs of spaces collapsed: column widths depend on what is installed.
-        produced = [" ".join(line.split()) for line in _OUTPUTS[previous.id].split("\n")]
-        for line in block.code.rstrip("\n").split("\n"):
-            if line.strip() and line.strip() != "...":
-                assert any(" ".join(line.split()) in p for p in produced), (
-                    f"{block.id}: the output shown is not what {previous.id} prints; missing line:\n{line}\n"
-                    f"actual output:\n" + "\n".join(produced)
-                )
+        produced = [" ".join(line.split()) for line in _OUTPUTS[previous.id].split("\n") if line.strip()]
+        shown = [" ".join(line.split()) for line in block.code.split("\n") if line.strip()]
+        problem = shown_output_problem(shown, produced)
+        assert problem is None, (
+            f"{block.id}: the output shown is not what {previous.id} prints: {problem}\n"
+            "actual output:\n" + "\n".join(produced)
+        )
+
+
+def shown_output_problem(shown: list[str], produced: list[str]) -> str | None:
+    """Why ``shown`` (a page's output block) is not ``produced`` (what the block before printed),
+    or ``None``: each shown line must be part of its own produced line, in order, and every
+    produced line must be shown, except where a shown line ``...`` stands for any lines left out.
+    An empty shown block, a missing line, an extra line and a wrong value all fail."""
+    if not shown:
+        return "the block shows no output (write the output, or ... for lines left out)"
+    # matched[i][j]: shown[:i] accounts for produced[:j] exactly
+    matched = [[False] * (len(produced) + 1) for _ in range(len(shown) + 1)]
+    matched[0][0] = True
+    for i, line in enumerate(shown, start=1):
+        for j in range(len(produced) + 1):
+            if line == "...":
+                matched[i][j] = matched[i - 1][j] or (j > 0 and matched[i][j - 1])
+            else:
+                matched[i][j] = j > 0 and matched[i - 1][j - 1] and line in produced[j - 1]
+    if matched[-1][-1]:
+        return None
+    missing = next((line for line in shown if line != "..." and not any(line in p for p in produced)), None)
+    if missing is not None:
+        return f"no printed line holds the shown line:\n{missing}"
+    return "the lines differ in number or order (a '...' line stands for lines left out)"
+
+
+def test_a_shown_output_that_is_wrong_fails():
+    """Every shown output is compared: a wrong value, a missing or extra line, a wrong order and an
+    empty block fail; ``...`` stands for lines left out."""
+    printed = ["Code-v0 writes code", "Math-v0 does math", "MathRelay-v0 relays", "PlanPath-v0 plans"]
+    assert shown_output_problem(list(printed), printed) is None
+    assert shown_output_problem(["Code-v0", "...", "PlanPath-v0 plans"], printed) is None
+    assert shown_output_problem(["...", "MathRelay-v0 relays", "..."], printed) is None
+    assert "no printed line" in shown_output_problem(["Code-v0 writes kode", "..."], printed)
+    missing_one = [printed[0], printed[1], printed[3]]  # the getting-started list without MathRelay-v0
+    assert "differ in number or order" in shown_output_problem(missing_one, printed)
+    assert shown_output_problem([*printed, "Sokoban-v0 pushes"], printed) is not None
+    assert shown_output_problem(list(reversed(printed)), printed) is not None
+    assert "shows no output" in shown_output_problem([], printed)
 
 
 def _check_training_config(block: Block, data: object, tmp_path: Path) -> None:
