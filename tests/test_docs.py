@@ -180,7 +180,7 @@ def test_doc_block(block: Block, tmp_path: Path) -> None:
     if kind == "run":
         result = run_block(block, tmp_path)
         output = result.stdout + result.stderr
-        _OUTPUTS[block.id] = output
+        _OUTPUTS[block.id] = result.stdout  # what a shown output block is compared with
         assert result.returncode == 0, f"{block.id} failed (exit {result.returncode}):\n{output[-4000:]}"
         return
     if kind == "parsed":
