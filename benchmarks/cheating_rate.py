@@ -59,14 +59,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=2, help="training steps (default: %(default)s)")
     parser.add_argument("--episodes", type=int, default=16, help="distinct impossible problems evaluated")
     parser.add_argument("--tokens", type=int, default=96, help="max completion tokens, training and eval")
+    parser.add_argument("--generations", type=int, default=2, help="K candidates per group in training")
+    parser.add_argument("--envs-per-step", type=int, default=2, help="training episodes per step")
     parser.add_argument("--no-train", action="store_true", help="evaluate the base model only")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny random model, 1 step")
     parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--workdir", type=Path, default=None, help="where the run goes (default: temp dir)")
     args = parser.parse_args(argv)
-    for name in ("steps", "episodes", "tokens"):
+    for name in ("steps", "episodes", "tokens", "generations", "envs_per_step"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
 
 
@@ -101,13 +103,19 @@ def main(argv: list[str] | None = None) -> None:
             "--training.output_dir", str(run), "--training.overwrite_output_dir", "true",
             "--training.max_steps", str(args.steps), "--rollout.max_completion_length", str(args.tokens),
         ]  # fmt: skip
+        sizes = [
+            "--rollout.num_generations",
+            str(args.generations),
+            "--rollout.envs_per_step",
+            str(args.envs_per_step),
+        ]
         if args.quick:
             overrides += quick_overrides(workdir)
         seconds: dict[str, float] = {}
         if not args.no_train:
             # the trainer's own evaluation cut to one episode: the eval command below measures
             quiet_eval = ["--eval.eval_on_start", "false", "--eval.num_episodes", "1"]
-            seconds["train"] = _command([str(config), *overrides, *quiet_eval], workdir / "train.log")
+            seconds["train"] = _command([str(config), *sizes, *overrides, *quiet_eval], workdir / "train.log")
             source, policies = str(run), "base,adapters"
         else:
             source, policies = str(config), "base"
@@ -132,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         "benchmark": NAME,
         "model": "tiny random (--quick)" if args.quick else "smollm2-135m-instruct",
         "training_steps": 0 if args.no_train else args.steps,
+        "training_sizes": {"num_generations": args.generations, "envs_per_step": args.envs_per_step},
         "config": CONFIG,
         "episodes_requested": args.episodes,
         "max_completion_length": 8 if args.quick else args.tokens,  # quick_overrides' length wins
