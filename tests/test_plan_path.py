@@ -162,7 +162,7 @@ def test_tool_moves_are_scored_on_a_copy():
     expected = simulate_moves(env.level, PlanPathState((0, 0)), ["R", "R", "D", "D"]).reward
     assert info["role_reward"] == pytest.approx(expected) and info["moves_solve"]
     assert info["format_ok"] and info["program_ran"]
-    assert env.state == PlanPathState((0, 0), 0) and not env.success
+    assert env.puzzle_state == PlanPathState((0, 0), 0) and not env.success
     assert info["global_reward"] == 0.0
     assert "it printed 4 moves" in env.observe("tool_agent")["prompt"]
 
@@ -262,12 +262,12 @@ def test_tool_answer_without_program_never_reaches_the_sandbox(monkeypatch, answ
 def test_tool_programs_that_fail_are_format_errors(source, error):
     env = PlanPathEnv(tool_timeout_s=1.0)
     env.reset(seed=0)
-    start = env.state
+    start = env.puzzle_state
     env.step(program(source))
     info = env.infos["tool_agent"]
     assert (info["format_ok"], info["role_reward"], info["program_ran"]) == (False, -1.0, True)
     assert error in info["feedback"], info["feedback"]
-    assert env.state == start
+    assert env.puzzle_state == start
     next_prompt = env.observe("tool_agent")["prompt"]
     assert next_prompt.startswith("Your previous answer could not be used (-1)") and error in next_prompt
     assert "No moves could be read from it" in env.observe("plan_agent")["prompt"]
@@ -287,11 +287,11 @@ def test_malformed_plan_answers(answer, error):
     env = PlanPathEnv()
     env.reset(seed=0)
     env.step("skip")
-    start = env.state
+    start = env.puzzle_state
     env.step(answer)
     info = env.infos["plan_agent"]
     assert (info["format_ok"], info["role_reward"]) == (False, -1.0)
-    assert env.state == start
+    assert env.puzzle_state == start
     assert error in env.observe("plan_agent")["prompt"]
 
 
@@ -429,7 +429,7 @@ def test_clone_branches_do_not_share_state():
     twin = env.clone()
     twin.step('#### ["R", "R", "D", "D"]')
     assert twin.success and not env.success
-    assert env.state == PlanPathState((0, 0), 0) and env.agent_selection == "plan_agent"
+    assert env.puzzle_state == PlanPathState((0, 0), 0) and env.agent_selection == "plan_agent"
 
 
 def test_render():

@@ -67,8 +67,8 @@ def test_no_move_list_earns_the_plan_agent_more_than_solving(seed):
     # back and forth between the start and a free neighbour, as far from the goal as the start is
     neighbour = next(m for m in "UDLR" if apply_move(level.grid, level.start, m)[1])
     back = {"U": "D", "D": "U", "L": "R", "R": "L"}[neighbour]
-    circling = env._simulate(env.state, [neighbour, back] * 500)
-    solving = env._simulate(env.state, shortest_path(level.grid, level.start, level.goal))
+    circling = env._simulate(env.puzzle_state, [neighbour, back] * 500)
+    solving = env._simulate(env.puzzle_state, shortest_path(level.grid, level.start, level.goal))
     assert solving.solved and not circling.solved
     assert circling.reward <= 0.0 < solving.reward
 

@@ -132,11 +132,11 @@ def test_env_plays_a_given_board_and_terminates_on_success():
 def test_tool_moves_are_scored_on_a_copy():
     env = SokobanEnv()
     env.reset(options={"board": ONE_PUSH})
-    start = env.state
+    start = env.puzzle_state
     env.step(oracles.tool_answer(oracles.printing_program(["R"])))
     info = env.infos["tool_agent"]
     assert info["role_reward"] == pytest.approx(10.99) and info["moves_solve"] and info["format_ok"]
-    assert env.state == start and not env.success and info["global_reward"] == 0.0
+    assert env.puzzle_state == start and not env.success and info["global_reward"] == 0.0
 
 
 # ---------------------------------------------------------------- level generation
@@ -209,12 +209,12 @@ def test_generation_failure_raises_at_reset():
 def test_tool_programs_that_fail_are_format_errors(source, error):
     env = SokobanEnv()
     env.reset(seed=0)
-    start = env.state
+    start = env.puzzle_state
     env.step(f"```python\n{source}\n```")
     info = env.infos["tool_agent"]
     assert (info["format_ok"], info["role_reward"], info["program_ran"]) == (False, -1.0, True)
     assert error in env.observe("tool_agent")["prompt"]
-    assert env.state == start
+    assert env.puzzle_state == start
 
 
 def test_malformed_plan_answer_gets_feedback():
@@ -318,7 +318,7 @@ def test_clone_branches_do_not_share_state():
     twin = env.clone()
     twin.step('#### ["R"]')
     assert twin.success and not env.success
-    assert env.state == SokobanState((1, 1), frozenset({(1, 2)}))
+    assert env.puzzle_state == SokobanState((1, 1), frozenset({(1, 2)}))
 
 
 def test_render():

@@ -13,8 +13,9 @@ rules, in four methods:
 and two class attributes: :attr:`TextAECEnv.roles` and ``metadata["name"]`` (``render_modes`` and
 ``is_parallelizable`` default to the base class's). ``render()`` returns that picture in ``"ansi"``
 mode and prints it in ``"human"`` mode; without a render mode it warns and returns ``None``, as
-PettingZoo's envs do. There is no PettingZoo ``state()``: the Plan-Path and Sokoban envs keep their
-board in an attribute named ``state``.
+PettingZoo's envs do. ``state()`` is PettingZoo's own: no built-in env defines a global state, so
+it raises ``NotImplementedError`` as PettingZoo's base class does (an env's attributes must not
+hide it: the Plan-Path and Sokoban envs keep their board in ``puzzle_state``).
 
 PettingZoo conventions:
 

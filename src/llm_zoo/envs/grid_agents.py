@@ -332,7 +332,7 @@ class MovesResult(Generic[S]):
 class ToolPlanEnv(TextAECEnv, Generic[S]):
     """A grid puzzle played by a tool agent and a plan agent (see the module docstring).
 
-    Subclasses set ``metadata["name"]`` and :attr:`puzzle_name`, build the level and ``self.state``
+    Subclasses set ``metadata["name"]`` and :attr:`puzzle_name`, build the level and ``self.puzzle_state``
     in :meth:`_new_puzzle`, and implement :meth:`_board`, :meth:`_task_text`, :meth:`_status_text`,
     :meth:`_simulate`, :meth:`_describe`, :meth:`_state_info` and :meth:`_is_solved`.
 
@@ -397,14 +397,14 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
             self.possible_agents = list(agents)
             self.observation_spaces = {a: self.observation_spaces[a] for a in self.possible_agents}
             self.action_spaces = {a: self.action_spaces[a] for a in self.possible_agents}
-        self.state: S
+        self.puzzle_state: S
         self.last_tool_run: ToolRun | None = None
         self.best_value = 0.0
 
     # ------------------------------------------------------------------ puzzle hooks
 
     def _new_puzzle(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
-        """Build the level and set ``self.state``. Use only ``rng`` for randomness."""
+        """Build the level and set ``self.puzzle_state``. Use only ``rng`` for randomness."""
         raise NotImplementedError
 
     def _board(self) -> str:
@@ -444,7 +444,7 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
     def _new_episode(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
         self.last_tool_run = None
         self._new_puzzle(rng, options)
-        self.best_value = self._value(self.state)
+        self.best_value = self._value(self.puzzle_state)
         # per agent: the format penalty in its level (0 or FORMAT_PENALTY), the costs it may still pay
         self._penalty = dict.fromkeys(self.possible_agents, 0.0)
         self._cost_left = dict.fromkeys(self.possible_agents, MAX_EPISODE_COST)
@@ -574,7 +574,7 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
                 f'{ACTIONS_LIST_MARKER} ["U", "R", ...].',
                 info,
             )
-        result = self._simulate(self.state, run.moves)
+        result = self._simulate(self.puzzle_state, run.moves)
         self.best_value = max(self.best_value, result.value_before)
         value_terms = result.tool_reward(self.best_value) - result.cost
         reward = self._usable_answer_reward("tool_agent", value_terms, result.cost)
@@ -595,8 +595,8 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
                 f'End your answer with a line {FINAL_MOVES_MARKER} ["U", "R", ...].',
                 {},
             )
-        result = self._simulate(self.state, moves)
-        self.state = result.state
+        result = self._simulate(self.puzzle_state, moves)
+        self.puzzle_state = result.state
         self.best_value = max(self.best_value, result.value_after)
         reward = self._usable_answer_reward("plan_agent", result.reward - result.cost, result.cost)
         feedback = f"Result of your previous moves: {self._describe(result)} (reward {reward:+.3f})."

@@ -141,6 +141,8 @@ Version history
     distances, +85 to +151 per answer for walking back and forth); move costs take at most 0.5
     per answer; the tool agent is paid once for any progress (it was paid again every turn for
     the same simulated moves). A shortest path of ``n`` moves earns ``d0 + 1.5 - 0.01 n``.
+    v0 (2026-12): the board's state is the attribute ``puzzle_state`` (it was ``state``, which hid
+    PettingZoo's ``state()``: calling it raised ``TypeError``).
     v0 (2026-12, rewards v2): the team's outcome reaches both agents' returns (the tool agent
     earned the same whether the plan agent then solved or not); the format penalty is a level
     the next usable answer pays back, and an agent's move costs take at most 0.5 per episode
@@ -444,7 +446,7 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
             self.level = parse_grid(board)
         else:
             self.level = generate_grid(rng, self.rows, self.cols, self.wall_ratio)
-        self.state = PlanPathState(self.level.start, 0)
+        self.puzzle_state = PlanPathState(self.level.start, 0)
 
     def _task_id(self) -> str:
         picture = render_grid(self.level, self.level.start)
@@ -452,7 +454,7 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
         return f"{self.level.rows}x{self.level.cols}-{digest}"
 
     def _board(self) -> str:
-        return render_grid(self.level, self.state.position)
+        return render_grid(self.level, self.puzzle_state.position)
 
     def _task_text(self) -> str:
         return (
@@ -475,10 +477,10 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
         )
 
     def _status_text(self) -> str:
-        (row, col), (goal_row, goal_col) = self.state.position, self.level.goal
+        (row, col), (goal_row, goal_col) = self.puzzle_state.position, self.level.goal
         return (
             f"Position S = (row {row}, col {col}), goal G = (row {goal_row}, col {goal_col}); "
-            f"moves played so far: {self.state.moves_taken}."
+            f"moves played so far: {self.puzzle_state.moves_taken}."
         )
 
     def _simulate(self, state: PlanPathState, moves: Sequence[str]) -> MovesResult[PlanPathState]:
@@ -503,17 +505,17 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
 
     def _state_info(self) -> dict[str, Any]:
         return {
-            "position": self.state.position,
-            "distance_to_goal": self._distance(self.state.position),
-            "moves_taken": self.state.moves_taken,
+            "position": self.puzzle_state.position,
+            "distance_to_goal": self._distance(self.puzzle_state.position),
+            "moves_taken": self.puzzle_state.moves_taken,
             "shortest_path_length": self.level.shortest,
         }
 
     def _is_solved(self) -> bool:
-        return self.state.position == self.level.goal
+        return self.puzzle_state.position == self.level.goal
 
 
 def oracle_action(env: PlanPathEnv, agent: str) -> str:
     """A perfect answer for ``agent`` now: a shortest path from the current position (for
     :func:`llm_zoo.testing.check_env`'s reward-hack search and the tests)."""
-    return oracle_answer(agent, shortest_path(env.level.grid, env.state.position, env.level.goal) or [])
+    return oracle_answer(agent, shortest_path(env.level.grid, env.puzzle_state.position, env.level.goal) or [])

@@ -105,6 +105,8 @@ Version history
     paid (-1.0, was -0.5: with 2 boxes, pushing one on and off earned +73.5 without solving);
     move costs take at most 0.5 per answer; the tool agent is paid once for any progress (it was
     paid again every turn for the same simulated moves).
+    v0 (2026-12): the board's state is the attribute ``puzzle_state`` (it was ``state``, which hid
+    PettingZoo's ``state()``: calling it raised ``TypeError``).
     v0 (2026-12, rewards v2): the team's outcome reaches both agents' returns; the format
     penalty is a level the next usable answer pays back, and an agent's move costs take at most
     0.5 per episode (with 2 boxes at 14 turns, solving last paid -0.05, failing +0.73).
@@ -484,19 +486,19 @@ class SokobanEnv(ToolPlanEnv[SokobanState]):
     def _new_puzzle(self, rng: np.random.Generator, options: dict[str, Any] | None) -> None:
         board = (options or {}).get("board")
         if board is not None:
-            self.level, self.state = parse_board(board)
+            self.level, self.puzzle_state = parse_board(board)
         else:
-            self.level, self.state = generate_level(
+            self.level, self.puzzle_state = generate_level(
                 rng, self.rows, self.cols, self.num_boxes, max_search_states=self.max_search_states
             )
-        self._start = self.state
+        self._start = self.puzzle_state
 
     def _task_id(self) -> str:
         digest = hashlib.sha1(render_board(self.level, self._start).encode()).hexdigest()[:16]
         return f"{self.level.rows}x{self.level.cols}-{len(self.level.goals)}box-{digest}"
 
     def _board(self) -> str:
-        return render_board(self.level, self.state)
+        return render_board(self.level, self.puzzle_state)
 
     def _task_text(self) -> str:
         return (
@@ -513,14 +515,14 @@ class SokobanEnv(ToolPlanEnv[SokobanState]):
         )
 
     def _status_text(self) -> str:
-        row, col = self.state.player
+        row, col = self.puzzle_state.player
         return (
             f"Player @ at (row {row}, col {col}); {self._boxes_on_goals()} of "
-            f"{count(len(self.level.goals), 'box', 'boxes')} on goals; moves played so far: {self.state.moves_taken}."
+            f"{count(len(self.level.goals), 'box', 'boxes')} on goals; moves played so far: {self.puzzle_state.moves_taken}."
         )
 
     def _boxes_on_goals(self, state: SokobanState | None = None) -> int:
-        return len((state or self.state).boxes & self.level.goals)
+        return len((state or self.puzzle_state).boxes & self.level.goals)
 
     def _simulate(self, state: SokobanState, moves: Sequence[str]) -> MovesResult[SokobanState]:
         return simulate_moves(self.level, state, moves)
@@ -541,14 +543,14 @@ class SokobanEnv(ToolPlanEnv[SokobanState]):
 
     def _state_info(self) -> dict[str, Any]:
         return {
-            "player": self.state.player,
+            "player": self.puzzle_state.player,
             "boxes_on_goals": self._boxes_on_goals(),
             "num_boxes": len(self.level.goals),
-            "moves_taken": self.state.moves_taken,
+            "moves_taken": self.puzzle_state.moves_taken,
         }
 
     def _is_solved(self) -> bool:
-        return self.state.boxes <= self.level.goals
+        return self.puzzle_state.boxes <= self.level.goals
 
 
 def solve(level: SokobanLevel, state: SokobanState, max_states: int = 200_000) -> list[str] | None:
@@ -579,4 +581,4 @@ def solve(level: SokobanLevel, state: SokobanState, max_states: int = 200_000) -
 def oracle_action(env: SokobanEnv, agent: str) -> str:
     """A perfect answer for ``agent`` now: a shortest solution from the current state (for
     :func:`llm_zoo.testing.check_env`'s reward-hack search and the tests)."""
-    return oracle_answer(agent, solve(env.level, env.state) or [])
+    return oracle_answer(agent, solve(env.level, env.puzzle_state) or [])
