@@ -36,6 +36,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.registry", "llm_zoo.registry"),
     ("llm_zoo.arguments", "llm_zoo.arguments"),
     ("llm_zoo.testing", "llm_zoo.testing"),
+    ("llm_zoo.family", "llm_zoo.family"),
     ("llm_zoo.reward_hacks", "llm_zoo.reward_hacks"),
     ("llm_zoo.parsing", "llm_zoo.parsing"),
     ("llm_zoo.sandbox", "llm_zoo.sandbox"),
@@ -147,6 +148,10 @@ API_MODULES: list[tuple[str, str]] = [
 #: Modules deliberately without an API page (besides private ``_name`` modules, never documented).
 API_EXCLUDED: dict[str, str] = {
     "llm_zoo.envs": "registration of the built-in envs only",
+    **{
+        f"llm_zoo.envs.{name}_v0": "a PettingZoo family module (llm_zoo.family documents all of them)"
+        for name in ("plan_path", "sokoban", "code", "math", "math_relay")
+    },
     "llm_zoo.data": "package marker",
     "llm_zoo_train": "package marker",
     "llm_zoo_train.__main__": "the command line, documented on the Training page",

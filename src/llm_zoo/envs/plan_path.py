@@ -518,4 +518,6 @@ class PlanPathEnv(ToolPlanEnv[PlanPathState]):
 def oracle_action(env: PlanPathEnv, agent: str) -> str:
     """A perfect answer for ``agent`` now: a shortest path from the current position (for
     :func:`llm_zoo.testing.check_env`'s reward-hack search and the tests)."""
-    return oracle_answer(agent, shortest_path(env.level.grid, env.puzzle_state.position, env.level.goal) or [])
+    return oracle_answer(
+        agent, shortest_path(env.level.grid, env.puzzle_state.position, env.level.goal) or []
+    )
