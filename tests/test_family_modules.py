@@ -46,3 +46,19 @@ def test_plan_path_v0_passes_pettingzoos_own_tests_and_checks_its_arguments():
     parallel_api_test(plan_path_v0.parallel_env(rows=4, cols=4), num_cycles=5)
     with pytest.raises(EnvArgumentError, match="rows"):
         plan_path_v0.env(rows="4")
+
+
+def test_one_accessor_for_an_envs_task_set():
+    """Issue 54: Code-v0 had ``env.problems`` and Math-v0 ``env.problem_set``; ``task_ids()`` is
+    the one accessor, and ``None`` says the tasks are drawn from an unlimited space."""
+    code = llm_zoo.make("Code-v0", split="test")
+    assert code.task_ids() == [problem.id for problem in code.problems]
+    math = llm_zoo.make("Math-v0", split="test", dataset="generated")
+    ids = math.task_ids()
+    assert ids and len(ids) == len(set(ids))
+    math.reset(seed=0, options={"problem_id": ids[3]})
+    assert math.task_id == ids[3]
+    assert llm_zoo.make("Math-v0", split="train", dataset="generated").task_ids() is None
+    assert llm_zoo.make("PlanPath-v0").task_ids() is None
+    for env in (code, math):
+        env.close()

@@ -265,6 +265,12 @@ class TextAECEnv(AECEnv):
         """A stable id of the task instance (problem id, or seed for generated tasks)."""
         return f"seed-{self._episode_seed}"
 
+    def task_ids(self) -> list[str] | None:
+        """The ids of the env's finite task set, each content once (``reset(options={"problem_id":
+        id})`` plays one), or ``None`` when tasks are drawn from an unlimited space (generated
+        grids: the default). The one accessor for an env's tasks; an env overrides it."""
+        return None
+
     # ------------------------------------------------------------------ PettingZoo API
 
     def observation_space(self, agent: str) -> spaces.Space:

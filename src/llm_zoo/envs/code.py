@@ -416,6 +416,10 @@ class CodeEnv(TextAECEnv):
     def _task_id(self) -> str:
         return self.problem.id
 
+    def task_ids(self) -> list[str] | None:
+        """The ids of the split's problems (:meth:`llm_zoo.core.TextAECEnv.task_ids`)."""
+        return list(dict.fromkeys(str(problem.id) for problem in self.problems))
+
     @property
     def hidden_pass_rate(self) -> float:
         return sum(self.hidden_passed) / len(self.hidden_passed) if self.hidden_passed else 0.0

@@ -334,6 +334,12 @@ class MathEnv(TextAECEnv):
         self.history: list[tuple[int, str, str | None, bool]] = []  # (turn, agent, answer, correct)
         self._levels = {"reasoner": 0.0, "tool_agent": 0.0, "global": 0.0}  # c_r, c_t, c_r as paid
 
+    def task_ids(self) -> list[str] | None:
+        """The problem set's ids without content duplicates; ``None`` for the generated training
+        split, which is unlimited (:meth:`llm_zoo.core.TextAECEnv.task_ids`)."""
+        ids = self.problem_set.distinct_ids()
+        return None if ids is None else [str(i) for i in ids]
+
     def _task_id(self) -> str:
         assert self.problem is not None
         return self.problem.id

@@ -44,18 +44,13 @@ class EvalTasks:
 
 def task_ids(env_id: str, env_kwargs: Mapping[str, Any]) -> list[str] | None:
     """The env's finite problem list without content duplicates, or ``None`` when it draws tasks
-    from an unlimited space (generated training problems, grids): Math-v0's
-    ``problem_set.distinct_ids()``, else the ids of an env's ``problems`` (Code-v0)."""
+    from an unlimited space (generated training problems, grids): the env's ``task_ids()``
+    (:meth:`llm_zoo.core.TextAECEnv.task_ids`; an env without one has no finite list)."""
     env = llm_zoo.make(env_id, **dict(env_kwargs))
     try:
-        problem_set = getattr(env, "problem_set", None)
-        if problem_set is not None and hasattr(problem_set, "distinct_ids"):
-            ids = problem_set.distinct_ids()
-            return None if ids is None else [str(i) for i in ids]
-        problems = getattr(env, "problems", None)
-        if problems is not None:
-            return list(dict.fromkeys(str(problem.id) for problem in problems))
-        return None
+        accessor = getattr(env, "task_ids", None)
+        ids = accessor() if callable(accessor) else None
+        return None if ids is None else [str(i) for i in ids]
     finally:
         env.close()
 
