@@ -407,7 +407,9 @@ def test_eval_never_needs_the_runs_trackers(tmp_path, capsys, trackers_not_insta
     err = capsys.readouterr().err
     assert code == 0, err
     assert "not installed" not in err
-    assert "base on eval: 1/1 episodes, turn 2, 2 completions" in err  # the evaluation's progress line
+    assert (
+        "base on eval: 1/1 episodes, turn 1 (move 2 of 2), 2 completions" in err
+    )  # the evaluation's progress line
     document = json.loads((tmp_path / "run" / "eval" / "eval_results.json").read_text())
     assert document["results"][0]["result"]["success_rate"] == 1.0  # the oracle plays both roles
     assert document["settings"]["config"]["logging"]["log_with"] == ["wandb"]  # the run's config, as given

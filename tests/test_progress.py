@@ -185,11 +185,12 @@ def test_a_training_run_reports_every_phase(tiny_model_dir, tmp_path, capsys):
     assert lines[0] == f"loading model {tiny_model_dir} ..." and lines[1].startswith("model loaded in ")
     first_eval = next(i for i, line in enumerate(lines) if line.startswith("evaluation: 2/2 episodes, "))
     assert lines[first_eval + 1].startswith("success rate before training:")
-    # 8 envs x 2 turns: 16 groups of K=4 candidates (and the look-ahead completions)
+    # 8 envs x 1 turn of 2 agents (the env's turn, not the 2 engine calls): 16 groups of K=4
+    # candidates (and the look-ahead completions)
     rollout = next(
         i
         for i, line in enumerate(lines)
-        if line.startswith("step 1/1 rollout: 8/8 episodes, turn 2, 16 groups, ")
+        if line.startswith("step 1/1 rollout: 8/8 episodes, turn 1 of 1 (move 2 of 2), 16 groups, ")
     )
     assert "tok/s" in lines[rollout]
     updates = [line for line in lines if line.startswith("step 1/1 update ")]
@@ -360,3 +361,30 @@ def test_the_run_summary_counts_in_words():
     )
     line = run_summary(two)
     assert ", 2 steps of " in line and "2 evaluation episodes " in line and "every 2 steps;" in line
+
+
+def test_the_turn_shown_is_the_envs_not_the_count_of_engine_calls():
+    """Issue 54: the rollout line said "turn 2" with max_turns 1 (two agents, two engine calls)."""
+
+    class Echo:
+        def generate(self, prompts, adapters, n, sampling):
+            return [[] for _ in prompts]
+
+    console, _ = _console(terminal=False)
+    progress = RunProgress(console, interval_s=0)
+    watched = progress.rollout(Echo(), 1, 3, mode="tree", num_generations=2, agents_per_turn=2, max_turns=5)
+    descriptions = []
+    for _ in range(3):
+        watched.generate(["a", "b", "c"], [None] * 3, 2, SAMPLING)
+        descriptions.append(watched.describe().split(",")[0])
+    assert descriptions == [
+        "turn 1 of 5 (move 1 of 2)",
+        "turn 1 of 5 (move 2 of 2)",
+        "turn 2 of 5 (move 1 of 2)",
+    ]
+    watched.close()
+    alone = progress.evaluation(Echo(), 1)
+    alone.generate(["a"], [None], 1, SAMPLING)
+    assert alone.describe().startswith("turn 1,")
+    alone.close()
+    progress.close()

@@ -50,7 +50,7 @@ from llm_zoo_train.evaluation.evaluate import EvalResult, evaluate, summarize
 from llm_zoo_train.evaluation.tasks import eval_tasks
 from llm_zoo_train.models.policy import Policy
 from llm_zoo_train.reporting.model_card import write_model_cards
-from llm_zoo_train.reporting.progress import RunProgress
+from llm_zoo_train.reporting.progress import RunProgress, turn_limit
 from llm_zoo_train.reporting.tracking import RunLogger, flatten_config, plot_learning_curve, rollout_metrics
 from llm_zoo_train.reporting.update_progress import update_layer_progress
 from llm_zoo_train.rollout.asynchronous import AsyncRollouts, algorithm_settings
@@ -357,6 +357,8 @@ class Trainer:
             len(envs) if envs is not None else rollout.envs_per_step,
             mode=rollout.mode,
             num_generations=rollout.num_generations,
+            agents_per_turn=len(self.plan.agent_adapters),
+            max_turns=turn_limit(self.config.env.kwargs),
         )
         produced = play_step(self.config, self.plan.agent_adapters, watched, step, rank, self.version, envs)
         watched.close()
@@ -390,7 +392,12 @@ class Trainer:
             top_k=config.rollout.top_k if temperature > 0 else 0,
             seed=derive_seed(config.training.seed, accelerator.process_index, Stream.EVAL),
         )
-        watched = self.progress.evaluation(self.eval_engine, len(local))
+        watched = self.progress.evaluation(
+            self.eval_engine,
+            len(local),
+            agents_per_turn=len(self.plan.agent_adapters),
+            max_turns=turn_limit(eval_env_kwargs(config)),
+        )
         _, episodes = evaluate(
             watched,
             config.env.id,

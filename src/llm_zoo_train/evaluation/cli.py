@@ -51,7 +51,7 @@ from llm_zoo_train.evaluation.plan import (
     plan_splits,
     resolve_source,
 )
-from llm_zoo_train.reporting.progress import RunProgress
+from llm_zoo_train.reporting.progress import RunProgress, turn_limit
 from llm_zoo_train.rollout.env_servers import configure_env_servers
 
 __all__ = ["UsageError", "evaluation_view", "main", "print_table", "run", "split_overrides"]
@@ -208,7 +208,13 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
     try:
         for policy, mapping in maps.items():
             for split in splits:
-                watched = progress.evaluation(engine, len(split.seeds), f"{policy} on {split.name}")
+                watched = progress.evaluation(
+                    engine,
+                    len(split.seeds),
+                    f"{policy} on {split.name}",
+                    agents_per_turn=len(plan.agent_adapters),
+                    max_turns=turn_limit(split.env_kwargs),
+                )
                 result, episodes = evaluate(
                     watched,
                     config.env.id,

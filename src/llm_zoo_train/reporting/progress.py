@@ -42,12 +42,22 @@ from llm_zoo_train.engines.base import generation_progress
 #: Seconds between two redraws from an engine's live reports (a decode step can take milliseconds).
 _REDRAW_S = 0.25
 
-__all__ = ["Phase", "RunProgress", "WatchedEngine", "plural", "run_summary"]
+__all__ = ["Phase", "RunProgress", "WatchedEngine", "plural", "run_summary", "turn_limit"]
 
 
 def plural(count: int, noun: str) -> str:
     """``1 step``, ``2 steps``, ``0 steps``."""
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def turn_limit(env_kwargs: Any) -> int | None:
+    """The ``max_turns`` (or PettingZoo's ``max_cycles``) an env is made with, when the config
+    gives one (None: the env's own default, not known here)."""
+    for key in ("max_turns", "max_cycles"):
+        value = env_kwargs.get(key) if hasattr(env_kwargs, "get") else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def run_summary(config: Config) -> str:
@@ -154,14 +164,30 @@ class WatchedEngine:
         phase: Where progress goes (its ``total`` is the number of episodes).
         episode_n: The ``n`` of the calls that advance episodes: K for tree rollouts, 1 otherwise.
         count_groups: Count the prompts of those calls as groups (tree rollouts: one group each).
+        agents_per_turn: Agents that act in one turn of the env: each calls the engine once (one
+            *agent move*), so the turn shown is the env's, not the count of calls.
+        max_turns: The env's turn limit, shown as ``turn t of T`` (None: unknown, ``turn t``).
     """
 
-    def __init__(self, engine: Any, phase: Phase, *, episode_n: int, count_groups: bool):
+    def __init__(
+        self,
+        engine: Any,
+        phase: Phase,
+        *,
+        episode_n: int,
+        count_groups: bool,
+        agents_per_turn: int = 1,
+        max_turns: int | None = None,
+    ):
         self.engine = engine
         self.phase = phase
         self.episode_n = episode_n
         self.count_groups = count_groups
-        self.turns = self.groups = self.completions = self.tokens = 0
+        self.agents_per_turn = max(1, agents_per_turn)
+        self.max_turns = max_turns
+        #: Calls that advanced the episodes: one agent move of every running episode each.
+        self.moves = 0
+        self.groups = self.completions = self.tokens = 0
         self.generation_seconds = 0.0
         #: Tokens and completions the engine has reported in the call now running.
         self._live_tokens = self._live_completions = 0
@@ -176,7 +202,7 @@ class WatchedEngine:
             # The prompts of this call are the episodes still running (one per live episode).
             self.phase.completed = max(self.phase.completed, self.phase.total - len(prompts))
             self.groups += len(prompts) if self.count_groups else 0
-            self.turns += 1
+            self.moves += 1
         self._call_start = time.perf_counter()
         self._call_prompts = len(prompts)
         self._last_draw = 0.0
@@ -213,11 +239,20 @@ class WatchedEngine:
             self._last_draw = now
             self.phase.update(info=self.describe())
 
+    @property
+    def turn(self) -> int:
+        """The env's turn of the latest agent move (from 1; 0 before the first)."""
+        return -(-self.moves // self.agents_per_turn)
+
     def describe(self) -> str:
-        """E.g. ``turn 3, 24 groups, 96 completions, 3,200 tokens (210 tok/s)``; a turn is one
-        engine call for every running episode (episodes of one batch end together). During a call
-        the counts include what the engine has reported so far."""
-        parts = [f"turn {self.turns}"]
+        """E.g. ``turn 2 of 3 (move 2 of 2), 24 groups, 96 completions, 3,200 tokens (210 tok/s)``:
+        the env's turn (every agent acting once), and with several agents which agent move of the
+        turn is running (one engine call for every running episode). During a call the counts
+        include what the engine has reported so far."""
+        turn = f"turn {self.turn}" + (f" of {self.max_turns}" if self.max_turns else "")
+        if self.agents_per_turn > 1 and self.moves:
+            turn += f" (move {(self.moves - 1) % self.agents_per_turn + 1} of {self.agents_per_turn})"
+        parts = [turn]
         if self.count_groups:
             parts.append(f"{self.groups} groups")
         parts.append(f"{self.completions + self._live_completions} completions")
@@ -351,17 +386,39 @@ class RunProgress:
         return f"step {step}/{self.total_steps}" if self.total_steps is not None else f"step {step}"
 
     def rollout(
-        self, engine: Any, step: int, episodes: int, *, mode: str, num_generations: int
+        self,
+        engine: Any,
+        step: int,
+        episodes: int,
+        *,
+        mode: str,
+        num_generations: int,
+        agents_per_turn: int = 1,
+        max_turns: int | None = None,
     ) -> WatchedEngine:
         """``engine`` watched through step ``step``'s rollout of ``episodes`` episodes; call
         :meth:`WatchedEngine.close` when the rollout returns."""
         tree = mode == "tree"
         phase = self.phase(f"{self._step_name(step)} rollout", episodes, "episodes")
-        return WatchedEngine(engine, phase, episode_n=num_generations if tree else 1, count_groups=tree)
+        return WatchedEngine(
+            engine, phase, episode_n=num_generations if tree else 1, count_groups=tree,
+            agents_per_turn=agents_per_turn, max_turns=max_turns,
+        )  # fmt: skip
 
-    def evaluation(self, engine: Any, episodes: int, name: str = "evaluation") -> WatchedEngine:
+    def evaluation(
+        self,
+        engine: Any,
+        episodes: int,
+        name: str = "evaluation",
+        *,
+        agents_per_turn: int = 1,
+        max_turns: int | None = None,
+    ) -> WatchedEngine:
         """``engine`` watched through an evaluation of ``episodes`` episodes (one per seed)."""
-        return WatchedEngine(engine, self.phase(name, episodes, "episodes"), episode_n=1, count_groups=False)
+        return WatchedEngine(
+            engine, self.phase(name, episodes, "episodes"), episode_n=1, count_groups=False,
+            agents_per_turn=agents_per_turn, max_turns=max_turns,
+        )  # fmt: skip
 
     def update(self, step: int, adapter: str) -> Phase:
         """The phase of adapter ``adapter``'s update; pass it as the updater's ``progress``."""
