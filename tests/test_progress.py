@@ -184,7 +184,7 @@ def test_a_training_run_reports_every_phase(tiny_model_dir, tmp_path, capsys):
     lines = out.splitlines()
     assert lines[0] == f"loading model {tiny_model_dir} ..." and lines[1].startswith("model loaded in ")
     first_eval = next(i for i, line in enumerate(lines) if line.startswith("evaluation: 2/2 episodes, "))
-    assert lines[first_eval + 1].startswith("success rate before training:")
+    assert lines[first_eval + 1].startswith("eval success rate before training:")
     # 8 envs x 1 turn of 2 agents (the env's turn, not the 2 engine calls): 16 groups of K=4
     # candidates (and the look-ahead completions)
     rollout = next(
@@ -387,4 +387,18 @@ def test_the_turn_shown_is_the_envs_not_the_count_of_engine_calls():
     alone.generate(["a"], [None], 1, SAMPLING)
     assert alone.describe().startswith("turn 1,")
     alone.close()
+    progress.close()
+
+
+def test_the_training_clock_starts_with_the_first_rollout_not_the_evaluation_before_it():
+    """Issue 54: the training bar's clock ran through the evaluation before training."""
+    console, _ = _console(terminal=True)
+    progress = RunProgress(console, total_steps=2)
+    training = progress.bars.tasks[0]
+    evaluation = progress.evaluation(object(), 2)
+    evaluation.close()
+    assert training.start_time is None  # the clock has not started
+    watched = progress.rollout(object(), 1, 2, mode="tree", num_generations=2)
+    assert training.start_time is not None
+    watched.close()
     progress.close()

@@ -227,7 +227,7 @@ class Trainer:
             if self.step == 0 and not self.history and config.eval.eval_on_start and config.eval.num_episodes:
                 metrics = self._evaluation_metrics()
                 logger.log(0, metrics)
-                logger.print(f"success rate before training: {_describe(metrics)}")
+                logger.print(f"eval success rate before training: {_describe(metrics)}")
             while self.step < max_steps:
                 step = self.step + 1
                 metrics = self.train_step(step)
@@ -518,9 +518,9 @@ class Trainer:
                 logger.print(f"learning curve: {plot}")
             logger.print(f"adapters: {self.output_dir / 'adapters'}  metrics: {logger.path}")
             if before is not None:
-                logger.print(f"success rate before training: {_describe(before)}")
+                logger.print(f"eval success rate before training: {_describe(before)}")
             if after is not None:
-                logger.print(f"success rate after training:  {_describe(after)}")
+                logger.print(f"eval success rate after training:  {_describe(after)}")
         accelerator.wait_for_everyone()
         accelerator.end_training()
         return {"before": before, "after": after, "history": self.history}

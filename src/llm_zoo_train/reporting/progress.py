@@ -345,7 +345,7 @@ class RunProgress:
             )
             if total_steps is not None:
                 self._step_task = self.bars.add_task(
-                    "training", total=total_steps, completed=done_steps, status=""
+                    "training", total=total_steps, completed=done_steps, status="", start=False
                 )
             self.bars.start()
 
@@ -399,6 +399,9 @@ class RunProgress:
         """``engine`` watched through step ``step``'s rollout of ``episodes`` episodes; call
         :meth:`WatchedEngine.close` when the rollout returns."""
         tree = mode == "tree"
+        if self.bars is not None and self._step_task is not None:
+            # the training clock runs from the first rollout, not from an evaluation before it
+            self.bars.start_task(self._step_task)
         phase = self.phase(f"{self._step_name(step)} rollout", episodes, "episodes")
         return WatchedEngine(
             engine, phase, episode_n=num_generations if tree else 1, count_groups=tree,

@@ -213,7 +213,7 @@ class RunLogger:
 
     @staticmethod
     def short_status(metrics: Mapping[str, float]) -> str:
-        return f"success {100 * metrics.get('train/success_rate', 0.0):.0f}%"
+        return f"train success {100 * metrics.get('train/success_rate', 0.0):.0f}%"
 
     @staticmethod
     def summary(step: int, metrics: Mapping[str, float]) -> str:
@@ -226,7 +226,8 @@ class RunLogger:
         parts = [
             f"step {step}",
             f"reward {rewards}",
-            f"success {100 * metrics.get('train/success_rate', 0.0):.1f}%",
+            # the step's own (sampled, tree) episodes: not the evaluation's greedy success rate
+            f"train success {100 * metrics.get('train/success_rate', 0.0):.1f}%",
             f"zero-var groups {zero:.0f}/{groups:.0f}",
             trained_samples_text(metrics),
         ]
