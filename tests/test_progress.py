@@ -402,3 +402,21 @@ def test_the_training_clock_starts_with_the_first_rollout_not_the_evaluation_bef
     assert training.start_time is not None
     watched.close()
     progress.close()
+
+
+def test_the_run_summary_names_the_processes_and_the_env_servers(monkeypatch):
+    """Issue 54: a 2-process torchrun run and an env.servers run never said so."""
+    from llm_zoo_train.config import load_config
+    from llm_zoo_train.reporting.progress import run_summary
+
+    config = load_config(
+        str(TESTS.parent / "examples" / "math_smollm2_cpu.yaml"),
+        ["--env.servers", "[http://127.0.0.1:8001, http://127.0.0.1:8002]"],
+    )
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    line = run_summary(config)
+    per_process = config.rollout.envs_per_step
+    assert f"of {2 * per_process} envs (2 processes x {per_process}) x K=" in line
+    assert "envs on 2 remote env servers (http://127.0.0.1:8001, http://127.0.0.1:8002)" in line
+    monkeypatch.delenv("WORLD_SIZE")
+    assert f"of {per_process} envs x K=" in run_summary(config) and "processes" not in run_summary(config)

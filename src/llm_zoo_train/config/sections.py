@@ -86,7 +86,8 @@ class EnvConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Constructor arguments of the env for training rollouts (e.g. grid size)."""
     alpha: float = 1.0
-    """Weight of the global (team) reward in each agent's reward: role + alpha x global (passed to the env)."""
+    """Weight of the global (team) reward (passed to the env): the acting agent's reward is role + alpha x
+    global, its teammates get alpha x global on the same step (docs/environments, the reward algebra)."""
     plugins: list[str] = field(default_factory=list)
     """Python modules imported before the env is made, for envs registered by a module rather than
     an installed `llm_zoo.envs` entry point."""

@@ -31,6 +31,7 @@ for it. An update reports its micro-batches through the ``progress`` callback of
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -60,9 +61,19 @@ def turn_limit(env_kwargs: Any) -> int | None:
     return None
 
 
-def run_summary(config: Config) -> str:
-    """One line saying what the run will do (printed within a second of the command)."""
+def launched_processes() -> int:
+    """How many trainer processes the launcher started (``WORLD_SIZE`` of torchrun and
+    ``accelerate launch``; 1 without one), read before torch or accelerate is imported."""
+    value = os.environ.get("WORLD_SIZE", "1")
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
+def run_summary(config: Config, processes: int | None = None) -> str:
+    """One line saying what the run will do (printed within a second of the command): the env,
+    the models, the steps, the trainer processes and envs per step across them, the remote env
+    servers, the evaluations and the output directory."""
     r, t, e = config.rollout, config.training, config.eval
+    processes = launched_processes() if processes is None else processes
     evaluation = plural(e.num_episodes, "evaluation episode") + (
         " before and after" if e.eval_on_start else " after training"
     )
@@ -73,9 +84,14 @@ def run_summary(config: Config) -> str:
     if extra:
         names = (f"{name}={spec.get('name_or_path', models)}" for name, spec in extra.items())
         models += f" and {', '.join(names)}"
+    envs = f"{r.envs_per_step} envs"
+    if processes > 1:  # envs_per_step is per process
+        envs = f"{processes * r.envs_per_step} envs ({processes} processes x {r.envs_per_step})"
+    servers = config.env.servers
+    where = f", envs on {plural(len(servers), 'remote env server')} ({', '.join(servers)})" if servers else ""
     return (
         f"llm-zoo-train: {config.env.id} with {models} ({r.engine} engine), "
-        f"{plural(t.max_steps, 'step')} of {r.envs_per_step} envs x K={r.num_generations} {r.mode} rollouts, "
+        f"{plural(t.max_steps, 'step')} of {envs} x K={r.num_generations} {r.mode} rollouts{where}, "
         f"{evaluation}; output {t.output_dir}"
     )
 
