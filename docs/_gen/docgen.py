@@ -37,6 +37,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.arguments", "llm_zoo.arguments"),
     ("llm_zoo.testing", "llm_zoo.testing"),
     ("llm_zoo.family", "llm_zoo.family"),
+    ("llm_zoo.integrations.trl", "llm_zoo.integrations.trl"),
     ("llm_zoo.reward_hacks", "llm_zoo.reward_hacks"),
     ("llm_zoo.parsing", "llm_zoo.parsing"),
     ("llm_zoo.sandbox", "llm_zoo.sandbox"),
@@ -153,6 +154,7 @@ API_EXCLUDED: dict[str, str] = {
         for name in ("plan_path", "sokoban", "code", "math", "math_relay")
     },
     "llm_zoo.data": "package marker",
+    "llm_zoo.integrations": "package marker",
     "llm_zoo_train": "package marker",
     "llm_zoo_train.__main__": "the command line, documented on the Training page",
     "llm_zoo_train.engines": "package marker",
