@@ -93,8 +93,9 @@ the level itself, so a return does not grow with the number of turns:
   programs* that at least one of its valid tests catches (fails), counting only tests the
   statement does not already show as examples (:func:`statement_examples`). The known-wrong
   programs are up to ``mutants`` (default 4) single-site mutants of the reference solution that
-  fail a hidden test the statement does not show and finish every run within
-  :data:`MUTANT_TIMEOUT_S` (1 s), those hardest to catch first (:mod:`llm_zoo.envs.code_mutants`; of the
+  fail a hidden test the statement does not show and finish every run within the problem's
+  mutant time limit (4 times the reference's slowest hidden-test run, between 0.2 and 1 s), those
+  hardest to catch first (:mod:`llm_zoo.envs.code_mutants`; of the
   proxy reference where there is no reference; none on the impossible split). ``D = 0`` when
   none is known. Range ``[-0.25, 1]``. So a test copied from the statement's example earns
   ``0.5`` at most, less than tests that tell right programs from wrong ones (on all 61 built-in
@@ -225,9 +226,13 @@ FORMAT_PENALTY = -1.0
 INVALID_TEST_SCORE = -0.5
 #: Most known-wrong mutants kept per problem (the ``mutants`` argument).
 MAX_MUTANTS = 16
-#: Most seconds a mutant's run may take (at most the env's ``timeout``): one that times out on a
-#: hidden test is not kept, one that times out on a tester's test is caught by it.
+#: Most seconds a mutant's run may take (at most the env's ``timeout``; per problem
+#: :data:`MUTANT_TIME_FACTOR` times the reference's slowest hidden-test run, at least
+#: :data:`MIN_MUTANT_TIMEOUT_S`): one that times out on a hidden test is not kept, one that times
+#: out on a tester's test is caught by it.
 MUTANT_TIMEOUT_S = 1.0
+MIN_MUTANT_TIMEOUT_S = 0.2
+MUTANT_TIME_FACTOR = 4.0
 #: Once a program has timed out this often in one evaluation, its remaining batches fail unrun.
 MAX_TIMEOUTS = 2
 #: Most characters of program output (stdout, and the kept stderr tails) cached per episode.
@@ -288,6 +293,14 @@ def _written_in(value: Any, packed: str) -> bool:
     with contextlib.suppress(TypeError, ValueError):  # not JSON: its repr alone
         forms.append("".join(json.dumps(value).split()))
     return any(form in packed for form in forms)
+
+
+class _SharedCache(dict):
+    """What the env computes once per problem (statement examples); shared, not copied, by
+    ``clone()``: a problem's entry never changes."""
+
+    def __deepcopy__(self, memo: dict) -> _SharedCache:
+        return self
 
 
 class _Problems(tuple):
@@ -380,6 +393,8 @@ class CodeEnv(TextAECEnv):
         self.max_tests = int(max_tests)
         self.max_hidden_tests = max_hidden_tests
         self.mutants = int(mutants)
+        self._examples = _SharedCache()
+        self._mutant_timeouts = _SharedCache()
 
     # ------------------------------------------------------------------ episode state
 
@@ -400,7 +415,6 @@ class CodeEnv(TextAECEnv):
             self.problem = self.problems[int(rng.integers(len(self.problems)))]
         self.hidden_tests = self.problem.tests[: self.max_hidden_tests]
         self.judge = judge_for(self.problem)
-        self._statement_examples = statement_examples(self.problem, self.judge)
         self.program: str | None = None
         self.hidden_passed: list[bool] = []
         self.tests: list[TestCase] = []
@@ -424,15 +438,17 @@ class CodeEnv(TextAECEnv):
     def hidden_pass_rate(self) -> float:
         return sum(self.hidden_passed) / len(self.hidden_passed) if self.hidden_passed else 0.0
 
-    def _run(self, program: str, stdins: list[str], timeout: float | None = None) -> list[RunResult]:
-        """Run ``program`` on ``stdins`` with a per-episode cache; stop after MAX_TIMEOUTS timeouts.
-        ``timeout`` (default the env's) bounds each run."""
+    def _run(
+        self, program: str, stdins: list[str], timeout: float | None = None, max_timeouts: int = MAX_TIMEOUTS
+    ) -> list[RunResult]:
+        """Run ``program`` on ``stdins`` with a per-episode cache; stop after ``max_timeouts``
+        timeouts. ``timeout`` (default the env's) bounds each run."""
         results: dict[str, RunResult] = {}
         todo = [s for s in dict.fromkeys(stdins) if (program, s) not in self._runs]
         timeouts = 0
         for start in range(0, len(todo), _CHUNK):
             chunk = todo[start : start + _CHUNK]
-            if timeouts >= MAX_TIMEOUTS:
+            if timeouts >= max_timeouts:
                 skipped = RunResult("", f"skipped after {timeouts} time-outs", None, False, 0.0)
                 results.update(dict.fromkeys(chunk, skipped))
                 continue
@@ -566,6 +582,12 @@ class CodeEnv(TextAECEnv):
             terminated=self._settled(), success=rate == 1.0, info=info,
         )  # fmt: skip
 
+    def _statement_examples(self) -> frozenset[str]:
+        """:func:`statement_examples` of the current problem, computed once per problem."""
+        if self.problem.id not in self._examples:
+            self._examples[self.problem.id] = statement_examples(self.problem, self.judge)
+        return self._examples[self.problem.id]
+
     def _known_wrong(self) -> tuple[str, ...]:
         """The problem's known-wrong mutants (:mod:`llm_zoo.envs.code_mutants`): of the reference,
         else of the proxy reference; none on the impossible split (its reference is wrong)."""
@@ -575,46 +597,58 @@ class CodeEnv(TextAECEnv):
         # known-wrong: caught by a hidden test the statement does not show (a bug its examples
         # already reveal is no test's merit)
         unseen = [
-            t for t in self.hidden_tests if self.judge.input_key(t.input) not in self._statement_examples
+            t for t in self.hidden_tests if self.judge.input_key(t.input) not in self._statement_examples()
         ]
         if not unseen:
             return ()
-        key = repr(
-            (
-                self.judge.kind,
-                self.problem.call,
-                [(t.input, t.output) for t in unseen],
-                self.timeout,
-                self.memory_mb,
+        if self.problem.id not in self._mutant_timeouts:
+            # a mutant may take a few times the reference's slowest run: one that loops forever
+            # costs that, not the env's timeout
+            _, _, slowest = self._timed_verdicts(reference, unseen, self.timeout, MAX_TIMEOUTS)
+            self._mutant_timeouts[self.problem.id] = min(
+                self.timeout, MUTANT_TIMEOUT_S, max(MIN_MUTANT_TIMEOUT_S, MUTANT_TIME_FACTOR * slowest)
             )
+        limit = self._mutant_timeouts[self.problem.id]
+        key = repr(
+            (self.judge.kind, self.problem.call, [(t.input, t.output) for t in unseen], limit, self.memory_mb)
         )
         return known_wrong_mutants(
             reference, lambda source: self._mutant_verdicts(source, unseen), self.mutants, key=key
         )
 
     def _mutant_verdicts(self, mutant: str, tests: list[TestCase]) -> list[bool] | None:
-        """Whether ``mutant`` passes each test, each run bounded by :data:`MUTANT_TIMEOUT_S`;
-        ``None`` if a run timed out (such a mutant is not kept: it would cost the time limit on
+        """Whether ``mutant`` passes each test, each run bounded by the problem's mutant time limit;
+        ``None`` if a run timed out (such a mutant is not kept: it would cost its time limit on
         every tester answer)."""
-        timeout = min(self.timeout, MUTANT_TIMEOUT_S)
-        timed_out = False
+        timeout = self._mutant_timeouts.get(self.problem.id, min(self.timeout, MUTANT_TIMEOUT_S))
+        verdicts, timed_out, _ = self._timed_verdicts(mutant, tests, timeout, 1)
+        return None if timed_out else verdicts
+
+    def _timed_verdicts(
+        self, code: str, tests: list[TestCase], timeout: float, max_timeouts: int
+    ) -> tuple[list[bool], bool, float]:
+        """``code``'s verdict on each test with each run bounded by ``timeout`` (the runs stop after
+        ``max_timeouts`` time-outs), whether a run timed out, and the slowest run's seconds."""
+        timed_out, slowest = False, 0.0
 
         def run(program: str, stdins: list[str]) -> list[RunResult]:
-            nonlocal timed_out
-            results = self._run(program, stdins, timeout)
+            nonlocal timed_out, slowest
+            results = self._run(program, stdins, timeout, max_timeouts)
             timed_out = timed_out or any(r.timed_out for r in results)
+            slowest = max([slowest, *(r.duration_s for r in results)])
             return results
 
-        verdicts = [passed for passed, _ in self.judge.evaluate(mutant, tests, run, timeout)]
-        return None if timed_out else verdicts
+        verdicts = [passed for passed, _ in self.judge.evaluate(code, tests, run, timeout)]
+        return verdicts, timed_out, slowest
 
     def _test_score(self) -> tuple[float, int, int]:
         """``S`` of the current tests (module docstring, Rewards): half their validity, half the
         share of the known-wrong mutants their valid tests catch; and the mutants caught, known."""
         validity = [1.0 if v else 0.0 if v is None else INVALID_TEST_SCORE for v in self.validity]
+        examples = self._statement_examples()
         # valid tests that the statement does not already show: only they count as catching
         counted = [
-            v is True and self.judge.input_key(test.input) not in self._statement_examples
+            v is True and self.judge.input_key(test.input) not in examples
             for test, v in zip(self.tests, self.validity, strict=True)
         ]
         valid = [test for test, keep in zip(self.tests, counted, strict=True) if keep]
