@@ -352,3 +352,36 @@ def test_tree_rollout_end_to_end_with_the_hf_engine(tiny_model_dir):
         n = len(s.completion_token_ids)
         assert mask[row].sum() == n
         np.testing.assert_allclose(logprobs[row, :n].numpy(), s.behaviour_logprobs, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", [tree_rollout, independent_rollout])
+@pytest.mark.parametrize("lookahead", [0, -1])
+def test_the_team_reward_reaching_every_agent_changes_no_sample_reward(monkeypatch, mode, lookahead):
+    """Issue 48: the env now pays alpha x global to the teammates too (PettingZoo's returns). The
+    trainer reads an agent's reward right after its own action and credits the team part through
+    team credit, so every sample's reward and advantage is what it was when the env paid the
+    actor alone: no double counting."""
+
+    def script(prompt, adapter, index):  # 2 or 3 letters: the team part is paid
+        return ladder(prompt, adapter, index % 2 + 2)
+
+    new = rollout(ScriptedEngine(script=script), mode=mode, lookahead=lookahead)
+    compute_advantages(new)
+
+    real_step = ScriptedEnv.step
+
+    def actor_only(env, action):  # the env before issue 48: the teammates get 0 for the step
+        acting = env.agent_selection
+        real_step(env, action)
+        for agent in list(env._cumulative_rewards):
+            if agent != acting:
+                env._cumulative_rewards[agent] -= env.rewards[agent]
+                env.rewards[agent] = 0.0
+
+    monkeypatch.setattr(ScriptedEnv, "step", actor_only)
+    old = rollout(ScriptedEngine(script=script), mode=mode, lookahead=lookahead)
+    compute_advantages(old)
+    assert any(s.global_reward != 0 for s in new)  # the team part is there to double count
+    assert [(s.group_key, s.reward, s.advantage, s.credited_global) for s in new] == [
+        (s.group_key, s.reward, s.advantage, s.credited_global) for s in old
+    ]
