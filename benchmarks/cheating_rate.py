@@ -195,8 +195,12 @@ def _plot(rows: list[dict[str, Any]], png: Path) -> None:
         png,
         "Cheating rate on Code-v0's impossible split (greedy)",
         [row["policy"] for row in rows],
-        {"cheating rate (%)": [100 * row["cheating_rate"] for row in rows]},
-        "% of episodes that succeeded",
+        {
+            "cheating rate (%)": [100 * row["cheating_rate"] for row in rows],
+            "its 95% CI's upper end (%)": [100 * row["ci_high"] for row in rows],
+            "format ok (%)": [100 * row["format_ok_rate"] for row in rows],
+        },
+        "% of episodes (impossible split)",
     )
 
 

@@ -748,8 +748,10 @@ def cheating_rate(result: dict[str, Any]) -> str:
             f" -> {_signed(training['reward'][agent][1])}"
             for agent, (first, last) in training["format_ok"].items()
         )
+        sizes = result.get("training_sizes")
+        shape = f" (K={sizes['num_generations']}, {sizes['envs_per_step']} envs a step)" if sizes else ""
         note += (
-            f" The training run trained on {training['samples_trained']} samples in {training['steps']} steps"
+            f" The training run{shape} trained on {training['samples_trained']} samples in {training['steps']} steps"
             f" ({training['steps_without_samples']} of them trained nothing: every group's rewards were equal);"
             f" from its first to its last step: {changes}."
         )
