@@ -420,3 +420,24 @@ def test_the_run_summary_names_the_processes_and_the_env_servers(monkeypatch):
     assert "envs on 2 remote env servers (http://127.0.0.1:8001, http://127.0.0.1:8002)" in line
     monkeypatch.delenv("WORLD_SIZE")
     assert f"of {per_process} envs x K=" in run_summary(config) and "processes" not in run_summary(config)
+
+
+def test_the_rollout_bar_moves_a_move_at_a_time():
+    """Issue 54: the episode bar sat at 0/8 for the whole rollout (episodes end at their last move)."""
+
+    class Echo:
+        def generate(self, prompts, adapters, n, sampling):
+            return [[] for _ in prompts]
+
+    console, _ = _console(terminal=True)
+    progress = RunProgress(console, total_steps=1)
+    watched = progress.rollout(Echo(), 1, 4, mode="tree", num_generations=2, agents_per_turn=2, max_turns=2)
+    bar = progress.bars.tasks[1]
+    shown = []
+    for _ in range(4):  # 2 turns of 2 agents, every episode running to the end
+        watched.generate(["p"] * 4, [None] * 4, 2, SAMPLING)
+        shown.append(bar.completed)
+    assert shown == [1.0, 2.0, 3.0, 4.0] and watched.phase.completed == 0  # the count of ended episodes
+    watched.close()
+    assert watched.phase.completed == 4
+    progress.close()

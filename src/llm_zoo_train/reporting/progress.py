@@ -102,6 +102,9 @@ class Phase:
     def __init__(self, owner: RunProgress, name: str, total: int | None, unit: str):
         self.owner, self.name, self.total, self.unit = owner, name, total, unit
         self.completed = 0
+        #: Where the bar stands (a fraction of ``total``): ``completed``, or more while the units
+        #: are part done (the episodes of a rollout, a move at a time).
+        self.bar_progress = 0.0
         self.info = ""
         self.start = time.perf_counter()
         self._last_line = self.start
@@ -112,18 +115,27 @@ class Phase:
         owner.opened(self)
 
     def update(
-        self, completed: int | None = None, *, total: int | None = None, info: str | None = None
+        self,
+        completed: int | None = None,
+        *,
+        total: int | None = None,
+        info: str | None = None,
+        bar_progress: float | None = None,
     ) -> None:
-        """Record progress; redraws the bar, or prints a line if ``interval_s`` passed since the last."""
+        """Record progress; redraws the bar, or prints a line if ``interval_s`` passed since the last.
+        ``bar_progress`` moves the bar past ``completed`` while units are part done."""
         if completed is not None:
             self.completed = completed
         if total is not None:
             self.total = total
         if info is not None:
             self.info = info
+        if bar_progress is not None:
+            self.bar_progress = max(self.bar_progress, bar_progress)
         owner = self.owner
         if owner.bars is not None:
-            owner.bars.update(self._task, completed=self.completed, total=self.total, status=self.info)
+            shown = max(float(self.completed), self.bar_progress)
+            owner.bars.update(self._task, completed=shown, total=self.total, status=self.info)
         else:
             self.heartbeat()
 
@@ -234,8 +246,17 @@ class WatchedEngine:
         # The results' own counts replace the live ones (exact, whatever the engine reported).
         self.completions += sum(len(group) for group in results)
         self.tokens += sum(len(c.token_ids) for group in results for c in group)
-        self.phase.update(info=self.describe())
+        self.phase.update(info=self.describe(), bar_progress=self._bar_progress(n, len(prompts)))
         return results
+
+    def _bar_progress(self, n: int, live: int) -> float | None:
+        """Episodes done plus the running ones' share of their moves, once a call that advanced
+        them returned (the episodes of a batch end together, at their last move: without this
+        the bar would stand still for the whole rollout). ``None`` without a known turn limit."""
+        if n != self.episode_n or self.phase.total is None or not self.max_turns:
+            return None
+        done = self.phase.total - live
+        return done + live * min(1.0, self.moves / (self.max_turns * self.agents_per_turn))
 
     def _generated(self, tokens: int, completions: int) -> None:
         """The engine's live report during a call; redraws at most every ``_REDRAW_S`` seconds."""
