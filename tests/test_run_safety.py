@@ -324,3 +324,25 @@ def test_a_lock_held_by_a_live_process_is_refused_and_freed_by_its_death(tmp_pat
     lock = RunLock(tmp_path)
     assert "took over the stale lock of a run that is gone" in lock.acquire()
     lock.release()
+
+
+def test_resuming_a_copied_run_writes_into_the_copy_and_leaves_the_original_alone(
+    tiny_model_dir, tmp_path, capsys
+):
+    """Issue 53 (D2): `--resume COPY_DIR` without a config wrote into the output_dir its config
+    recorded, replacing the original run's config, checkpoints, adapters and metrics."""
+    import shutil
+
+    run, copy = tmp_path / "run", tmp_path / "copy"
+    config = write_toy_config(tiny_model_dir, run, tmp_path / "c.yaml")
+    assert main([str(config), *QUICK, "--training.max_steps", "1"]) == 0
+    shutil.copytree(run, copy)
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["--resume", str(copy), "--training.max_steps", "2"]) == 0
+    assert f"resuming in {copy}, where the checkpoint is" in capsys.readouterr().out
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert (copy / "checkpoint-2").is_dir() and not (run / "checkpoint-2").exists()
+    assert len((copy / "metrics.jsonl").read_text().splitlines()) > len(
+        (run / "metrics.jsonl").read_text().splitlines()
+    )

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 USAGE = """\
 usage: llm-zoo-train [CONFIG.yaml] [--section.field VALUE ...] [--resume [DIR]] [--print-config]
@@ -25,7 +26,8 @@ Train one LoRA adapter per agent (or a shared one) on an llm-zoo environment wit
   --section.field V  override one field; V is read as YAML (8, 1.0e-5, true, [a, b], {k: v}, null)
   --resume [DIR]     continue a run from checkpoint DIR, or from the newest checkpoint in DIR or,
                      without DIR, in training.output_dir; the checkpoint's config is used when no
-                     CONFIG.yaml is given
+                     CONFIG.yaml is given; a run resumed from DIR writes into DIR's run (a moved
+                     or copied run continues where it is, whatever output_dir it recorded)
   --print-config     check the configuration, print it as YAML and exit (loads no model)
   -h, --help         show this help with every configuration field
 
@@ -50,6 +52,21 @@ TRAIN_EXTRA_MODULES = (
     "rich",
     "matplotlib",
 )
+
+
+def resume_in_place(config: Any, run_dir: Path) -> str | None:
+    """``--resume DIR`` writes into DIR's run: a moved or copied run continues where it is, never
+    in the ``training.output_dir`` its config recorded (another run may be there). Sets
+    ``config.training.output_dir`` to ``run_dir`` and returns the line that says so, or ``None``
+    when they already agree."""
+    recorded = Path(config.training.output_dir).expanduser()
+    if recorded.resolve() == run_dir.resolve():
+        return None
+    config.training.output_dir = str(run_dir)
+    return (
+        f"resuming in {run_dir}, where the checkpoint is (its config recorded training.output_dir "
+        f"{recorded}; that directory is left alone)"
+    )
 
 
 def parse_args(argv: Sequence[str]) -> tuple[str | None, bool, str | None, bool, list[str]]:
@@ -137,6 +154,10 @@ def _main(argv: list[str]) -> int:
         config = load_config(config_path, overrides)
         if resume and checkpoint is None:
             checkpoint = find_checkpoint(config.training.output_dir)
+        elif checkpoint is not None:
+            moved = resume_in_place(config, checkpoint.parent)
+            if moved:
+                print(moved)
         validate(config)
         resume_point = check_resume(checkpoint, config) if checkpoint is not None else None
     except (UsageError, ConfigError, FileNotFoundError, CheckpointDamagedError) as err:
