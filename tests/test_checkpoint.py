@@ -296,3 +296,29 @@ def test_stale_temporary_checkpoints_are_removed_at_start(tmp_path):
     notes = prepare_output_dir(config, resuming=True)
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint-2"]
     assert len(notes) == 3 and all("removed an unfinished write (checkpoint or adapters)" in n for n in notes)
+
+
+def test_a_manifest_that_covers_less_than_the_checkpoint_is_damage(tmp_path):
+    """Issue 53 (D6): a manifest listing no files, or missing an entry, still verified, so a
+    garbled adapter resumed silently."""
+    from llm_zoo_train.runs.manifest import CheckpointDamagedError, verify_manifest, write_manifest
+
+    checkpoint = tmp_path / "checkpoint-3"
+    (checkpoint / "adapters" / "alice").mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"step": 3}))
+    (checkpoint / "adapters" / "alice" / "adapter_model.safetensors").write_bytes(b"weights")
+    manifest = write_manifest(checkpoint)
+    verify_manifest(checkpoint)
+    (checkpoint / "eval").mkdir()
+    (checkpoint / "eval" / "eval_results.json").write_text("{}")  # llm-zoo-train eval writes here later
+    verify_manifest(checkpoint)
+    listed = json.loads(manifest.read_text())
+    empty = {"format": 1, "files": {}}
+    manifest.write_text(json.dumps(empty))
+    with pytest.raises(CheckpointDamagedError, match="does not list trainer_state.json"):
+        verify_manifest(checkpoint)
+    partial = {"format": 1, "files": {"trainer_state.json": listed["files"]["trainer_state.json"]}}
+    manifest.write_text(json.dumps(partial))
+    (checkpoint / "adapters" / "alice" / "adapter_model.safetensors").write_bytes(b"garbled")
+    with pytest.raises(CheckpointDamagedError, match="adapter_model.safetensors is not listed"):
+        verify_manifest(checkpoint)

@@ -40,7 +40,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from llm_zoo_train.runs.manifest import MANIFEST, CheckpointDamagedError, verify_manifest, write_manifest
+from llm_zoo_train.runs.manifest import (
+    MANIFEST,
+    TRAINER_STATE,
+    CheckpointDamagedError,
+    verify_manifest,
+    write_manifest,
+)
 
 __all__ = [
     "CHECKPOINT_PREFIX",
@@ -66,7 +72,6 @@ __all__ = [
 
 CHECKPOINT_PREFIX = "checkpoint-"
 _CHECKPOINT_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
-TRAINER_STATE = "trainer_state.json"
 
 
 class CheckpointWriteError(OSError):

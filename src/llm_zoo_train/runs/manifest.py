@@ -19,9 +19,14 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["MANIFEST", "CheckpointDamagedError", "verify_manifest", "write_manifest"]
+__all__ = ["MANIFEST", "TRAINER_STATE", "CheckpointDamagedError", "verify_manifest", "write_manifest"]
 
 MANIFEST = "manifest.json"
+#: The file every checkpoint's manifest must list (the resume reads it first).
+TRAINER_STATE = "trainer_state.json"
+#: What may be added to a checkpoint after its manifest: ``llm-zoo-train eval`` results and hidden
+#: files (an interrupted manifest write's ``.manifest.json.partial``).
+_WRITTEN_LATER = ("eval/", ".")
 _FORMAT = 1
 _CHUNK = 1 << 20
 
@@ -73,8 +78,9 @@ def write_manifest(directory: str | Path) -> Path:
 def verify_manifest(directory: str | Path) -> None:
     """Check every file of checkpoint ``directory`` against its manifest (sizes first, then
     hashes); :class:`CheckpointDamagedError` naming the first listed file that is missing or
-    has another size or content (files not listed are ignored), or the manifest itself when it is
-    missing or unreadable."""
+    has another size or content, a file the manifest does not list (but ``eval/`` results and
+    hidden files, written later), or the manifest itself when it is missing, unreadable or does
+    not list the trainer state: a manifest that covers less than the checkpoint verifies nothing."""
     directory = Path(directory)
     manifest = directory / MANIFEST
     if not manifest.is_file():
@@ -88,6 +94,14 @@ def verify_manifest(directory: str | Path) -> None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise CheckpointDamagedError(f"{manifest} is unreadable ({type(err).__name__})", manifest) from None
     present = set(_files(directory))
+    if TRAINER_STATE not in listed:  # an empty manifest, or one that skips what a resume reads first
+        raise CheckpointDamagedError(f"{manifest} does not list {TRAINER_STATE}", manifest)
+    for name in sorted(present - set(listed)):
+        if not name.startswith(_WRITTEN_LATER):
+            raise CheckpointDamagedError(
+                f"{directory / name} is not listed in {MANIFEST}: the checkpoint was altered",
+                directory / name,
+            )
     for name in sorted(set(listed) - present):
         raise CheckpointDamagedError(
             f"{directory / name} is missing (listed in {MANIFEST})", directory / name
