@@ -315,10 +315,10 @@ def test_a_manifest_that_covers_less_than_the_checkpoint_is_damage(tmp_path):
     listed = json.loads(manifest.read_text())
     empty = {"format": 1, "files": {}}
     manifest.write_text(json.dumps(empty))
-    with pytest.raises(CheckpointDamagedError, match="does not list trainer_state.json"):
+    with pytest.raises(CheckpointDamagedError, match=r"does not list trainer_state\.json"):
         verify_manifest(checkpoint)
     partial = {"format": 1, "files": {"trainer_state.json": listed["files"]["trainer_state.json"]}}
     manifest.write_text(json.dumps(partial))
     (checkpoint / "adapters" / "alice" / "adapter_model.safetensors").write_bytes(b"garbled")
-    with pytest.raises(CheckpointDamagedError, match="adapter_model.safetensors is not listed"):
+    with pytest.raises(CheckpointDamagedError, match=r"adapter_model\.safetensors is not listed"):
         verify_manifest(checkpoint)
