@@ -363,16 +363,21 @@ def test_the_run_summary_counts_in_words():
     assert ", 2 steps of " in line and "2 evaluation episodes " in line and "every 2 steps;" in line
 
 
+class NoAnswers:
+    """An engine that answers every prompt with no completion (progress counts only the calls)."""
+
+    def generate(self, prompts, adapters, n, sampling):
+        return [[] for _ in prompts]
+
+
 def test_the_turn_shown_is_the_envs_not_the_count_of_engine_calls():
     """Issue 54: the rollout line said "turn 2" with max_turns 1 (two agents, two engine calls)."""
 
-    class Echo:
-        def generate(self, prompts, adapters, n, sampling):
-            return [[] for _ in prompts]
-
     console, _ = _console(terminal=False)
     progress = RunProgress(console, interval_s=0)
-    watched = progress.rollout(Echo(), 1, 3, mode="tree", num_generations=2, agents_per_turn=2, max_turns=5)
+    watched = progress.rollout(
+        NoAnswers(), 1, 3, mode="tree", num_generations=2, agents_per_turn=2, max_turns=5
+    )
     descriptions = []
     for _ in range(3):
         watched.generate(["a", "b", "c"], [None] * 3, 2, SAMPLING)
@@ -383,7 +388,7 @@ def test_the_turn_shown_is_the_envs_not_the_count_of_engine_calls():
         "turn 2 of 5 (move 1 of 2)",
     ]
     watched.close()
-    alone = progress.evaluation(Echo(), 1)
+    alone = progress.evaluation(NoAnswers(), 1)
     alone.generate(["a"], [None], 1, SAMPLING)
     assert alone.describe().startswith("turn 1,")
     alone.close()
@@ -425,13 +430,11 @@ def test_the_run_summary_names_the_processes_and_the_env_servers(monkeypatch):
 def test_the_rollout_bar_moves_a_move_at_a_time():
     """Issue 54: the episode bar sat at 0/8 for the whole rollout (episodes end at their last move)."""
 
-    class Echo:
-        def generate(self, prompts, adapters, n, sampling):
-            return [[] for _ in prompts]
-
     console, _ = _console(terminal=True)
     progress = RunProgress(console, total_steps=1)
-    watched = progress.rollout(Echo(), 1, 4, mode="tree", num_generations=2, agents_per_turn=2, max_turns=2)
+    watched = progress.rollout(
+        NoAnswers(), 1, 4, mode="tree", num_generations=2, agents_per_turn=2, max_turns=2
+    )
     bar = progress.bars.tasks[1]
     shown = []
     for _ in range(4):  # 2 turns of 2 agents, every episode running to the end
