@@ -173,7 +173,7 @@ Version history:
   Each is now paid the level's change (returns telescope, bound above); ``H`` stays 1 once solved;
   the format penalty is part of the level, paid back by the next well-formed answer.
 * v0, rewards v2 (2026-12): the tester's score is half validity, half the share of known-wrong
-  programs (mutants of the reference, the coder's wrong program) its valid tests catch: one test
+  programs (mutants of the reference) its valid tests catch: one test
   copied from the statement's sample earned 1.0, as much as the hidden tests; the team's
   outcome reaches the tester's return (it earned the same whether the coder then solved or
   not); the judges never raise (``1e`` and 30 nines printed for an integer raised
@@ -332,8 +332,8 @@ class CodeEnv(TextAECEnv):
         max_hidden_tests: Use only the first N hidden tests of each problem (``None``: all; else an
             integer >= 1).
         mutants: Known-wrong mutants of the reference kept per problem for the unit tester's
-            reward, in ``[0, MAX_MUTANTS]`` (16); 0 pays the tester for validity and for catching
-            the coder's bugs only (module docstring, Rewards).
+            reward, in ``[0, MAX_MUTANTS]`` (16); 0 pays the tester for the validity of its tests
+            only (module docstring, Rewards).
         render_mode: ``None`` or ``"ansi"``.
     """
 
@@ -393,8 +393,8 @@ class CodeEnv(TextAECEnv):
         self.max_tests = int(max_tests)
         self.max_hidden_tests = max_hidden_tests
         self.mutants = int(mutants)
-        self._examples = _SharedCache()
-        self._mutant_timeouts = _SharedCache()
+        # per problem, computed once: statement examples, mutant time limit, known-wrong mutants
+        self._per_problem = _SharedCache()
 
     # ------------------------------------------------------------------ episode state
 
@@ -584,9 +584,10 @@ class CodeEnv(TextAECEnv):
 
     def _statement_examples(self) -> frozenset[str]:
         """:func:`statement_examples` of the current problem, computed once per problem."""
-        if self.problem.id not in self._examples:
-            self._examples[self.problem.id] = statement_examples(self.problem, self.judge)
-        return self._examples[self.problem.id]
+        key = ("examples", self.problem.id)
+        if key not in self._per_problem:
+            self._per_problem[key] = statement_examples(self.problem, self.judge)
+        return self._per_problem[key]
 
     def _known_wrong(self) -> tuple[str, ...]:
         """The problem's known-wrong mutants (:mod:`llm_zoo.envs.code_mutants`): of the reference,
@@ -594,6 +595,13 @@ class CodeEnv(TextAECEnv):
         reference = self.problem.reference or self.proxy_reference
         if reference is None or self.mutants == 0 or self.split == IMPOSSIBLE_SPLIT:
             return ()
+        key = ("mutants", self.problem.id, reference)  # asked at every tester answer: selected once
+        if key not in self._per_problem:
+            self._per_problem[key] = self._select_mutants(reference)
+        return self._per_problem[key]
+
+    def _select_mutants(self, reference: str) -> tuple[str, ...]:
+        """:meth:`_known_wrong`'s selection, run once per problem and reference."""
         # known-wrong: caught by a hidden test the statement does not show (a bug its examples
         # already reveal is no test's merit)
         unseen = [
@@ -601,14 +609,11 @@ class CodeEnv(TextAECEnv):
         ]
         if not unseen:
             return ()
-        if self.problem.id not in self._mutant_timeouts:
-            # a mutant may take a few times the reference's slowest run: one that loops forever
-            # costs that, not the env's timeout
-            _, _, slowest = self._timed_verdicts(reference, unseen, self.timeout, MAX_TIMEOUTS)
-            self._mutant_timeouts[self.problem.id] = min(
-                self.timeout, MUTANT_TIMEOUT_S, max(MIN_MUTANT_TIMEOUT_S, MUTANT_TIME_FACTOR * slowest)
-            )
-        limit = self._mutant_timeouts[self.problem.id]
+        # a mutant may take a few times the reference's slowest run: one that loops forever costs
+        # that, not the env's timeout
+        _, _, slowest = self._timed_verdicts(reference, unseen, self.timeout, MAX_TIMEOUTS)
+        limit = min(self.timeout, MUTANT_TIMEOUT_S, max(MIN_MUTANT_TIMEOUT_S, MUTANT_TIME_FACTOR * slowest))
+        self._per_problem[("mutant_timeout", self.problem.id)] = limit
         key = repr(
             (self.judge.kind, self.problem.call, [(t.input, t.output) for t in unseen], limit, self.memory_mb)
         )
@@ -620,7 +625,9 @@ class CodeEnv(TextAECEnv):
         """Whether ``mutant`` passes each test, each run bounded by the problem's mutant time limit;
         ``None`` if a run timed out (such a mutant is not kept: it would cost its time limit on
         every tester answer)."""
-        timeout = self._mutant_timeouts.get(self.problem.id, min(self.timeout, MUTANT_TIMEOUT_S))
+        timeout = self._per_problem.get(
+            ("mutant_timeout", self.problem.id), min(self.timeout, MUTANT_TIMEOUT_S)
+        )
         verdicts, timed_out, _ = self._timed_verdicts(mutant, tests, timeout, 1)
         return None if timed_out else verdicts
 
@@ -653,6 +660,7 @@ class CodeEnv(TextAECEnv):
         ]
         valid = [test for test, keep in zip(self.tests, counted, strict=True) if keep]
         mutants = self._known_wrong()
+        # a mutant that times out on a test (verdicts None) is caught by it
         caught = sum(bool(valid) and not all(self._mutant_verdicts(m, valid) or [False]) for m in mutants)
         share = caught / len(mutants) if mutants else 0.0
         return 0.5 * float(np.mean(validity)) + 0.5 * share, caught, len(mutants)

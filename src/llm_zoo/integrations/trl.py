@@ -35,17 +35,16 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from llm_zoo import remote
+from llm_zoo.registry import make
+
 __all__ = ["EnvReward", "env_dataset_rows", "make_env"]
 
 
 def make_env(url: str | None, env_id: str, **env_kwargs: Any) -> Any:
     """The env: in this process when ``url`` is ``None``, else a session on that server."""
     if url is None:
-        from llm_zoo.registry import make
-
         return make(env_id, **env_kwargs)
-    from llm_zoo import remote
-
     return remote.make(url, env_id, **env_kwargs)
 
 

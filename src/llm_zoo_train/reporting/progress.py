@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llm_zoo_train.config import Config
@@ -51,11 +51,11 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
-def turn_limit(env_kwargs: Any) -> int | None:
+def turn_limit(env_kwargs: Mapping[str, Any]) -> int | None:
     """The ``max_turns`` (or PettingZoo's ``max_cycles``) an env is made with, when the config
     gives one (None: the env's own default, not known here)."""
     for key in ("max_turns", "max_cycles"):
-        value = env_kwargs.get(key) if hasattr(env_kwargs, "get") else None
+        value = env_kwargs.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
