@@ -604,9 +604,8 @@ def _play(
                 env.clone(),
                 copy.deepcopy((returns, answered, success, team, late, texts)),
             )
-    else:
-        if env.agents:
-            return None  # still running: an unfinished episode proves nothing
+    if env.agents:
+        return None  # still running after max_steps: an unfinished episode proves nothing
     returns[TEAM] = team
     plays = {agent: _describe_play(adversary, mode) for agent, (adversary, mode) in policies.items()}
     wrong = all(a is not None and not a.can_be_right and not a.script and not m for a, m in policies.values())
