@@ -194,11 +194,28 @@ def test_compact_plan_prompt_shows_the_tool_moves_not_the_program():
     assert env.success
 
 
-def test_compact_description_of_failed_tool_runs():
-    assert "gave no moves: it crashed" in describe_tool_run(
-        ToolRun(code="x", ran=True, error="it crashed"), compact=True
-    )
-    assert "no usable program" in describe_tool_run(ToolRun(error="no code block found"), compact=True)
+def test_compact_description_of_failed_tool_runs_carries_no_instructions_for_the_tool_agent():
+    """The tool agent's error reads as an instruction ("open with ```python ..."), which a small plan
+    agent copies: the compact view says only that there are no moves (#49)."""
+    fence_error = "found a ``` fence but no complete code block: open with ```python on its own line"
+    for run in (
+        ToolRun(code="x", ran=True, error="it crashed"),
+        ToolRun(error=fence_error),
+        ToolRun(code="print(1)", ran=True, stdout="1\n", error="no list"),
+    ):
+        view = describe_tool_run(run, compact=True)
+        assert view == grid_agents.NO_TOOL_MOVES
+        assert "```" not in view and run.error not in view
+    assert fence_error in describe_tool_run(ToolRun(error=fence_error))  # the full view keeps it
+
+
+def test_compact_plan_prompt_after_an_unusable_tool_answer_shows_no_fence():
+    env = PlanPathEnv(prompt_style="compact")
+    env.reset(seed=0)
+    env.step("```python\ndef f():\n    return 'D'")  # cut off: no closing fence
+    prompt = env.observe("plan_agent")["prompt"]
+    assert grid_agents.NO_TOOL_MOVES in prompt
+    assert "```python" not in prompt and "own line" not in prompt
 
 
 # ---------------------------------------------------------------- the lenient parser

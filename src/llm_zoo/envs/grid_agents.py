@@ -90,6 +90,7 @@ __all__ = [
     "MAX_MOVE_COST",
     "MOVES",
     "MOVE_PARSERS",
+    "NO_TOOL_MOVES",
     "PROMPT_LAYOUTS",
     "PROMPT_STYLES",
     "MovesResult",
@@ -247,19 +248,27 @@ def parse_lenient_moves(text: str) -> list[str]:
     return moves
 
 
+#: The compact plan prompt's line when the tool agent's answer gave no moves, whatever the reason.
+NO_TOOL_MOVES = "The tool agent found no moves; plan them yourself."
+
+
 def describe_tool_run(run: ToolRun | None, *, compact: bool = False) -> str:
     """The plan agent's view of the tool agent's latest answer: program, output, moves or error.
 
-    ``compact`` leaves out the program and its output: only the moves, or why there are none.
+    ``compact`` leaves out the program, its output and its error: only the moves, or one fixed
+    line saying there are none. The error is written to the tool agent ("open with ```python on
+    its own line ..."); shown to a small plan agent it is copied as an instruction: with it,
+    SmolLM2-135M's greedy plan answers on 3 x 3 boards were code fences or the error echoed in 3
+    of 4, and AT-GRPO trained the plan agent into fences only (0/48 parsed; measured for #49).
     """
     if run is None:
         return "The tool agent has not answered yet."
-    if not run.code:
-        return f"The tool agent's answer contained no usable program: {run.error}."
     if compact:
         if run.moves is None:
-            return f"The tool agent's program gave no moves: {run.error}."
+            return NO_TOOL_MOVES
         return f"The tool agent's program suggests these moves: {format_moves(run.moves)}"
+    if not run.code:
+        return f"The tool agent's answer contained no usable program: {run.error}."
     parts = ["The tool agent's program:", f"```python\n{shorten(run.code.rstrip(), _MAX_CODE_SHOWN)}\n```"]
     stdout = run.stdout.rstrip()
     parts.append(
