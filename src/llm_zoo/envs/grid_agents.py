@@ -90,7 +90,6 @@ __all__ = [
     "MAX_MOVE_COST",
     "MOVES",
     "MOVE_PARSERS",
-    "NO_TOOL_MOVES",
     "PROMPT_LAYOUTS",
     "PROMPT_STYLES",
     "MovesResult",
@@ -248,24 +247,21 @@ def parse_lenient_moves(text: str) -> list[str]:
     return moves
 
 
-#: The compact plan prompt's line when the tool agent's answer gave no moves, whatever the reason.
-NO_TOOL_MOVES = "The tool agent found no moves; plan them yourself."
-
-
 def describe_tool_run(run: ToolRun | None, *, compact: bool = False) -> str:
     """The plan agent's view of the tool agent's latest answer: program, output, moves or error.
 
-    ``compact`` leaves out the program, its output and its error: only the moves, or one fixed
-    line saying there are none. The error is written to the tool agent ("open with ```python on
-    its own line ..."); shown to a small plan agent it is copied as an instruction: with it,
-    SmolLM2-135M's greedy plan answers on 3 x 3 boards were code fences or the error echoed in 3
-    of 4, and AT-GRPO trained the plan agent into fences only (0/48 parsed; measured for #49).
+    ``compact`` leaves out the program, its output and its error: only the moves, or ``""`` when
+    there are none (the compact plan prompt then has no tool section, as when the plan agent plays
+    alone). Measured for #49 on SmolLM2-135M, 3 x 3 boards, greedy: with the error (written to the
+    tool agent: "open with ```python on its own line ...") the plan agent's answers were code
+    fences or the error echoed, and AT-GRPO trained it into fences only (0/48 parsed); with a fixed
+    line "The tool agent found no moves" it echoed the board and that line (0/48 solved after training).
     """
     if run is None:
         return "The tool agent has not answered yet."
     if compact:
         if run.moves is None:
-            return NO_TOOL_MOVES
+            return ""
         return f"The tool agent's program suggests these moves: {format_moves(run.moves)}"
     if not run.code:
         return f"The tool agent's answer contained no usable program: {run.error}."
@@ -546,8 +542,9 @@ class ToolPlanEnv(TextAECEnv, Generic[S]):
                 f'as {ACTIONS_LIST_MARKER} ["D", "R"]. Put it in one ```python block.'
             )
         else:
-            if not self.solo:
-                changing.append(describe_tool_run(self.last_tool_run, compact=True))
+            tool_view = "" if self.solo else describe_tool_run(self.last_tool_run, compact=True)
+            if tool_view:
+                changing.append(tool_view)
             instructions = f'End your answer with {FINAL_MOVES_MARKER} and your moves, for example: {FINAL_MOVES_MARKER} ["D", "R"]'
         return self._laid_out([self._short_task_text()], changing, instructions)
 

@@ -148,9 +148,9 @@ Version history
     the next usable answer pays back, and an agent's move costs take at most 0.5 per episode
     (solving at the last of 5 turns after 4 unusable answers paid 1.47, stopping one cell short
     1.90).
-    v0 (2026-12): with ``prompt_style="compact"``, a tool answer that gave no moves shows the plan
-    agent one fixed line, not the error written to the tool agent (a small plan agent copied its
-    "open with ```python" as an instruction; see :func:`~llm_zoo.envs.grid_agents.describe_tool_run`).
+    v0 (2026-12): with ``prompt_style="compact"``, a tool answer that gave no moves leaves the plan
+    agent's prompt as when it plays alone; it showed the error written to the tool agent, which a
+    small plan agent copied (see :func:`~llm_zoo.envs.grid_agents.describe_tool_run`).
 """
 
 from __future__ import annotations

@@ -110,9 +110,9 @@ Version history
     v0 (2026-12, rewards v2): the team's outcome reaches both agents' returns; the format
     penalty is a level the next usable answer pays back, and an agent's move costs take at most
     0.5 per episode (with 2 boxes at 14 turns, solving last paid -0.05, failing +0.73).
-    v0 (2026-12): with ``prompt_style="compact"``, a tool answer that gave no moves shows the plan
-    agent one fixed line, not the error written to the tool agent (a small plan agent copied its
-    "open with ```python" as an instruction; see :func:`~llm_zoo.envs.grid_agents.describe_tool_run`).
+    v0 (2026-12): with ``prompt_style="compact"``, a tool answer that gave no moves leaves the plan
+    agent's prompt as when it plays alone; it showed the error written to the tool agent, which a
+    small plan agent copied (see :func:`~llm_zoo.envs.grid_agents.describe_tool_run`).
 """
 
 from __future__ import annotations
