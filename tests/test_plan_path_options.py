@@ -209,7 +209,10 @@ def test_compact_description_of_failed_tool_runs_carries_no_instructions_for_the
 
 
 def test_compact_plan_prompt_after_an_unusable_tool_answer_is_the_solo_prompt():
-    team, solo = PlanPathEnv(prompt_style="compact"), PlanPathEnv(prompt_style="compact", agents=("plan_agent",))
+    team, solo = (
+        PlanPathEnv(prompt_style="compact"),
+        PlanPathEnv(prompt_style="compact", agents=("plan_agent",)),
+    )
     team.reset(seed=0)
     solo.reset(seed=0)
     team.step("```python\ndef f():\n    return 'D'")  # cut off: no closing fence
