@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from llm_zoo_train.reporting.tracking import (
     RunLogger,
+    answers_text,
     plot_learning_curve,
     timing_text,
     trained_samples,
@@ -68,3 +69,17 @@ def test_learning_curve_draws_trained_samples(tmp_path, monkeypatch):
     assert path.stat().st_size > 0
     samples = [series for series in drawn if series[0] == [1, 2]]
     assert ([1, 2], [4.0, 0.0]) in samples and ([1, 2], [8.0, 0.0]) in samples
+
+
+def test_console_line_shows_each_agents_usable_and_cut_answers():
+    """A collapsing agent shows in its usable share (#49: the plan agent's fell to 0)."""
+    metrics = {
+        **step_metrics(4, 4),
+        "tool_agent/format_ok": 0.0,
+        "tool_agent/truncated_fraction": 1.0,
+        "reasoner/format_ok": 0.25,
+        "reasoner/truncated_fraction": 0.5,
+    }
+    text = answers_text(metrics, ["reasoner", "tool_agent"])
+    assert text == "answers usable/cut reasoner 25/50% tool_agent 0/100%"
+    assert f"| {text} |" in RunLogger.summary(1, metrics)

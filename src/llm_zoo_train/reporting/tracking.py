@@ -28,6 +28,7 @@ from llm_zoo_train.training.advantages import group_samples
 
 __all__ = [
     "RunLogger",
+    "answers_text",
     "episode_successes",
     "flatten_config",
     "plot_learning_curve",
@@ -229,6 +230,7 @@ class RunLogger:
             # the step's own (sampled, tree) episodes: not the evaluation's greedy success rate
             f"train success {100 * metrics.get('train/success_rate', 0.0):.1f}%",
             f"zero-var groups {zero:.0f}/{groups:.0f}",
+            answers_text(metrics, agents),
             trained_samples_text(metrics),
         ]
         if clips:
@@ -240,6 +242,17 @@ class RunLogger:
 
     def close(self) -> None:
         self.progress.close()
+
+
+def answers_text(metrics: Mapping[str, float], agents: Sequence[str]) -> str:
+    """Each agent's share of usable answers and of answers cut by the token limit, e.g.
+    ``answers usable/cut plan_agent 33/83% tool_agent 0/100%``: the first signs of a collapse
+    (#49: a plan agent whose usable share fell to 0 while its success looked alive)."""
+    shares = " ".join(
+        f"{a} {100 * metrics.get(f'{a}/format_ok', 0.0):.0f}/{100 * metrics.get(f'{a}/truncated_fraction', 0.0):.0f}%"
+        for a in agents
+    )
+    return f"answers usable/cut {shares}"
 
 
 def timing_text(metrics: Mapping[str, float]) -> str:
