@@ -23,6 +23,13 @@ McNemar test (:mod:`llm_zoo_train.evaluation.paired`). Other team-credit choices
 ``--variants per_agent --rollout.team_credit_samples 4``. Writes ``OUTPUT_DIR/learning_math.json``
 and a PNG.
 
+``--task plan_path`` and ``--task sokoban`` run it on the grid puzzles
+(``examples/plan_path_smollm2_learning.yaml``, ``examples/sokoban_smollm2_learning.yaml``), whose
+single-agent variant is ``plan_alone``: the plan agent alone, the seed paper's GRPO baseline (the
+tool agent cannot play alone). Their boards are seeded, so every variant plays the same
+``eval.num_episodes`` boards and the pairs match board by board. Results go to
+``learning_team_plan_path.json`` and ``learning_team_sokoban.json``.
+
 ``--task relay`` runs the same comparison on MathRelay-v0 (``examples/math_relay_smollm2_cpu.yaml``),
 where the team must cooperate: the tool agent sees the problem but not the reasoner's key, the
 reasoner the key but not the problem, so each agent alone is at chance (1 in 9, and the commonest
@@ -31,6 +38,7 @@ is the better of the two agents alone.
 
     python benchmarks/learning_math.py --threads 1 --seeds 0,1          # the full comparison
     python benchmarks/learning_math.py --task relay --threads 1 --seeds 0,1
+    python benchmarks/learning_math.py --task plan_path --variants per_agent,plan_alone --seeds 0,1,2
     python benchmarks/learning_math.py --quick --output-dir /tmp/bench   # smoke run, tiny model
 
 Seeds can run apart (two processes, two machines) and be pooled afterwards: ``--merge`` reads their
@@ -56,6 +64,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +81,46 @@ from llm_zoo_train.trainer import Trainer
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "examples" / "math_smollm2_cpu.yaml"
 NAME = "learning_math"
-#: ``--task``: the config and the results' name.
+
+
+@dataclass(frozen=True)
+class Task:
+    """One ``--task``: what it trains and how its variants are made.
+
+    Attributes:
+        config: The team's config (variant ``per_agent`` as is).
+        result_name: The results' file name (``OUTPUT_DIR/{result_name}.json``).
+        swap: The role swap: which agent's trained adapter plays each agent.
+        singles: The single-agent variants this task has (each an env that seats one agent).
+        eval_overrides: How every variant is evaluated (the same tasks for all, so pairs match).
+    """
+
+    config: Path
+    result_name: str
+    swap: dict[str, str]
+    singles: tuple[str, ...]
+    eval_overrides: tuple[str, ...]
+
+    @property
+    def variants(self) -> list[str]:
+        return ["per_agent", "shared", "lookahead_0", *self.singles]
+
+
+#: Math tasks evaluate all level-1 test problems once (100, fewer than 1000: all of them).
+_DISTINCT_PROBLEMS = ("--eval.distinct_problems", "true", "--eval.num_episodes", "1000")
+_MATH_SWAP = {"tool_agent": "reasoner", "reasoner": "tool_agent"}
+_GRID_SWAP = {"tool_agent": "plan_agent", "plan_agent": "tool_agent"}
+#: ``--task``: the config and the results' name. The grid tasks' boards are seeded (no finite
+#: list): every variant plays the config's ``eval.num_episodes`` boards of seeds ``eval.seed + i``.
 TASKS = {
-    "math": (CONFIG, NAME),
-    "relay": (REPO / "examples" / "math_relay_smollm2_cpu.yaml", "learning_math_relay"),
-}
-#: Every variant evaluates all level-1 test problems once (100, fewer than 1000: all of them).
-EVAL_OVERRIDES = ["--eval.distinct_problems", "true", "--eval.num_episodes", "1000"]
+    "math": Task(CONFIG, NAME, _MATH_SWAP, ("tool_alone", "reasoner_alone"), _DISTINCT_PROBLEMS),
+    "relay": Task(REPO / "examples" / "math_relay_smollm2_cpu.yaml", "learning_math_relay", _MATH_SWAP,
+                  ("tool_alone", "reasoner_alone"), _DISTINCT_PROBLEMS),
+    "plan_path": Task(REPO / "examples" / "plan_path_smollm2_learning.yaml", "learning_team_plan_path",
+                      _GRID_SWAP, ("plan_alone",), ()),
+    "sokoban": Task(REPO / "examples" / "sokoban_smollm2_learning.yaml", "learning_team_sokoban", _GRID_SWAP,
+                    ("plan_alone",), ()),
+}  # fmt: skip
 
 #: Config overrides of each trained variant, on top of CONFIG and the command line's.
 VARIANTS: dict[str, list[str]] = {
@@ -87,28 +129,32 @@ VARIANTS: dict[str, list[str]] = {
     "lookahead_0": ["--agents.adapters", "per_agent", "--rollout.team_credit_lookahead", "0"],
     "tool_alone": ["--env.kwargs.agents", "[tool_agent]"],
     "reasoner_alone": ["--env.kwargs.agents", "[reasoner]"],
+    "plan_alone": ["--env.kwargs.agents", "[plan_agent]"],
 }
-SWAP = {"tool_agent": "reasoner", "reasoner": "tool_agent"}
 LABELS = {
     "per_agent": "team, per-agent adapters (AT-GRPO)",
     "shared": "team, one shared adapter",
     "lookahead_0": "team, per-agent, look-ahead 0",
     "tool_alone": "tool agent alone (GRPO, same tools)",
     "reasoner_alone": "reasoner alone, no tool (GRPO)",
+    "plan_alone": "plan agent alone (GRPO, the paper's single-agent baseline)",
     "role_swap": "per-agent adapters, roles swapped",
 }
 #: Bar labels of the plot: the table's labels without their parenthesis.
 SHORT_LABELS = {variant: label.split(" (")[0] for variant, label in LABELS.items()}
 #: The env each variant plays, for its "before" (untrained adapters equal the base model).
 BEFORE = {"per_agent": "team", "shared": "team", "lookahead_0": "team", "role_swap": "team",
-          "tool_alone": "tool_alone", "reasoner_alone": "reasoner_alone"}  # fmt: skip
+          "tool_alone": "tool_alone", "reasoner_alone": "reasoner_alone", "plan_alone": "plan_alone"}  # fmt: skip
 #: Paired comparisons reported (A, B), when both ran.
 COMPARISONS = [
     ("per_agent", "tool_alone"), ("per_agent", "lookahead_0"), ("per_agent", "shared"),
     ("per_agent", "role_swap"), ("role_swap", "tool_alone"), ("lookahead_0", "tool_alone"),
     ("shared", "tool_alone"), ("tool_alone", "reasoner_alone"), ("per_agent", "reasoner_alone"),
-    ("role_swap", "reasoner_alone"),
+    ("role_swap", "reasoner_alone"), ("per_agent", "plan_alone"), ("shared", "plan_alone"),
+    ("lookahead_0", "plan_alone"), ("role_swap", "plan_alone"),
 ]  # fmt: skip
+#: The single-agent variants, the strongest of which is the bar the team must clear.
+SINGLES = ("tool_alone", "reasoner_alone", "plan_alone")
 
 
 def evaluation(trainer: Trainer, config: Config, agent_adapters: Mapping[str, str | None]) -> dict[str, Any]:
@@ -148,7 +194,7 @@ def run_variant(
     overrides: list[str],
     workdir: Path,
     befores: dict[str, Any],
-    config_file: Path = CONFIG,
+    task: Task = TASKS["math"],
 ) -> dict[str, dict[str, Any]]:
     """Train one variant with one seed; returns its run (and the role swap's, for per_agent)."""
     run_dir = workdir / f"{name}-seed{seed}"
@@ -160,6 +206,7 @@ def run_variant(
         "--training.output_dir",
         str(run_dir),
     ]
+    config_file = task.config
     config = load_config(config_file, common)
     quiet = ["--eval.num_episodes", "0", "--logging.progress_bar", "false", "--logging.plot", "false"]
     print(
@@ -178,7 +225,7 @@ def run_variant(
     runs = {name: {"seed": seed, "config": config_to_dict(config), "agent_adapters": adapters, "after": after,
                    "history": trainer.history}}  # fmt: skip
     if name == "per_agent":  # the trained adapters, roles swapped, same problems and sampling
-        swapped = {agent: adapters[other] for agent, other in SWAP.items()}
+        swapped = {agent: adapters[other] for agent, other in task.swap.items()}
         runs["role_swap"] = {
             "seed": seed,
             "agent_adapters": swapped,
@@ -228,7 +275,7 @@ def verdict(table: Mapping[str, Any], comparisons: Mapping[str, Any]) -> dict[st
     so, paired), the role swap below that single agent, and the default team credit not below
     look-ahead 0."""
     checks: dict[str, Any] = {}
-    singles = [name for name in ("tool_alone", "reasoner_alone") if table.get(name)]
+    singles = [name for name in SINGLES if table.get(name)]
     best = max(singles, key=lambda name: table[name]["success_rate"]) if singles else None
     team = table.get("per_agent")
     if team and best:
@@ -298,8 +345,8 @@ def main(argv: list[str] | None = None) -> None:
     tasks.add_argument("--task", choices=sorted(TASKS), default="math")
     tasks.add_argument("--merge", nargs="+", default=None)
     known, rest = tasks.parse_known_args(argv)
-    config_file, name = TASKS[known.task]
-    args, names, extra = parse_learning_args(__doc__ or "", list(VARIANTS), rest, seeds=True)
+    task = TASKS[known.task]
+    args, names, extra = parse_learning_args(__doc__ or "", task.variants, rest, seeds=True)
     if known.merge:
         try:
             sources = [merge_source(arg) for arg in known.merge]
@@ -316,19 +363,19 @@ def main(argv: list[str] | None = None) -> None:
     facts = run_facts(__file__, argv)
     with tempfile.TemporaryDirectory(prefix="learning_math-") as tmp:
         workdir = args.workdir or Path(tmp)
-        overrides = [*EVAL_OVERRIDES, *extra]
+        overrides = [*task.eval_overrides, *extra]
         if args.quick:
-            overrides = [*EVAL_OVERRIDES, *quick_overrides(Path(tmp)), *extra]
+            overrides = [*task.eval_overrides, *quick_overrides(Path(tmp)), *extra]
         start = time.perf_counter()
         variants: dict[str, list[dict[str, Any]]] = {}
         befores: dict[str, Any] = {}
         jobs = [(seed, name) for seed in args.seeds for name in names]  # seed-major: a cut run is balanced
         for index, (seed, variant) in enumerate(jobs):
-            for label, run in run_variant(variant, seed, overrides, workdir, befores, config_file).items():
+            for label, run in run_variant(variant, seed, overrides, workdir, befores, task).items():
                 variants.setdefault(label, []).append(run)
             partial = index < len(jobs) - 1
             publish(facts, args.quick, args.seeds, overrides, variants, befores, time.perf_counter() - start, partial,
-                    args.output_dir, config_file, name)  # fmt: skip
+                    args.output_dir, task.config, task.result_name)  # fmt: skip
 
 
 def publish(
@@ -374,8 +421,9 @@ def print_summary(summary: Mapping[str, Any], befores: Mapping[str, Any], wall: 
     print(f"target: {summary['verdict']}; total {wall / 60:.1f} min")
 
 
-#: Results that must agree for runs to be pooled: the same comparison, only other seeds.
-SAME_IN_EVERY_PART = ("quick", "labels", "before_of")
+#: What the variants are called and which "before" each has: where two results both name a
+#: variant they must agree (a later version of this script names more variants).
+NAMED_IN_EVERY_PART = ("labels", "before_of")
 
 
 #: Run entries of a variant that may differ between its seeds: the seed and where the run was written.
@@ -395,17 +443,32 @@ def merge_source(arg: str) -> tuple[Path, set[str] | None]:
 
 
 def run_config(run: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A run's recorded config without what differs between seeds (None: not recorded)."""
+    """A run's recorded config without what differs between seeds (None: not recorded).
+
+    A field a run's version did not have yet is filled in at today's default, so a run recorded
+    before a field was added pools with later ones that left it at its default (and not with one
+    that changed it)."""
     config = run.get("config")
     if config is None:
         return None
     config = {
         section: dict(values) if isinstance(values, dict) else values for section, values in config.items()
     }
+    for section, defaults in default_config().items():
+        if isinstance(defaults, dict) and isinstance(config.get(section), dict):
+            for key, value in defaults.items():
+                config[section].setdefault(key, value)
     for section, keys in PER_SEED_CONFIG.items():
         for key in keys:
             config.get(section, {}).pop(key, None)
     return config
+
+
+def default_config() -> dict[str, Any]:
+    """Every config field at its default, as runs record their configs."""
+    from llm_zoo_train.config import Config
+
+    return config_to_dict(Config())
 
 
 def merge_results(
@@ -429,8 +492,11 @@ def merge_results(
     for index, part in enumerate(parts[1:], start=2):
         if part.get("partial"):
             raise ValueError(f"result {index} is partial (its run was cut); rerun it or leave it out")
-        for key in SAME_IN_EVERY_PART:
-            if part.get(key) != first.get(key):
+        if part.get("quick") != first.get("quick"):
+            raise ValueError(f"result {index} differs from result 1 in 'quick'")
+        for key in NAMED_IN_EVERY_PART:  # later versions name more variants; the shared names must agree
+            ours, theirs = part.get(key) or {}, first.get(key) or {}
+            if any(ours[name] != theirs[name] for name in ours.keys() & theirs.keys()):
                 raise ValueError(f"result {index} differs from result 1 in {key!r}")
         ours = {k: v for k, v in part["settings"].items() if k not in ("seeds", "description")}
         theirs = {k: v for k, v in first["settings"].items() if k not in ("seeds", "description")}
@@ -469,7 +535,7 @@ def merge_results(
                     )
                 variants.setdefault(variant, []).append(run)
     seeds = sorted({run["seed"] for runs in variants.values() for run in runs})
-    names = {str(config.relative_to(REPO)): result_name for config, result_name in TASKS.values()}
+    names = {str(task.config.relative_to(REPO)): task.result_name for task in TASKS.values()}
     if first["settings"]["config_file"] not in names:
         raise ValueError(f"unknown config {first['settings']['config_file']!r}; known: {sorted(names)}")
     settings = dict(first["settings"], seeds=seeds)
@@ -480,7 +546,10 @@ def merge_results(
     summary = summarize(variants, befores)
     print_summary(summary, befores, wall)
     commands = " ; ".join(part.get("command", "?") for part in parts)
-    return {**first, "command": commands, "settings": settings, "befores": befores, "variants": variants,
+    names_of = {
+        key: {k: v for part in parts for k, v in (part.get(key) or {}).items()} for key in NAMED_IN_EVERY_PART
+    }
+    return {**first, **names_of, "command": commands, "settings": settings, "befores": befores, "variants": variants,
             "summary": summary, "wall_seconds": wall, "partial": False,
             "result_name": names[first["settings"]["config_file"]],
             "parts": [{**{key: part.get(key) for key in ("command", "created", "machine", "git_commit", "wall_seconds")},

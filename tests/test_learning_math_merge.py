@@ -158,3 +158,28 @@ def test_variants_can_be_taken_from_other_runs_when_their_configs_agree(learning
         learning_math.main(
             ["--merge", f"{files[0]}:team", str(files[1]), "--output-dir", str(tmp_path / "x")]
         )
+
+
+def test_a_run_recorded_before_a_field_existed_pools_with_runs_at_its_default(learning_math):
+    """The published results predate fields added since; at their defaults they are the same config."""
+    from llm_zoo_train.config import Config, config_to_dict
+
+    default = config_to_dict(Config())["rollout"]["team_credit_teammate"]
+    old, new = (with_config(part(learning_math, seed, [True] * 6, [False] * 6), default) for seed in (0, 1))
+    for runs in old["variants"].values():
+        for run in runs:
+            del run["config"]["rollout"]["team_credit_teammate"]  # recorded before the field existed
+    assert learning_math.merge_results([old, new])["summary"]["table"]["per_agent"]["successes"] == 12
+    changed = with_config(part(learning_math, 1, [True] * 6, [False] * 6), "not-the-default")
+    with pytest.raises(ValueError, match=r"seed 1 of per_agent \(result 2\) ran another config"):
+        learning_math.merge_results([old, changed])
+
+
+def test_a_later_version_naming_more_variants_still_merges(learning_math):
+    first, second = (part(learning_math, seed, [True] * 6, [False] * 6) for seed in (0, 1))
+    first["labels"] = {k: v for k, v in first["labels"].items() if k != "plan_alone"}
+    merged = learning_math.merge_results([first, second])
+    assert "plan_alone" in merged["labels"]
+    second["labels"] = {**second["labels"], "per_agent": "renamed"}
+    with pytest.raises(ValueError, match="differs from result 1 in 'labels'"):
+        learning_math.merge_results([first, second])

@@ -300,3 +300,35 @@ def test_learning_benchmark_quick_run(tmp_path, monkeypatch):
     assert result["variants"]["shared"]["before"] is None  # the untrained shared adapter is the base model
     for run in result["variants"].values():
         assert run["after"]["num_episodes"] == 4 and [r["step"] for r in run["history"]][-1] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["plan_path", "sokoban"])
+def test_team_benchmark_quick_run_on_the_grid_tasks(task, tmp_path, monkeypatch):
+    """``benchmarks/learning_math.py --task plan_path|sokoban`` pairs the team with the plan agent
+    alone board by board over seeds, and swaps the grid roles."""
+    import importlib
+    import json
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("llm_zoo_train.trainer", reason="the trainer is not installed")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "learning_math", raising=False)
+    benchmark = importlib.import_module("learning_math")
+    argv = ["--task", task, "--quick", "--output-dir", str(tmp_path), "--variants", "per_agent,plan_alone"]
+    benchmark.main([*argv, "--seeds", "0,1"])
+    result = json.loads((tmp_path / f"learning_team_{task}.json").read_text())
+    assert set(result["variants"]) == {"per_agent", "plan_alone", "role_swap"}
+    assert result["variants"]["role_swap"][0]["agent_adapters"] == {
+        "tool_agent": "plan_agent",
+        "plan_agent": "tool_agent",
+    }
+    assert result["variants"]["plan_alone"][0]["agent_adapters"] == {"plan_agent": "plan_agent"}
+    assert set(result["befores"]) == {"team", "plan_alone"}
+    assert result["befores"]["team"]["solved"].keys() == result["befores"]["plan_alone"]["solved"].keys()
+    paired = result["summary"]["comparisons"]["per_agent vs plan_alone"]
+    assert paired["pairs"] >= 4 and 0 <= paired["p_value"] <= 1
+    assert result["summary"]["verdict"]["best single agent"] == "plan_alone"
+    with pytest.raises(SystemExit):  # the grid tasks have no tool agent alone
+        benchmark.main(["--task", task, "--quick", "--output-dir", str(tmp_path), "--variants", "tool_alone"])

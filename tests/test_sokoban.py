@@ -335,3 +335,45 @@ def test_docstring_example_is_the_real_prompt():
     env = SokobanEnv()
     env.reset(seed=0)
     assert excerpt in env.observe("tool_agent")["prompt"]
+
+
+# ---------------------------------------------------------------- options for small models
+
+
+BOARD_ONE_PUSH = "#####\n#@$.#\n#####"
+
+
+def test_plan_agent_alone_solves_with_the_lenient_parser_on_a_compact_prompt():
+    env = llm_zoo.make("Sokoban-v0", agents=("plan_agent",), prompt_style="compact", move_parser="lenient")
+    env.reset(seed=0, options={"board": BOARD_ONE_PUSH})
+    assert env.agents == ["plan_agent"]
+    prompt = env.observe("plan_agent")["prompt"]
+    assert "Push every box onto a goal" in prompt and "tool agent" not in prompt
+    assert "Rewards per move" not in prompt  # compact: no reward table
+    env.step("I walk right.")
+    assert env.success and env.infos["plan_agent"]["moves"] == 1
+
+
+def test_strict_parser_stays_the_default():
+    env = llm_zoo.make("Sokoban-v0", agents=("plan_agent",))
+    env.reset(seed=0, options={"board": BOARD_ONE_PUSH})
+    env.step("I walk right.")
+    assert not env.success and env.infos["plan_agent"]["format_ok"] is False
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"agents": ("tool_agent",)}, "agents must be"),
+        ({"prompt_style": "tiny"}, "prompt_style must be one of"),
+    ],
+)
+def test_bad_small_model_options_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        llm_zoo.make("Sokoban-v0", **kwargs)
+
+
+def test_compact_team_passes_check_env():
+    check_env(
+        "Sokoban-v0", env_kwargs={"rows": 5, "cols": 5, "prompt_style": "compact", "move_parser": "lenient"}
+    )

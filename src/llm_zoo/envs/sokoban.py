@@ -87,6 +87,10 @@ Termination
     ``max_turns`` turns (3 by default: each agent answers at most three times).
 
 Options
+    For small models, as PlanPath-v0: ``agents=("plan_agent",)`` (the plan agent alone),
+    ``prompt_style="compact"`` (short prompts), ``prompt_layout="fixed_first"`` and
+    ``move_parser="lenient"`` (move words count when there is no ``#### [...]`` list); see
+    :mod:`llm_zoo.envs.grid_agents`. The defaults keep the behaviour above.
     ``reset(options={"board": text})`` plays the given board (same symbols, one player, as many
     goals as boxes) instead of a generated one; a board that breaks these rules raises
     ``ValueError``. Its solvability is not checked.
@@ -100,7 +104,8 @@ Parallel API
     :mod:`llm_zoo.core`). ``max_cycles`` is accepted as PettingZoo's name for ``max_turns``.
 
 Version history
-    v0: initial.
+    v0: initial. Later additions that keep the defaults' behaviour: the ``agents``,
+    ``prompt_style``, ``move_parser`` and ``prompt_layout`` options (PlanPath-v0's).
     v0 (2026-12, rewards a policy cannot game): pushing a box off a goal costs what pushing it on
     paid (-1.0, was -0.5: with 2 boxes, pushing one on and off earned +73.5 without solving);
     move costs take at most 0.5 per answer; the tool agent is paid once for any progress (it was
@@ -472,6 +477,10 @@ class SokobanEnv(ToolPlanEnv[SokobanState]):
         render_mode: str | None = None,
         tool_timeout_s: float = 5.0,
         tool_memory_mb: int = 512,
+        agents: Sequence[str] = ("tool_agent", "plan_agent"),
+        prompt_style: str = "full",
+        move_parser: str = "strict",
+        prompt_layout: str = "classic",
     ):
         check_room_params(rows, cols, num_boxes)
         super().__init__(
@@ -480,6 +489,10 @@ class SokobanEnv(ToolPlanEnv[SokobanState]):
             render_mode=render_mode,
             tool_timeout_s=tool_timeout_s,
             tool_memory_mb=tool_memory_mb,
+            agents=agents,
+            prompt_style=prompt_style,
+            move_parser=move_parser,
+            prompt_layout=prompt_layout,
         )
         check_int("max_search_states", max_search_states, low=1, high=MAX_SEARCH_STATES)
         self.rows, self.cols, self.num_boxes = int(rows), int(cols), int(num_boxes)
@@ -515,6 +528,13 @@ class SokobanEnv(ToolPlanEnv[SokobanState]):
             f"{BOX_ON_GOAL_REWARD:+g} for pushing a box onto a goal, {BOX_OFF_GOAL_PENALTY:+g} for pushing "
             f"one off a goal, {ALL_BOXES_REWARD:+g} when every box is on a goal (the puzzle is then "
             f"solved and later moves are ignored); move costs take at most {MAX_MOVE_COST:g} per answer."
+        )
+
+    def _short_task_text(self) -> str:
+        return (
+            "Push every box onto a goal. '#' wall, ' ' floor, '.' goal, '$' box, '@' you, '*' box on a "
+            "goal, '+' you on a goal. Rows are numbered from 0 at the top, columns from 0 at the left. "
+            'Moves: "U" (up), "D" (down), "L" (left), "R" (right); walking into a box pushes it.'
         )
 
     def _status_text(self) -> str:
