@@ -83,3 +83,34 @@ def test_console_line_shows_each_agents_usable_and_cut_answers():
     text = answers_text(metrics, ["reasoner", "tool_agent"])
     assert text == "answers usable/cut reasoner 25/50% tool_agent 0/100%"
     assert f"| {text} |" in RunLogger.summary(1, metrics)
+
+
+def _sample(agent: str, index: int, info: dict | None, *, format_ok: bool = True, cut: bool = False):
+    from llm_zoo_train.rollout.samples import Sample
+
+    return Sample(
+        env_id="Math-v0", env_index=0, task_id="t", turn=0, agent=agent, adapter=agent,
+        group_key=f"0/0/{agent}", branch=index, prompt="p", completion="c", prompt_token_ids=[1],
+        completion_token_ids=[2, 3], behaviour_logprobs=[0.0, 0.0], reward=float(index), role_reward=0.0,
+        global_reward=0.0, format_ok=format_ok, finish_reason="length" if cut else "stop",
+        extra={} if info is None else {"info": info},
+    )  # fmt: skip
+
+
+def test_rollout_metrics_say_how_often_an_agent_follows_its_teammate():
+    """Math-v0 reports ``agree`` after the reasoner's answer: the share of agreeing answers shows a
+    reasoner learning to override its tool (#49); agents without the key get no such metric."""
+    from llm_zoo_train.reporting.tracking import rollout_metrics
+
+    samples = [
+        _sample("reasoner", 0, {"agree": True}),
+        _sample("reasoner", 1, {"agree": False}, format_ok=False),
+        _sample("reasoner", 2, {"agree": True}, cut=True),
+        _sample("reasoner", 3, {"agree": True}),
+        _sample("tool_agent", 0, {"tool_status": "ok"}),
+        _sample("tool_agent", 1, None),
+    ]
+    metrics = rollout_metrics(samples, samples, {}, "tree")
+    assert metrics["reasoner/agree"] == 0.75
+    assert "tool_agent/agree" not in metrics
+    assert metrics["reasoner/format_ok"] == 0.75 and metrics["reasoner/truncated_fraction"] == 0.25

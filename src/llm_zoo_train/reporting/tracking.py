@@ -90,7 +90,18 @@ def rollout_metrics(
                 f"{agent}/truncated_fraction": _mean(float(s.finish_reason == "length") for s in mine),
             }
         )
+        # An env that reports whether the team's answers agree after an action (Math-v0's
+        # ``agree``: the reasoner's answer is the tool's printed number): how often the agent
+        # follows its teammate, the first sign of a reasoner learning to ignore or override a tool.
+        agreements = [_info(s)["agree"] for s in mine if isinstance(_info(s).get("agree"), bool)]
+        if agreements:
+            metrics[f"{agent}/agree"] = _mean(map(float, agreements))
     return metrics
+
+
+def _info(sample: Sample) -> Mapping[str, Any]:
+    info = sample.extra.get("info") if isinstance(sample.extra, Mapping) else None
+    return info if isinstance(info, Mapping) else {}
 
 
 def trained_samples(metrics: Mapping[str, float]) -> dict[str, float]:
