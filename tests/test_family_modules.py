@@ -16,6 +16,7 @@ FAMILIES = {
     "code_v0": "Code-v0",
     "math_v0": "Math-v0",
     "math_relay_v0": "MathRelay-v0",
+    "key_relay_v0": "KeyRelay-v0",
 }
 
 

@@ -65,6 +65,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.envs.math", "llm_zoo.envs.math"),
     ("llm_zoo.envs.math_options", "llm_zoo.envs.math_options"),
     ("llm_zoo.envs.math_relay", "llm_zoo.envs.math_relay"),
+    ("llm_zoo.envs.key_relay", "llm_zoo.envs.key_relay"),
     ("llm_zoo.data.code", "llm_zoo.data.code"),
     ("llm_zoo.data.code_problem", "llm_zoo.data.code_problem"),
     ("llm_zoo.data.code_formats", "llm_zoo.data.code_formats"),
@@ -151,7 +152,7 @@ API_EXCLUDED: dict[str, str] = {
     "llm_zoo.envs": "registration of the built-in envs only",
     **{
         f"llm_zoo.envs.{name}_v0": "a PettingZoo family module (llm_zoo.family documents all of them)"
-        for name in ("plan_path", "sokoban", "code", "math", "math_relay")
+        for name in ("plan_path", "sokoban", "code", "math", "math_relay", "key_relay")
     },
     "llm_zoo.data": "package marker",
     "llm_zoo.integrations": "package marker",

@@ -24,6 +24,10 @@ BUILTIN_ENVS: dict[str, tuple[str, str]] = {
         "llm_zoo.envs.math_relay:MathRelayEnv",
         "Math with split information: a tool agent's program computes, a reasoner appends a key only it holds.",
     ),
+    "KeyRelay-v0": (
+        "llm_zoo.envs.key_relay:KeyRelayEnv",
+        "Split information: an asker holds the question, a holder the table; they must talk to answer.",
+    ),
 }
 
 
