@@ -173,7 +173,9 @@ def test_check_env_runs_render_test_for_factories_that_take_render_mode(monkeypa
     assert seen == ["human"]
 
 
-@pytest.mark.parametrize("env_id", ["PlanPath-v0", "Sokoban-v0", "Code-v0", "Math-v0", "MathRelay-v0", "KeyRelay-v0"])
+@pytest.mark.parametrize(
+    "env_id", ["PlanPath-v0", "Sokoban-v0", "Code-v0", "Math-v0", "MathRelay-v0", "KeyRelay-v0"]
+)
 def test_state_is_pettingzoos_method_on_every_built_in_env(env_id):
     """Issue 54: PlanPath-v0 and Sokoban-v0 kept their board in an attribute named ``state``, so
     ``env.state()`` raised ``TypeError: 'PlanPathState' object is not callable``."""
