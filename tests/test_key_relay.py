@@ -10,7 +10,7 @@ from llm_zoo.envs.key_relay import (
     DENSE_REWARD,
     FORMAT_PENALTY,
     KeyRelayEnv,
-    cap_words,
+    cap_message,
     last_number,
     oracle_action,
 )
@@ -83,16 +83,16 @@ def best_guess(env: KeyRelayEnv) -> str:
     return words[words.index(env.query) + 1] if env.query in words[:-1] else "0"
 
 
-def test_a_team_whose_asker_names_no_key_is_right_at_most_as_often_as_the_cap_allows():
-    """Without the key, the holder's reply is the same whatever the query: 4 words carry at most 2
-    of the 4 pairs, so a best-case asker is right on at most 2 of the 4 queries."""
+def test_a_team_whose_asker_names_no_key_is_right_at_most_once_in_num_keys():
+    """Without the key, the holder's reply is the same whatever the query, and a reply carries one
+    value (it is cut after its first number): a best-case asker is right on 1 of the 4 queries."""
     solved = 0
     for query in TABLE:
         _, env = play(KeyRelayEnv(), ["please help me", "bemo 412 bela 385 kati 907 rudo 150", best_guess],
                       options={"table": TABLE, "query": query})  # fmt: skip
-        assert env.reply == "bemo 412 bela 385"  # cut to 4 words
+        assert env.reply == "bemo 412"  # cut after the first number
         solved += env.success
-    assert solved == 2
+    assert solved == 1
 
 
 def test_messages_are_capped_in_words_and_the_sender_is_told():
@@ -102,7 +102,12 @@ def test_messages_are_capped_in_words_and_the_sender_is_told():
     assert env.message == "what is" and env.infos["asker"]["message_cut"] == 2
     assert "Only the first 2 words" in env.observe("asker")["prompt"]
     assert '"what is"' in env.observe("holder")["prompt"]
-    assert cap_words(" a  b\nc ", 5) == ("a b c", 0)
+    assert cap_message(" a  b\nc ", 5) == ("a b c", 0)
+    assert cap_message("The number of lego is 270. Also kati is 907.", 12) == (
+        "The number of lego is 270.",
+        4,
+    )
+    assert cap_message("a b c d e", 3) == ("a b c", 2)
 
 
 @pytest.mark.parametrize(

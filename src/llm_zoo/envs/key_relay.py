@@ -15,15 +15,20 @@ With the default ``max_turns=2``: the asker sends a message, the holder replies,
 (the holder's second turn never comes: the episode ends with the answer). ``max_turns=n`` allows
 ``n - 1`` exchanges before the answer; ``max_turns=1`` makes the asker answer at once, blind.
 
-Messages are capped in **words** (whitespace-separated pieces, ``message_words``, default 4):
-only a message's first ``message_words`` words reach the partner (its feedback says when a
-message was cut), so once ``num_keys`` is large the holder cannot send the whole table (4 words
-carry at most two ``key: value`` pairs of the default 6).
+Messages are capped in **words** (whitespace-separated pieces): a message reaches the partner
+up to its ``message_words``-th word (default 12) or up to and including its first number,
+whichever comes first (the sender's feedback says when a message was cut). So a reply carries at
+most one value of the table: a holder that does not know the key is right at most ``1 /
+num_keys`` of the time, however large the cap, and a verbose reply ("The number of the key lego
+is 270.") still goes through whole.
 
-Observations (``{"prompt": text}``, short prompts for small models): the asker's first prompt names
-its key and asks for a message; its last asks for the number, quoting the holder's latest reply.
-The holder's prompt is its table, the asker's latest message (or that there is none) and a request
-for a reply. Prompts never say whether an answer is right.
+Observations (``{"prompt": text}``, short prompts for small models): the asker's first prompt asks
+it to ask its teammate for the number of its key; its last quotes the holder's latest reply and
+asks for the number. The holder's prompt is its table, the asker's latest message (or that there
+is none) and a request to reply with the number of the message's key. Prompts never say whether an
+answer is right. Measured with SmolLM2-135M-Instruct, greedy, 16 tasks (the default 6 keys): the
+asker named its key 13 times, the holder sent the right value twice, the team solved 2 (blander
+prompts, "Write a message to your teammate", gave 0 of 24: the asker never named its key).
 
 Actions: free text. A message with no word is unusable (``format_ok=False``). The asker's answer
 is the **last whole number** in its reply (``"It is 412."`` -> ``412``); a reply without one is
@@ -93,7 +98,7 @@ __all__ = [
     "DENSE_REWARD",
     "FORMAT_PENALTY",
     "KeyRelayEnv",
-    "cap_words",
+    "cap_message",
     "last_number",
     "oracle_action",
     "oracle_policy",
@@ -117,11 +122,17 @@ _WORD = re.compile(r"[a-z]+")
 _MAX_KEY_DRAWS = 10_000
 
 
-def cap_words(text: str, limit: int) -> tuple[str, int]:
-    """``text``'s first ``limit`` words (whitespace-separated) joined by single spaces, and how many
+def cap_message(text: str, words: int) -> tuple[str, int]:
+    """What of a message reaches the partner: its first ``words`` words, and nothing after the word
+    holding its first number; returns that text (words joined by single spaces) and how many
     words were dropped."""
-    words = text.split()
-    return " ".join(words[:limit]), max(0, len(words) - limit)
+    pieces = text.split()
+    kept = pieces[:words]
+    for index, piece in enumerate(kept):
+        if _NUMBER.search(piece):
+            kept = kept[: index + 1]
+            break
+    return " ".join(kept), len(pieces) - len(kept)
 
 
 def last_number(text: str) -> str | None:
@@ -141,6 +152,11 @@ def _canonical(number: str) -> str:
     return f"-{digits}" if number.startswith("-") and digits != "0" else digits
 
 
+def _count_words(text: str) -> str:
+    n = len(text.split())
+    return f"{n} word" if n == 1 else f"{n} words"
+
+
 def _names(text: str, key: str) -> bool:
     """Whether ``text`` contains ``key`` as a whole word (any case)."""
     return key in _WORD.findall(text.lower())
@@ -155,7 +171,8 @@ class KeyRelayEnv(TextAECEnv):
 
     Args:
         num_keys: Rows of the holder's table (2-26).
-        message_words: Most words of a message that reach the partner (1-64).
+        message_words: Most words of a message that reach the partner (1-64); a message is also cut
+            after its first number.
         distractors: The other keys share the query key's first two letters.
         dense_rewards: Pay ``DENSE_REWARD`` once for naming the query key (asker) and once for
             sending its value (holder).
@@ -181,7 +198,7 @@ class KeyRelayEnv(TextAECEnv):
         self,
         *,
         num_keys: int = 6,
-        message_words: int = 4,
+        message_words: int = 12,
         distractors: bool = False,
         dense_rewards: bool = False,
         agents: Sequence[str] = ROLES,
@@ -253,17 +270,16 @@ class KeyRelayEnv(TextAECEnv):
         if agent == "oracle":
             return f"{self._table_text()}\nWhat is the number stored under the key {self.query}? Reply with the number only."
         if agent == "holder":
-            heard = (
-                f'Your teammate\'s message: "{self.message}"'
-                if "asker" in self.possible_agents and self.message
-                else "Your teammate has sent no message."
+            if self.possible_agents == ["holder"]:
+                return (
+                    f"{self._table_text()}\nYour teammate has sent no message.\n"
+                    "What is the number your teammate needs? Reply with the number only."
+                )
+            heard = self.message if self.message else "(no message)"
+            return (
+                f'{self._table_text()}\nYour teammate\'s message: "{heard}"\n'
+                "Find the key of the message in your table and reply with its number."
             )
-            ask = (
-                "What is the number your teammate needs? Reply with the number only."
-                if self.possible_agents == ["holder"]
-                else f"Reply to your teammate in at most {self.message_words} words."
-            )
-            return f"{self._table_text()}\n{heard}\n{ask}"
         if self._answer_turn():
             if "holder" not in self.possible_agents:
                 heard = "Your teammate did not reply."
@@ -274,11 +290,7 @@ class KeyRelayEnv(TextAECEnv):
             return (
                 f"{heard}\nWhat is the number stored under the key {self.query}? Reply with the number only."
             )
-        return (
-            f"Your teammate has a table of keys and numbers; you cannot see it. You need the number "
-            f"stored under the key {self.query}. Write a message to your teammate in at most "
-            f"{self.message_words} words."
-        )
+        return f"Ask your teammate for the number of the key {self.query}. Write the question."
 
     def _table_text(self) -> str:
         return "Your table:\n" + "\n".join(f"{key}: {value}" for key, value in self.table.items())
@@ -295,7 +307,7 @@ class KeyRelayEnv(TextAECEnv):
             or (agent == "asker" and self._answer_turn())
         ):
             return self._answer(agent, action)
-        text, dropped = cap_words(action, self.message_words)
+        text, dropped = cap_message(action, self.message_words)
         info: dict[str, Any] = {"message_cut": dropped}
         if not text:
             return self._unusable(agent, "Your message had no words.", info)
@@ -308,7 +320,7 @@ class KeyRelayEnv(TextAECEnv):
             info["sends_value"] = _contains_number(text, self.value)
             dense = info["sends_value"]
         reward = self._move_level(agent, 0.0) + self._dense(agent, dense)
-        feedback = f"Only the first {self.message_words} words of your message were sent." if dropped else ""
+        feedback = f"Only the first {_count_words(text)} of your message were sent." if dropped else ""
         return Outcome(role_reward=reward, global_reward=0.0, feedback=feedback, info=info)
 
     def _answer(self, agent: str, action: str) -> Outcome:
