@@ -204,3 +204,35 @@ def test_the_task_is_shown_only_once_the_episode_is_over():
     env.step("412")
     assert "bemo -> 412" in env.render()
     assert env.infos["asker"]["value"] == "412"
+
+
+@pytest.mark.slow
+def test_team_benchmark_quick_run_with_every_control(tmp_path, monkeypatch):
+    """``benchmarks/learning_math.py --task key_relay`` trains the team, the roles apart (each with
+    its partner frozen) and the single-agent controls, and pairs them task by task."""
+    import importlib
+    import json
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("llm_zoo_train.trainer", reason="the trainer is not installed")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "learning_math", raising=False)
+    benchmark = importlib.import_module("learning_math")
+    variants = "per_agent,separate,independent,asker_alone,holder_alone,oracle"
+    benchmark.main(["--task", "key_relay", "--quick", "--output-dir", str(tmp_path), "--variants", variants])
+    result = json.loads((tmp_path / "learning_team_key_relay.json").read_text())
+    assert set(result["variants"]) == {*variants.split(","), "role_swap"}
+    separate = result["variants"]["separate"][0]
+    assert set(separate["histories"]) == {"asker", "holder"}
+    for agent, partner in (("asker", "holder"), ("holder", "asker")):
+        trained = [
+            key for record in separate["histories"][agent] for key in record if key.startswith("update/")
+        ]
+        assert not any(key.startswith(f"update/{partner}/") for key in trained)  # the partner stayed frozen
+    assert result["variants"]["role_swap"][0]["agent_adapters"] == {"asker": "holder", "holder": "asker"}
+    assert set(result["befores"]) == {"team", "asker_alone", "holder_alone", "oracle"}
+    tasks = result["befores"]["team"]["solved"].keys()
+    assert separate["after"]["solved"].keys() == tasks == result["befores"]["oracle"]["solved"].keys()
+    assert "per_agent vs separate" in result["summary"]["comparisons"]
+    assert "team better than the roles trained apart, paired p < 0.05" in result["summary"]["verdict"]
