@@ -185,6 +185,36 @@ def test_a_lock_of_another_host_is_refused(tmp_path):
         RunLock(tmp_path).acquire()
 
 
+# --------------------------------------------------------------------------- env servers
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_env_servers_that_do_not_answer_stop_the_run_before_anything_is_deleted(
+    tiny_model_dir, tmp_path, capsys
+):
+    """Issue 53 D1: with overwrite_output_dir, env.servers that do not answer deleted the earlier
+    run after the model loaded, then died at the first rollout with a raw RemoteEnvError."""
+    run = tmp_path / "run"
+    config = write_toy_config(tiny_model_dir, run, tmp_path / "c.yaml")
+    assert main([str(config), *QUICK, "--training.max_steps", "1"]) == 0
+    capsys.readouterr()
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    dead = f"http://127.0.0.1:{_free_port()}"
+    argv = [str(config), *QUICK, "--training.max_steps", "1", "--training.overwrite_output_dir", "true",
+            "--env.servers", f"[{dead}]"]  # fmt: skip
+    assert main(argv) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert "1 of 1 env server(s) in env.servers did not make and reset" in line and dead in line
+    assert "nothing was started or deleted" in line
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # the earlier run is intact
+    assert not (run / ".llm-zoo-train.lock").exists()  # and the directory is free again
+
+
 # --------------------------------------------------------------------------- full disks
 
 

@@ -187,6 +187,7 @@ def _main(argv: list[str]) -> int:
     from transformers.utils import logging as transformers_logging
 
     from llm_zoo_train.models.policy import ModelNotAvailableError
+    from llm_zoo_train.rollout.env_servers import EnvServersUnavailableError
     from llm_zoo_train.rollout.replay import ReplayMismatchError
     from llm_zoo_train.runs.checkpoint import CheckpointWriteError
     from llm_zoo_train.runs.finite import NonFiniteError
@@ -208,6 +209,7 @@ def _main(argv: list[str]) -> int:
         RunLockedError,
         CheckpointDamagedError,
         FileNotFoundError,
+        EnvServersUnavailableError,
     ) as err:
         print(f"llm-zoo-train: error: {err}", file=sys.stderr)
         return 2

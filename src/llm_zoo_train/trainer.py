@@ -41,6 +41,7 @@ from llm_zoo_train.config import (
     ConfigError,
     config_to_dict,
     eval_env_kwargs,
+    train_env_kwargs,
     validate,
 )
 from llm_zoo_train.engines.base import SamplingParams
@@ -54,7 +55,7 @@ from llm_zoo_train.reporting.progress import RunProgress, turn_limit
 from llm_zoo_train.reporting.tracking import RunLogger, flatten_config, plot_learning_curve, rollout_metrics
 from llm_zoo_train.reporting.update_progress import update_layer_progress
 from llm_zoo_train.rollout.asynchronous import AsyncRollouts, algorithm_settings
-from llm_zoo_train.rollout.env_servers import configure_env_servers
+from llm_zoo_train.rollout.env_servers import check_envs_answer, configure_env_servers
 from llm_zoo_train.rollout.replay import GenerationRecorder, ReplayEngine
 from llm_zoo_train.rollout.step import StepRollout, play_step, save_step_rollout
 from llm_zoo_train.rollout.team_credit import team_credit_metrics
@@ -185,7 +186,9 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         #: The generation process's side of rollout.async_steps > 0 (None: synchronous rollouts).
         self.async_rollouts = self._async_rollouts() if config.rollout.async_steps else None
-        # The model, the env and the config work: only now may an earlier run be replaced.
+        # The model, the env (on every configured server) and the config work: only now may an
+        # earlier run be replaced.
+        check_envs_answer(config.env.id, [train_env_kwargs(config), eval_env_kwargs(config)])
         begin_run(config, checkpoint is not None, accelerator)
         if checkpoint is not None:
             loaded = restore_trainer(self, checkpoint, warn_line)

@@ -14,17 +14,26 @@ the dead server and the others' failures.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import llm_zoo
 from llm_zoo_train.config.checks import check_env_servers, url_problem
 
-__all__ = ["EnvServers", "configure", "configure_env_servers", "make", "map_envs"]
+__all__ = [
+    "EnvServers",
+    "EnvServersUnavailableError",
+    "check_envs_answer",
+    "configure",
+    "configure_env_servers",
+    "make",
+    "map_envs",
+]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -118,3 +127,47 @@ def map_envs(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
         return [fn(item) for item in items]
     with ThreadPoolExecutor(max_workers=min(len(items), _servers.max_in_flight)) as pool:
         return list(pool.map(fn, items))
+
+
+class EnvServersUnavailableError(RuntimeError):
+    """Configured env servers did not make or reset the run's env (one line, naming them)."""
+
+
+#: How long the start-up check waits for each server's answer: a server that stops answering is
+#: named within this, not after a rollout's 600 s timeout.
+STARTUP_CHECK_TIMEOUT_S = 30.0
+
+
+def check_envs_answer(
+    env_id: str, kwargs_list: Sequence[Mapping[str, Any]], *, timeout_s: float = STARTUP_CHECK_TIMEOUT_S
+) -> None:
+    """Make and reset the run's env with each of ``kwargs_list`` (training and evaluation
+    arguments) on every configured server, each within ``timeout_s``, before a run may delete an
+    earlier one; with no servers configured, nothing to check (in-process envs were made by the
+    config's validation). Raises :class:`EnvServersUnavailableError` naming every server that did
+    not answer, and why."""
+    if _servers is None:
+        return
+    from llm_zoo import remote
+
+    failures: list[str] = []
+    for url in _servers.urls:
+        for kwargs in kwargs_list:
+            env = None
+            try:
+                env = remote.make(
+                    url, env_id, timeout_s=timeout_s, connect_timeout_s=timeout_s, **dict(kwargs)
+                )
+                env.reset(seed=0)
+            except remote.RemoteEnvError as err:
+                failures.append(f"{url}: {str(err).splitlines()[0]}")
+                break
+            finally:
+                if env is not None:
+                    with contextlib.suppress(Exception):
+                        env.close()
+    if failures:
+        raise EnvServersUnavailableError(
+            f"{len(failures)} of {len(_servers.urls)} env server(s) in env.servers did not make and reset "
+            f"{env_id} within {timeout_s:g} s, so nothing was started or deleted: " + "; ".join(failures)
+        )
