@@ -244,6 +244,55 @@ def test_resume_refuses_another_runs_checkpoint_and_names_the_keys(tiny_model_di
     assert "is finished" in point.describe(1)
 
 
+#: A changed value of each resumable key (issue 53: each must be proven not to change the adapters).
+RESUMED_WITH = {
+    "training.save_steps": "2",
+    "training.save_total_limit": "1",
+    "training.keep_freed_memory": "false",
+    "rollout.save_rollouts": "true",
+    "eval.num_episodes": "2",
+    "eval.eval_steps": "1",
+    "logging.logging_steps": "2",
+}
+
+
+@pytest.mark.parametrize("key", sorted(RESUMED_WITH))
+def test_each_resumable_key_leaves_the_adapters_bit_identical(key, tiny_model_dir, tmp_path):
+    common = ["--eval.num_episodes", "0", "--training.save_steps", "1"]
+    Trainer(toy_config(tiny_model_dir, tmp_path / "straight", [*common, "--training.max_steps", "2"])).train()
+    Trainer(toy_config(tiny_model_dir, tmp_path / "resumed", [*common, "--training.max_steps", "1"])).train()
+    changed = toy_config(
+        tiny_model_dir,
+        tmp_path / "resumed",
+        [*common, "--training.max_steps", "2", f"--{key}", RESUMED_WITH[key]],
+    )
+    resumed = Trainer(changed, resume_from=tmp_path / "resumed")
+    assert key in resumed.resume_point.changed
+    resumed.train()
+    a, b = _adapter_weights(tmp_path / "straight"), _adapter_weights(tmp_path / "resumed")
+    for name in a:
+        assert all(torch.equal(a[name][k], b[name][k]) for k in a[name]), (key, name)
+
+
+@pytest.mark.parametrize(
+    "key, value", [("rollout.max_rows_per_generate_call", "3"), ("vllm.gpu_memory_utilization", "0.5")]
+)
+def test_keys_that_can_change_the_adapters_are_refused_on_resume(key, value, tiny_model_dir, tmp_path):
+    """Issue 53 D8: rollout.max_rows_per_generate_call was accepted on resume ("what it records,
+    not what it trains") yet changes the trained adapters."""
+    from llm_zoo_train.config import ConfigError
+    from llm_zoo_train.runs.run_dir import check_resume
+
+    Trainer(
+        toy_config(
+            tiny_model_dir, tmp_path / "run", ["--training.max_steps", "1", "--eval.num_episodes", "0"]
+        )
+    ).train()
+    other = toy_config(tiny_model_dir, tmp_path / "run", [f"--{key}", value])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        check_resume(tmp_path / "run" / "checkpoint-1", other)
+
+
 def test_a_finished_run_says_so_and_trains_nothing(tiny_model_dir, tmp_path, capsys):
     config = toy_config(
         tiny_model_dir, tmp_path / "run", ["--training.max_steps", "1", "--eval.num_episodes", "2"]
