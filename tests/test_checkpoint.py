@@ -22,7 +22,7 @@ from llm_zoo_train.runs.checkpoint import (  # noqa: E402
     write_checkpoint,
 )
 from llm_zoo_train.trainer import Trainer  # noqa: E402
-from train_helpers import history_without_timing, toy_config  # noqa: E402
+from train_helpers import history_without_timing, one_line_error, toy_config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -371,3 +371,29 @@ def test_a_manifest_that_covers_less_than_the_checkpoint_is_damage(tmp_path):
     (checkpoint / "adapters" / "alice" / "adapter_model.safetensors").write_bytes(b"garbled")
     with pytest.raises(CheckpointDamagedError, match=r"adapter_model\.safetensors is not listed"):
         verify_manifest(checkpoint)
+
+
+def test_a_base_model_replaced_under_its_path_is_refused_on_resume(tiny_model_dir, tmp_path, capsys):
+    """Issue 53 D9: the checkpoint recorded the base model's path only, so a different base at the
+    same path resumed silently."""
+    import shutil
+
+    from llm_zoo_train.__main__ import main
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    common = ["--eval.num_episodes", "0", "--training.save_steps", "1"]
+    config = toy_config(base, tmp_path / "run", [*common, "--training.max_steps", "1"])
+    Trainer(config).train()
+    state = json.loads((tmp_path / "run" / "checkpoint-1" / "trainer_state.json").read_text())
+    assert set(state["base_models"]["model"]) >= {"config.json"}
+    weights = next(p for p in base.iterdir() if p.suffix in (".safetensors", ".bin"))
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(8)  # another base: its last weights differ
+    weights.write_bytes(bytes(data))
+    capsys.readouterr()
+    argv = [str(tmp_path / "run.yaml"), *common, "--training.max_steps", "2", "--resume"]
+    assert main(argv) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert f"is not the one the checkpoint was trained on: {weights.name} changed (content)" in line
+    assert not (tmp_path / "run" / ".llm-zoo-train.lock").exists()

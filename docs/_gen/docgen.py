@@ -88,6 +88,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.runs.run_dir", "llm_zoo_train.runs.run_dir"),
     ("llm_zoo_train.runs.manifest", "llm_zoo_train.runs.manifest"),
     ("llm_zoo_train.runs.lock", "llm_zoo_train.runs.lock"),
+    ("llm_zoo_train.runs.base_fingerprint", "llm_zoo_train.runs.base_fingerprint"),
     ("llm_zoo_train.runs.interrupts", "llm_zoo_train.runs.interrupts"),
     ("llm_zoo_train.runs.finite", "llm_zoo_train.runs.finite"),
     ("llm_zoo_train.runs.launch_check", "llm_zoo_train.runs.launch_check"),

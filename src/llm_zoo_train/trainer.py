@@ -49,7 +49,7 @@ from llm_zoo_train.engines.hf import HFEngine
 from llm_zoo_train.evaluation.defaults import eval_temperature
 from llm_zoo_train.evaluation.evaluate import EvalResult, evaluate, summarize
 from llm_zoo_train.evaluation.tasks import eval_tasks
-from llm_zoo_train.models.policy import Policy
+from llm_zoo_train.models.policy import Policy, resolve_model_path
 from llm_zoo_train.reporting.model_card import write_model_cards
 from llm_zoo_train.reporting.progress import RunProgress, turn_limit
 from llm_zoo_train.reporting.tracking import RunLogger, flatten_config, plot_learning_curve, rollout_metrics
@@ -60,7 +60,8 @@ from llm_zoo_train.rollout.replay import GenerationRecorder, ReplayEngine
 from llm_zoo_train.rollout.step import StepRollout, play_step, save_step_rollout
 from llm_zoo_train.rollout.team_credit import team_credit_metrics
 from llm_zoo_train.rollout.tree import NonFiniteRewardError
-from llm_zoo_train.runs.checkpoint import find_checkpoint, warn_line
+from llm_zoo_train.runs.base_fingerprint import base_model_problem, fingerprint
+from llm_zoo_train.runs.checkpoint import find_checkpoint, read_trainer_state, warn_line
 from llm_zoo_train.runs.finite import NonFiniteError, check_finite_metrics, check_finite_weights
 from llm_zoo_train.runs.interrupts import InterruptGuard, RunInterrupted
 from llm_zoo_train.runs.memory import keep_freed_memory
@@ -140,6 +141,20 @@ class Trainer:
             gradient_checkpointing=training.gradient_checkpointing,
             device=accelerator.device,
         )
+        #: Each base model's files, as a checkpoint records them: a resume refuses a base replaced
+        #: under the same path (llm_zoo_train.runs.base_fingerprint).
+        base_paths = {
+            name: resolve_model_path(m.name_or_path, m.cache_dir) for name, m in self.plan.models.items()
+        }
+        self.base_fingerprints = {name: fingerprint(path) for name, path in base_paths.items()}
+        if checkpoint is not None:
+            recorded = read_trainer_state(checkpoint).get("base_models")
+            problem = base_model_problem(recorded, self.base_fingerprints, base_paths)
+            if problem:
+                raise ConfigError(
+                    f"cannot resume from {checkpoint}: {problem}. Resume with the base it was trained on, "
+                    "or start a new run in another training.output_dir"
+                )
         #: The PEFT model (None with several base models: each is in self.policy.policies).
         self.model = self.policy.model if isinstance(self.policy, Policy) else None
         accelerator.print(f"model loaded in {time.perf_counter() - load_start:.1f} s")

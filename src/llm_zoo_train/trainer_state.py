@@ -80,6 +80,8 @@ def save_trainer_checkpoint(trainer: Any, rng_state: dict[str, Any] | None = Non
             "num_processes": accelerator.num_processes,
             "history": trainer.history,
             "kernel_choices": kernel_choices,  # one per process
+            # each base model's files: a resume refuses a base replaced under the same path
+            "base_models": getattr(trainer, "base_fingerprints", {}),
         }
         if getattr(trainer, "async_rollouts", None) is not None:
             # Resume checks that each of them is in the checkpoint: a missing one is an error,
