@@ -77,6 +77,45 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_older_one_used(run, case):
     assert find_checkpoint(run / "checkpoint-2", warnings.append) == run / "checkpoint-1"
 
 
+def _edited_state(**changes):
+    def edit(path):
+        state = json.loads(path.read_text())
+        state.update(changes)
+        path.write_text(json.dumps(state))
+
+    return edit
+
+
+#: Files that still verify (the manifest is rewritten to match) but cannot be loaded (issue 53 D7:
+#: each gave a traceback during the resume instead of the one line and the fallback).
+VERIFIED_BUT_WRONG = {
+    "history not a list": ("trainer_state.json", _edited_state(history="oops")),
+    "history records with text": ("trainer_state.json", _edited_state(history=[{"loss": "high"}])),
+    "version not a number": ("trainer_state.json", _edited_state(version="two")),
+    "negative version": ("trainer_state.json", _edited_state(version=-1)),
+    "adapters not names": ("trainer_state.json", _edited_state(adapters=[1, 2])),
+    "kernel choices not a list": ("trainer_state.json", _edited_state(kernel_choices="auto")),
+    "trainer state not an object": ("trainer_state.json", lambda p: p.write_text("[2]")),
+    "config.yaml not YAML": ("config.yaml", lambda p: p.write_text("model: [unclosed\n")),
+    "config.yaml a list": ("config.yaml", lambda p: p.write_text("- a\n- b\n")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VERIFIED_BUT_WRONG))
+def test_a_verified_file_that_cannot_be_loaded_is_damage_too(run, case, capsys):
+    name, damage = VERIFIED_BUT_WRONG[case]
+    damage(run / "checkpoint-2" / name)
+    write_manifest(run / "checkpoint-2")  # the file verifies: only its content is wrong
+    warnings = []
+    assert find_checkpoint(run, warnings.append) == run / "checkpoint-1"
+    assert len(warnings) == 1 and "checkpoint-2" in warnings[0] and name in warnings[0]
+    # The command line resumes from the older checkpoint with one warning, no traceback.
+    capsys.readouterr()
+    assert main(["--resume", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "skipped damaged checkpoint" in err
+
+
 def test_no_intact_checkpoint_left_is_one_line_error(run, capsys):
     for step in (1, 2):
         (run / f"checkpoint-{step}" / "trainer_state.json").write_text('{"step": ')

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 
 from llm_zoo_train.runs.manifest import (
     MANIFEST,
@@ -120,7 +121,61 @@ def verify_checkpoint(checkpoint: str | Path) -> dict[str, Any]:
         raise CheckpointDamagedError(
             f"{state_file} says step {step}, the directory is {checkpoint.name}", state_file
         )
+    problem = trainer_state_problem(state)
+    if problem:
+        raise CheckpointDamagedError(f"{state_file} is not a trainer state: {problem}", state_file)
+    config_file = checkpoint / "config.yaml"
+    if config_file.is_file():
+        try:
+            config = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError, yaml.YAMLError) as err:
+            raise CheckpointDamagedError(
+                f"{config_file} is not YAML ({type(err).__name__})", config_file
+            ) from None
+        if not isinstance(config, dict):
+            raise CheckpointDamagedError(
+                f"{config_file} holds no config (a {type(config).__name__})", config_file
+            )
     return dict(state)
+
+
+def _int_at_least(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def trainer_state_problem(state: Any) -> str | None:
+    """What makes ``state`` (a parsed ``trainer_state.json``) unusable by a resume, or ``None``: a
+    file that a manifest verifies may still hold the wrong thing (issue 53 D7: a bad ``history``
+    or ``version`` raised a traceback during the resume instead of falling back)."""
+    if not isinstance(state, dict):
+        return f"a {type(state).__name__}, not an object"
+    if not _int_at_least(state.get("step"), 0):
+        return f"step {state.get('step')!r} is not a whole number >= 0"
+    if "version" in state and not _int_at_least(state["version"], 0):
+        return f"version {state['version']!r} is not a whole number >= 0"
+    for key in ("adapters", "trainable"):
+        if key in state and not _names(state[key]):
+            return f"{key} is not a list of names"
+    if "num_processes" in state and not _int_at_least(state["num_processes"], 1):
+        return f"num_processes {state['num_processes']!r} is not a whole number >= 1"
+    history = state.get("history", [])
+    if not isinstance(history, list) or not all(
+        isinstance(record, dict)
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in record.values())
+        for record in history
+    ):
+        return "history is not a list of metric records (name -> number)"
+    for key, kind in (("kernel_choices", list), ("base_models", dict), ("async_rollout_steps", list)):
+        if key in state and not isinstance(state[key], kind):
+            return f"{key} is a {type(state[key]).__name__}, not a {kind.__name__}"
+    steps = state.get("async_rollout_steps", [])
+    if not all(_int_at_least(step, 0) for step in steps):
+        return "async_rollout_steps is not a list of steps"
+    return None
 
 
 def checkpoint_step(path: Path) -> int:
