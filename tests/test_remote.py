@@ -137,6 +137,34 @@ def test_a_dead_server_is_named_in_the_error():
         remote.make(url, "PlanPath-v0", connect_timeout_s=5)
 
 
+def test_a_hung_server_is_named_within_seconds_and_the_wait_is_bounded(monkeypatch, caplog):
+    """Issue 53 D5: a stopped server (SIGSTOP) stalled training for as long as it hung, up to the
+    600 s timeout, and no line named it."""
+    import logging
+    import os
+    import signal
+    import time
+
+    monkeypatch.setattr(remote, "SLOW_ANSWER_S", 0.5)
+    process = ServerProcess()
+    with process as url:
+        env = remote.make(url, "PlanPath-v0", timeout_s=3)
+        env.reset(seed=0)
+        os.kill(process.process.pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            with (
+                caplog.at_level(logging.WARNING, logger="llm_zoo.remote"),
+                pytest.raises(remote.RemoteEnvError, match="sent no answer to 'step' within 3 s"),
+            ):
+                env.step("#### []")
+            assert time.monotonic() - start < 10
+        finally:
+            os.kill(process.process.pid, signal.SIGCONT)
+    named = [r.getMessage() for r in caplog.records if r.name == "llm_zoo.remote"]
+    assert len(named) == 1 and url in named[0] and "has not answered 'step' for 0.5 s" in named[0]
+
+
 @pytest.mark.parametrize("mode", ["tree", "independent"])
 def test_training_on_two_env_servers_matches_in_process(tiny_model_dir, tmp_path, one_torch_thread, mode):
     """A 2-step run with its envs on 2 servers: the same samples, rewards and adapters as in-process."""

@@ -27,6 +27,7 @@ import builtins
 import contextlib
 import copy
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +37,11 @@ from pettingzoo import AECEnv
 from llm_zoo.core import MAX_ACTION_CHARS, MAX_PROMPT_CHARS, TextSpace
 from llm_zoo.registry import UnknownEnvError
 from llm_zoo.serve.protocol import REPLAYED_EXCEPTIONS, encode
+
+_log = logging.getLogger("llm_zoo.remote")
+#: A server silent this long on one request is named in a warning line (then waited for until the
+#: request's timeout): a hung server must not stall a run without a word.
+SLOW_ANSWER_S = 10.0
 
 __all__ = ["RemoteEnv", "RemoteEnvError", "make"]
 
@@ -87,7 +93,7 @@ class _Connection:
     def request(self, kind: str, data: dict[str, Any], expect: str) -> dict[str, Any]:
         try:
             self._ws.send(encode(kind, data))
-            raw = self._ws.recv(timeout=self.timeout_s)
+            raw = self._receive(kind)
         except TimeoutError:
             raise RemoteEnvError(
                 f"the env server at {self.url} sent no answer to {kind!r} within {self.timeout_s:g} s"
@@ -114,6 +120,22 @@ class _Connection:
                 f"the env server at {self.url} answered {kind!r} with {reply!r}, expected {expect!r}"
             )
         return payload
+
+    def _receive(self, kind: str) -> str | bytes:
+        """The answer to the frame just sent, within ``timeout_s``; a server silent for
+        :data:`SLOW_ANSWER_S` is named at once in one warning line (a hung server stalled a run for
+        its whole timeout without a word), then waited for until the timeout."""
+        first = min(SLOW_ANSWER_S, self.timeout_s)
+        try:
+            return self._ws.recv(timeout=first)
+        except TimeoutError:
+            if self.timeout_s <= first:
+                raise
+        _log.warning(
+            "the env server at %s has not answered %r for %g s (session %s); waiting up to %g s in all",
+            self.url, kind, first, self.session_id or "not made", self.timeout_s,
+        )  # fmt: skip
+        return self._ws.recv(timeout=self.timeout_s - first)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
