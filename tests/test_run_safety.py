@@ -376,3 +376,54 @@ def test_resuming_a_copied_run_writes_into_the_copy_and_leaves_the_original_alon
     assert len((copy / "metrics.jsonl").read_text().splitlines()) > len(
         (run / "metrics.jsonl").read_text().splitlines()
     )
+
+
+# --------------------------------------------------------------------------- symbolic links
+
+
+def _link_to_a_file(link, target):
+    target.write_text("x")
+    link.symlink_to(target)
+
+
+@pytest.mark.parametrize(
+    ("make_link", "message"),
+    [
+        (lambda run, tmp: run.symlink_to(tmp / "nowhere"), "is a symbolic link that points to nothing"),
+        (lambda run, tmp: run.symlink_to(run), "is a symbolic link that loops"),
+        (
+            lambda run, tmp: _link_to_a_file(run, tmp / "file"),
+            "not a directory",
+        ),
+    ],
+)
+def test_an_output_dir_link_that_cannot_hold_a_run_is_one_line(
+    make_link, message, tiny_model_dir, tmp_path, capsys
+):
+    """Issue 53 D10: a dangling or looping symlink as output_dir gave a traceback."""
+    run = tmp_path / "run"
+    config = write_toy_config(tiny_model_dir, tmp_path / "elsewhere", tmp_path / "c.yaml")
+    make_link(run, tmp_path)
+    assert main([str(config), *QUICK, "--training.max_steps", "1", "--training.output_dir", str(run)]) == 2
+    assert message in one_line_error(capsys.readouterr().err)
+
+
+def test_overwrite_removes_links_among_the_outputs_never_what_they_point_to(tiny_model_dir, tmp_path, capsys):
+    """Issue 53 D10: overwrite_output_dir over symlinked outputs deleted through the link (or raised)."""
+    real = tmp_path / "real"
+    real.mkdir()
+    config = write_toy_config(tiny_model_dir, real, tmp_path / "c.yaml")
+    assert main([str(config), *QUICK, "--training.max_steps", "1"]) == 0
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    for name in ("checkpoint-1", "adapters", "metrics.jsonl"):
+        (real / name).rename(tmp_path / f"kept-{name}")
+        (linked / name).symlink_to(tmp_path / f"kept-{name}")
+    (linked / "config.yaml").write_text((real / "config.yaml").read_text())
+    kept = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("kept-*/**/*"))
+    argv = [str(config), *QUICK, "--training.max_steps", "1", "--training.output_dir", str(linked),
+            "--training.overwrite_output_dir", "true"]  # fmt: skip
+    assert main(argv) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("kept-*/**/*")) == kept  # untouched
+    assert not (linked / "checkpoint-1").is_symlink() and (linked / "adapters").is_dir()  # the new run's own

@@ -21,6 +21,7 @@ only the run that wrote the checkpoint.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Callable, Mapping
@@ -46,7 +47,9 @@ __all__ = [
     "ResumePoint",
     "begin_run",
     "check_resume",
+    "output_dir_problem",
     "prepare_output_dir",
+    "remove_path",
     "remove_stale_temporaries",
     "restore_final_adapters",
     "run_outputs",
@@ -100,8 +103,35 @@ def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
         return []
     stale = [p for p in directory.iterdir() if p.name.startswith(STALE_PREFIXES)]
     for path in stale:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_path(path)
     return stale
+
+
+def remove_path(path: Path) -> None:
+    """Delete ``path``: a directory with what it holds, a file, or a symbolic link itself (never
+    what it points to)."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def output_dir_problem(output_dir: str | Path) -> str | None:
+    """Why ``training.output_dir`` cannot hold a run (a symbolic link that dangles or loops, a link
+    to a file, a file), or ``None``; a link to a directory is followed."""
+    path = Path(output_dir)
+    if path.is_symlink():
+        try:
+            target = path.resolve(strict=True)
+        except (OSError, RuntimeError) as err:  # RuntimeError: a loop, on some Python versions
+            why = "loops" if "loop" in str(err).lower() or getattr(err, "errno", None) == 40 else "points to nothing"
+            return f"training.output_dir {path} is a symbolic link that {why} ({os.readlink(path)})"
+        if not target.is_dir():
+            return f"training.output_dir {path} is a symbolic link to {target}, which is not a directory"
+        return None
+    if path.exists() and not path.is_dir():
+        return f"training.output_dir {path} is a file, not a directory"
+    return None
 
 
 def run_outputs(output_dir: str | Path, project_name: str | None = None) -> list[Path]:
@@ -143,11 +173,11 @@ def prepare_output_dir(config: Config, *, resuming: bool, remove: bool = True) -
             "choose another --training.output_dir, or replace it with --training.overwrite_output_dir true"
         )
     removed = run_outputs(output_dir, config.logging.project_name) if remove else []
-    for path in removed:
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
+    for path in removed:  # a symbolic link among them is removed itself, never what it points to
+        if path.is_symlink() or not path.is_dir():
             path.unlink()
+        else:
+            shutil.rmtree(path)
     if removed:
         notes.append(
             f"training.overwrite_output_dir: removed the earlier run's {', '.join(p.name for p in removed)} "
@@ -246,6 +276,9 @@ def start_run(
     ``overwrite_output_dir`` (ConfigError; nothing is deleted yet: :func:`begin_run` does), and
     warn when the launcher started fewer processes than it was asked for. Returns the resume point
     (None for a new run) and the lock (release it when the run ends)."""
+    problem = output_dir_problem(config.training.output_dir)
+    if problem:
+        raise ConfigError(f"{problem}: choose another --training.output_dir")
     point = check_resume(checkpoint, config) if checkpoint is not None else None
     lock = RunLock(config.training.output_dir)
     notes = []
