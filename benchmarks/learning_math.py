@@ -469,13 +469,21 @@ def publish(
         "overrides": overrides,
         "threads": torch.get_num_threads(),
         "steps": config.training.max_steps,
+        "eval_tasks": "distinct held-out test problems (each once)"
+        if config.eval.distinct_problems
+        else "the same seeded evaluation tasks for every variant",
         "seeds": seeds,
         "description": (
             f"{config.model.name_or_path} ({config.model.dtype}), {config.env.id} {config.env.kwargs}; LoRA r={config.lora.r};"
             f" K={config.rollout.num_generations}, {config.rollout.envs_per_step} envs/step,"
             f" {config.rollout.max_completion_length} tokens, T={config.rollout.temperature}; lr"
             f" {config.training.learning_rate}, {config.training.max_steps} steps; training seeds {seeds}; eval:"
-            f" distinct test problems {config.eval.env_kwargs}, greedy"
+            + (
+                f" distinct test problems {config.eval.env_kwargs}, greedy"
+                if config.eval.distinct_problems
+                else f" the same {config.eval.num_episodes} seeded tasks for every variant (seeds {config.eval.seed}+i,"
+                " never training seeds), greedy"
+            )
         ),
     }
     summary = summarize(variants, befores)

@@ -652,7 +652,8 @@ def learning_math(result: dict[str, Any]) -> str:
                           if rollout["team_credit_lookahead"] != 0 else f"{name}: look-ahead 0")  # fmt: skip
     return (
         f"{settings['description']} (config `{settings['config_file']}`, {settings['threads']} torch threads)."
-        " Greedy success on distinct held-out test problems (each once), pooled over the training seeds with"
+        f" Greedy success on {settings.get('eval_tasks', 'distinct held-out test problems (each once)')},"
+        " pooled over the training seeds with"
         ' 95% Wilson intervals; untrained adapters equal the base model, so each env has one "before".'
         + (f" Team credit as run: {'; '.join(credit)}." if credit else "")
         + "\n\n"
@@ -868,6 +869,21 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
         learning_math,
     ),
     (
+        "learning_team_plan_path",
+        "Two agents learning together: Plan-Path on CPU (SmolLM2-135M), AT-GRPO against the plan agent alone",
+        learning_math,
+    ),
+    (
+        "learning_team_sokoban",
+        "Two agents learning together: Sokoban on CPU (SmolLM2-135M), AT-GRPO against the plan agent alone",
+        learning_math,
+    ),
+    (
+        "learning_team_key_relay",
+        "What only a team can do: KeyRelay-v0 on CPU (SmolLM2-135M), the team against the roles trained apart",
+        learning_math,
+    ),
+    (
         "relay_reasoner_ceiling",
         "MathRelay-v0: can the base reasoner do its half? (SmolLM2-135M, oracle tool agent)",
         relay_reasoner_ceiling,
@@ -960,6 +976,18 @@ NOT_RUN = {
         "Not run yet: it needs a machine with nothing else running (it starts the busy case's load"
         " itself): `python benchmarks/threads.py`. `python benchmarks/threads.py --quick --output-dir DIR`"
         " checks the script with the tiny model (its figures mean nothing).\n"
+    ),
+    "learning_team_sokoban": (
+        "Not run yet: `python benchmarks/learning_math.py --task sokoban --threads 1 --variants"
+        " per_agent,plan_alone --seeds 0,1,2` (examples/sokoban_smollm2_learning.yaml).\n"
+    ),
+    "learning_team_key_relay": (
+        "Not run yet: `python benchmarks/learning_math.py --task key_relay --threads 1 --variants"
+        " per_agent,separate,asker_alone,holder_alone,oracle --seeds 0,1`.\n"
+    ),
+    "learning_team_plan_path": (
+        "Not run yet: `python benchmarks/learning_math.py --task plan_path --threads 1 --variants"
+        " per_agent,plan_alone,shared --seeds 0,1,2 --training.max_steps 40`.\n"
     ),
     "reproduce_paper": (
         "Not run yet: it needs a GPU (`python benchmarks/reproduce_paper.py --short` for a first look,"
