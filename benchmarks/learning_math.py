@@ -584,8 +584,8 @@ def merge_results(
             ours, theirs = part.get(key) or {}, first.get(key) or {}
             if any(ours[name] != theirs[name] for name in ours.keys() & theirs.keys()):
                 raise ValueError(f"result {index} differs from result 1 in {key!r}")
-        ours = {k: v for k, v in part["settings"].items() if k not in ("seeds", "description")}
-        theirs = {k: v for k, v in first["settings"].items() if k not in ("seeds", "description")}
+        ours = {k: v for k, v in part["settings"].items() if k not in ("seeds", "description", "eval_tasks")}
+        theirs = {k: v for k, v in first["settings"].items() if k not in ("seeds", "description", "eval_tasks")}
         if ours != theirs:
             changed = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
             raise ValueError(f"result {index} has other settings than result 1: {changed}")
