@@ -137,6 +137,35 @@ def test_a_dead_server_is_named_in_the_error():
         remote.make(url, "PlanPath-v0", connect_timeout_s=5)
 
 
+def test_a_script_that_never_closes_its_remote_env_still_exits(tmp_path):
+    """Issue 52: RemoteEnv.__del__ closed the connection during interpreter shutdown, joining
+    websockets' thread, and the script never exited (3 of 3, killed after 30 s)."""
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "forgets_close.py"
+    script.write_text(
+        "import sys\nfrom llm_zoo import remote\nfrom pettingzoo.test import api_test\n"
+        "env = remote.make(sys.argv[1], 'PlanPath-v0')\nenv.reset(seed=0)\n"
+        "api_test(remote.make(sys.argv[1], 'Math-v0'), num_cycles=2)\nprint('done')\n"
+    )
+    with ServerProcess() as url:
+        start = time.monotonic()
+        done = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and done.stdout.strip().endswith("done"), done.stderr[-500:]
+        assert time.monotonic() - start < 30
+
+
+def test_a_remote_env_is_a_context_manager_that_ends_its_session(server):
+    _, url = server
+    with remote.make(url, "PlanPath-v0") as env:
+        env.reset(seed=0)
+        assert env.agents
+    with pytest.raises(RuntimeError, match="is closed: reset after close"):
+        env.reset(seed=1)  # the session is over
+
+
 def test_a_hung_server_is_named_within_seconds_and_the_wait_is_bounded(monkeypatch, caplog):
     """Issue 53 D5: a stopped server (SIGSTOP) stalled training for as long as it hung, up to the
     600 s timeout, and no line named it."""

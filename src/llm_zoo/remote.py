@@ -23,11 +23,14 @@ the protocol raises :class:`RemoteEnvError` naming the server. Needs ``llm-zoo[s
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import contextlib
 import copy
 import json
 import logging
+import sys
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +42,10 @@ from llm_zoo.registry import UnknownEnvError
 from llm_zoo.serve.protocol import REPLAYED_EXCEPTIONS, encode
 
 _log = logging.getLogger("llm_zoo.remote")
+#: Every connection still open, closed at interpreter exit: closing one joins websockets' thread,
+#: which hangs forever once the interpreter is finalizing (a script that ended without close()
+#: never exited).
+_OPEN: weakref.WeakSet[_Connection] = weakref.WeakSet()
 #: A server silent this long on one request is named in a warning line (then waited for until the
 #: request's timeout): a hung server must not stall a run without a word.
 SLOW_ANSWER_S = 10.0
@@ -89,6 +96,7 @@ class _Connection:
                 f"cannot reach the env server at {url}: {type(err).__name__}: {err}",
                 connection_lost=True,
             ) from None
+        _OPEN.add(self)
 
     def request(self, kind: str, data: dict[str, Any], expect: str) -> dict[str, Any]:
         try:
@@ -138,10 +146,17 @@ class _Connection:
         return self._ws.recv(timeout=self.timeout_s - first)
 
     def close(self) -> None:
+        _OPEN.discard(self)
         with contextlib.suppress(Exception):
             self._ws.send(encode("close", {}))
         with contextlib.suppress(Exception):
             self._ws.close()
+
+
+@atexit.register
+def _close_open_connections() -> None:
+    for connection in list(_OPEN):
+        connection.close()
 
 
 def _server_error(url: str, data: dict[str, Any]) -> Exception:
@@ -256,8 +271,16 @@ class RemoteEnv(AECEnv):
         connection.close()
 
     def __del__(self) -> None:
+        if sys.is_finalizing():  # too late to join the connection's thread; the server ends the session
+            return
         with contextlib.suppress(Exception):
             self.close()
+
+    def __enter__(self) -> RemoteEnv:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def clone(self) -> RemoteEnv:
         """An independent copy in a new server session: stepping one never changes the other."""
