@@ -178,13 +178,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not getattr(args, name) > 0:
             print(f"llm-zoo serve: --{name.replace('_', '-')} must be > 0", file=sys.stderr)
             return 2
-    serve(
-        args.host,
-        args.port,
-        session_ttl_s=args.session_ttl,
-        max_sessions=args.max_sessions,
-        max_message_bytes=args.max_message_bytes,
-    )
+    from llm_zoo.serve.auth import read_token
+
+    try:
+        token = read_token(args.token_file)
+        serve(
+            args.host,
+            args.port,
+            session_ttl_s=args.session_ttl,
+            max_sessions=args.max_sessions,
+            max_message_bytes=args.max_message_bytes,
+            token=token,
+            allow_no_token=args.allow_no_token,
+        )
+    except ValueError as err:
+        print(f"llm-zoo serve: {err}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -210,6 +219,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-sessions", type=int, default=1024, help="sessions held at once")
     serve.add_argument(
         "--max-message-bytes", type=int, default=8 << 20, help="largest frame or body accepted"
+    )
+    serve.add_argument(
+        "--token-file",
+        default=None,
+        metavar="PATH",
+        help="serve only clients sending this file's first line as a bearer token "
+        "(default: LLM_ZOO_SERVE_TOKEN, if set)",
+    )
+    serve.add_argument(
+        "--allow-no-token",
+        action="store_true",
+        help="listen on a non-loopback --host without a token (anyone who reaches the port may use it)",
     )
     serve.add_argument(
         "--plugin",

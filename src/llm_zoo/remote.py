@@ -39,6 +39,7 @@ from pettingzoo import AECEnv
 
 from llm_zoo.core import MAX_ACTION_CHARS, MAX_PROMPT_CHARS, TextSpace
 from llm_zoo.registry import UnknownEnvError
+from llm_zoo.serve.auth import TOKEN_ENV, bearer_header
 from llm_zoo.serve.protocol import REPLAYED_EXCEPTIONS, encode
 
 _log = logging.getLogger("llm_zoo.remote")
@@ -78,19 +79,33 @@ def _ws_url(url: str) -> str:
 class _Connection:
     """One WebSocket session: send a frame, wait for its answer, turn error frames into exceptions."""
 
-    def __init__(self, url: str, *, timeout_s: float, connect_timeout_s: float):
+    def __init__(self, url: str, *, timeout_s: float, connect_timeout_s: float, token: str | None = None):
+        from websockets.exceptions import InvalidStatus
         from websockets.sync.client import connect
 
         self.url = url
         self.timeout_s = timeout_s
+        self.token = token
         self.session_id = ""
         try:
             # __enter__: the connection under websockets' current and future connect() alike
             self._ws = connect(
-                _ws_url(url), open_timeout=connect_timeout_s, max_size=None, close_timeout=2
+                _ws_url(url),
+                open_timeout=connect_timeout_s,
+                max_size=None,
+                close_timeout=2,
+                additional_headers=bearer_header(token),
             ).__enter__()
         except ValueError:
             raise
+        except InvalidStatus as err:
+            status = err.response.status_code
+            why = "refused the bearer token sent" if bearer_header(token) else "wants a bearer token"
+            raise RemoteEnvError(
+                f"the env server at {url} {why} (HTTP {status}): pass token= or set {TOKEN_ENV}"
+                if status in (401, 403)
+                else f"cannot reach the env server at {url}: HTTP {status}"
+            ) from None
         except Exception as err:
             raise RemoteEnvError(
                 f"cannot reach the env server at {url}: {type(err).__name__}: {err}",
@@ -184,8 +199,10 @@ class RemoteEnv(AECEnv):
         *,
         kwargs: dict[str, Any] | None = None,
         failover: Sequence[str] = (),
+        token: str | None = None,
     ):
         super().__init__()
+        self._token = token
         self._kwargs = dict(kwargs or {})
         #: Other servers to replay the episode on if this one is lost (see :func:`make`).
         self.failover = list(failover)
@@ -285,7 +302,9 @@ class RemoteEnv(AECEnv):
     def clone(self) -> RemoteEnv:
         """An independent copy in a new server session: stepping one never changes the other."""
         info = self._request("clone", {}, "session")
-        connection = _Connection(self.url, timeout_s=self._connection.timeout_s, connect_timeout_s=30.0)
+        connection = _Connection(
+            self.url, timeout_s=self._connection.timeout_s, connect_timeout_s=30.0, token=self._token
+        )
         try:
             connection.request("attach", {"session_id": info["session_id"]}, "session")
         except Exception:
@@ -335,7 +354,9 @@ class RemoteEnv(AECEnv):
         for url in list(self.failover):
             connection: _Connection | None = None
             try:
-                connection = _Connection(url, timeout_s=self._connection.timeout_s, connect_timeout_s=30.0)
+                connection = _Connection(
+                    url, timeout_s=self._connection.timeout_s, connect_timeout_s=30.0, token=self._token
+                )
                 info = connection.request("make", {"env_id": self.env_id, "kwargs": self._kwargs}, "session")
                 for kind, data in self._log or []:
                     connection.request(kind, data, "observation")
@@ -401,6 +422,7 @@ def make(
     timeout_s: float = 300.0,
     connect_timeout_s: float = 30.0,
     failover: Sequence[str] = (),
+    token: str | None = None,
     **kwargs: Any,
 ) -> RemoteEnv:
     """Make ``env_id`` with ``kwargs`` on the server at ``url`` and return it as an AEC env.
@@ -413,6 +435,8 @@ def make(
         failover: Other servers: when ``url`` is lost mid-episode, the episode is replayed on the
             first of them that answers (made, reset with its seed, every step since) and goes on
             there; an episode reset without a seed cannot move.
+        token: The server's bearer token (:mod:`llm_zoo.serve.auth`); default
+            ``LLM_ZOO_SERVE_TOKEN`` from the environment, if set.
         **kwargs: The env's constructor arguments, as for :func:`llm_zoo.make` (JSON values).
 
     Raises:
@@ -422,10 +446,12 @@ def make(
     render_mode = kwargs.get("render_mode")
     if render_mode == "human":
         kwargs["render_mode"] = "ansi"  # the picture is printed here, not in the server's log
-    connection = _Connection(url, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
+    connection = _Connection(url, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, token=token)
     try:
         info = connection.request("make", {"env_id": env_id, "kwargs": kwargs}, "session")
     except Exception:
         connection.close()
         raise
-    return RemoteEnv(connection, info, render_mode, kwargs=kwargs, failover=[u for u in failover if u != url])
+    return RemoteEnv(
+        connection, info, render_mode, kwargs=kwargs, failover=[u for u in failover if u != url], token=token
+    )

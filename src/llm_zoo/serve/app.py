@@ -28,12 +28,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from llm_zoo.registry import UnknownEnvError, make, registry
+from llm_zoo.serve.auth import TokenMiddleware
 from llm_zoo.serve.protocol import ProtocolError, decode, encode, error_frame, is_done, observation_payload
 from llm_zoo.serve.sessions import Session, SessionStore
 
@@ -396,7 +398,11 @@ def _state(session: Session) -> dict[str, Any]:
 
 
 def create_app(
-    *, session_ttl_s: float = 600.0, max_sessions: int = 1024, max_message_bytes: int = 8 << 20
+    *,
+    session_ttl_s: float = 600.0,
+    max_sessions: int = 1024,
+    max_message_bytes: int = 8 << 20,
+    token: str | None = None,
 ) -> Starlette:
     """The ASGI app. Serve it with uvicorn's ``ws_max_size`` equal to ``max_message_bytes``
     (:func:`llm_zoo.serve.run` does).
@@ -405,6 +411,8 @@ def create_app(
         session_ttl_s: A session unused for this long expires, its env closed.
         max_sessions: Sessions held at once (clones included); more are refused.
         max_message_bytes: Largest WebSocket frame / HTTP body accepted.
+        token: Serve only requests carrying ``Authorization: Bearer TOKEN``
+            (:mod:`llm_zoo.serve.auth`); ``None`` serves everyone who can reach the server.
     """
     store = SessionStore(session_ttl_s, max_sessions)
     server = _Server(store, int(max_message_bytes))
@@ -435,6 +443,7 @@ def create_app(
     for what in ("health", "state", "metadata", "schema"):
         routes.append(Route(f"/{what}", server.http_get, methods=["GET"]))
         routes.append(Route(f"/envs/{{env_id:path}}/{what}", server.http_get, methods=["GET"]))
-    app = Starlette(routes=routes, lifespan=lifespan)
+    middleware = [Middleware(TokenMiddleware, token=token)] if token is not None else []
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.sessions = store
     return app

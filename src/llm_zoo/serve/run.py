@@ -19,6 +19,7 @@ from typing import Any
 import uvicorn
 
 from llm_zoo.serve.app import create_app
+from llm_zoo.serve.auth import bind_problem
 
 __all__ = ["ServerProcess", "ServerThread", "serve"]
 
@@ -56,11 +57,20 @@ def serve(
     session_ttl_s: float = 600.0,
     max_sessions: int = 1024,
     max_message_bytes: int = 8 << 20,
+    token: str | None = None,
+    allow_no_token: bool = False,
 ) -> None:
     """Serve until interrupted; print :data:`READY_PREFIX` and the URL once listening (port 0
-    picks a free port)."""
+    picks a free port). ``token``: serve only requests carrying it (:mod:`llm_zoo.serve.auth`);
+    a non-loopback ``host`` without one is refused (``ValueError``) unless ``allow_no_token``."""
+    problem = bind_problem(host, token, allow_no_token)
+    if problem:
+        raise ValueError(problem)
     app = create_app(
-        session_ttl_s=session_ttl_s, max_sessions=max_sessions, max_message_bytes=max_message_bytes
+        session_ttl_s=session_ttl_s,
+        max_sessions=max_sessions,
+        max_message_bytes=max_message_bytes,
+        token=token,
     )
     sock = _bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]

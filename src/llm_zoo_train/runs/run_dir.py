@@ -124,7 +124,11 @@ def output_dir_problem(output_dir: str | Path) -> str | None:
         try:
             target = path.resolve(strict=True)
         except (OSError, RuntimeError) as err:  # RuntimeError: a loop, on some Python versions
-            why = "loops" if "loop" in str(err).lower() or getattr(err, "errno", None) == 40 else "points to nothing"
+            why = (
+                "loops"
+                if "loop" in str(err).lower() or getattr(err, "errno", None) == 40
+                else "points to nothing"
+            )
             return f"training.output_dir {path} is a symbolic link that {why} ({os.readlink(path)})"
         if not target.is_dir():
             return f"training.output_dir {path} is a symbolic link to {target}, which is not a directory"
