@@ -141,6 +141,40 @@ def test_malformed_frames_get_errors_and_the_session_goes_on(thread_server):
         assert reply["type"] == "observation" and reply["data"]["reward"] == 1.0
 
 
+def test_deeply_nested_json_gets_an_error_frame_and_a_4xx(thread_server):
+    """Issue 52: deeply nested JSON closed the WebSocket with no error frame, and HTTP /reset
+    answered 500 (the parser's RecursionError)."""
+    _, url = thread_server
+    deep = "[" * 100_000 + "]" * 100_000
+    nested_kwargs = json.dumps(
+        {
+            "type": "make",
+            "data": {"env_id": "PlanPath-v0", "kwargs": {"rows": json.loads("[" * 80 + "]" * 80)}},
+        }
+    )
+    with ws(url, "/envs/test/ServeKeyword-v0/ws") as conn:
+        for frame in (
+            deep,
+            json.dumps({"type": "reset", "data": {"seed": 0, "options": json.loads("[" * 200 + "]" * 200)}}),
+            nested_kwargs,
+        ):
+            conn.send(frame)
+            reply = json.loads(conn.recv(timeout=10))
+            assert reply["type"] == "error" and reply["data"]["code"] == "INVALID_JSON"
+            assert "deeper than 64 levels" in reply["data"]["message"]
+        assert ask(conn, "reset", {"seed": 1})["type"] == "observation"  # the session goes on
+    host, port = url.rsplit("/", 1)[-1].split(":")
+    conn_http = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn_http.request(
+            "POST", "/envs/PlanPath-v0/reset", body=deep, headers={"Content-Type": "application/json"}
+        )
+        response = conn_http.getresponse()
+        assert response.status == 400 and "deeper than 64" in json.loads(response.read())["detail"]
+    finally:
+        conn_http.close()
+
+
 def test_step_after_the_end_is_refused(thread_server):
     _, url = thread_server
     with ws(url, "/envs/test/ServeKeyword-v0/ws") as conn:

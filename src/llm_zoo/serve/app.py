@@ -36,7 +36,15 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from llm_zoo.registry import UnknownEnvError, make, registry
 from llm_zoo.serve.auth import TokenMiddleware
-from llm_zoo.serve.protocol import ProtocolError, decode, encode, error_frame, is_done, observation_payload
+from llm_zoo.serve.protocol import (
+    ProtocolError,
+    decode,
+    encode,
+    error_frame,
+    is_done,
+    observation_payload,
+    parse_json,
+)
 from llm_zoo.serve.sessions import Session, SessionStore
 
 __all__ = ["ACTION_SCHEMA", "create_app"]
@@ -275,10 +283,7 @@ class _Server:
                 )
         if not body.strip():
             return {}
-        try:
-            data = json.loads(bytes(body))
-        except ValueError as err:
-            raise ProtocolError("INVALID_JSON", f"the body is not valid JSON: {err}") from None
+        data = parse_json(bytes(body), "the body")
         if not isinstance(data, dict):
             raise ProtocolError("INVALID_JSON", f"the body must be a JSON object, got {type(data).__name__}")
         return data

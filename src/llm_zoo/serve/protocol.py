@@ -19,12 +19,14 @@ from typing import Any
 __all__ = [
     "CLIENT_TYPES",
     "ERROR_CODES",
+    "MAX_JSON_DEPTH",
     "ProtocolError",
     "decode",
     "encode",
     "error_frame",
     "is_done",
     "observation_payload",
+    "parse_json",
 ]
 
 #: Message types a client may send.
@@ -80,16 +82,49 @@ def encode(kind: str, data: dict[str, Any]) -> str:
     return json.dumps({"type": kind, "data": data}, default=_plain)
 
 
+#: Deepest nesting of arrays and objects a frame or body may have: no env argument needs more, and
+#: a deeper one (``[[[[...]]]]``) made the parser raise RecursionError, which closed the WebSocket
+#: without an error frame and answered HTTP 500.
+MAX_JSON_DEPTH = 64
+
+
+def parse_json(text: str | bytes, what: str) -> Any:
+    """``text`` parsed as JSON; :class:`ProtocolError` (``INVALID_JSON``) when it is not JSON or
+    nests deeper than :data:`MAX_JSON_DEPTH`."""
+    try:
+        value = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ProtocolError("INVALID_JSON", f"{what} is not valid JSON: {err}") from None
+    except RecursionError:
+        value = None
+        deep = True
+    else:
+        deep = _deeper_than(value, MAX_JSON_DEPTH)
+    if deep:
+        raise ProtocolError(
+            "INVALID_JSON", f"{what} nests arrays or objects deeper than {MAX_JSON_DEPTH} levels"
+        )
+    return value
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
 def decode(text: str | bytes) -> tuple[str, dict[str, Any]]:
     """Parse one client frame into ``(type, data)``.
 
     Raises:
         ProtocolError: The frame is not a JSON object with a known ``type`` and an object ``data``.
     """
-    try:
-        message = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ProtocolError("INVALID_JSON", f"the frame is not valid JSON: {err}") from None
+    message = parse_json(text, "the frame")
     if not isinstance(message, dict):
         raise ProtocolError(
             "INVALID_JSON",
