@@ -114,6 +114,8 @@ def test_unknown_env_and_bad_kwargs_name_the_problem_and_leave_no_session(thread
         assert len(thread.app.state.sessions) == 0
         reply = ask(conn, "reset", {"seed": 0})  # nothing made: say so
         assert reply["data"]["code"] == "SESSION_ERROR" and "make" in reply["data"]["message"]
+        # an OpenEnv client on the root URL is told where the envs are (issue 52)
+        assert "/envs/ENV_ID" in reply["data"]["message"] and "PlanPath-v0" in reply["data"]["message"]
     with ws(url, "/envs/Nope-v0/ws") as conn:
         reply = ask(conn, "reset", {"seed": 0})
         assert reply["data"]["code"] == "FACTORY_ERROR" and "Nope-v0" in reply["data"]["message"]

@@ -223,9 +223,12 @@ class _Server:
             if kind == "reset" and path_env_id is not None:
                 session = await self._make(path_env_id, {}, attached=True)
             else:
+                ids = ", ".join(sorted(registry))
                 raise ProtocolError(
                     "SESSION_ERROR",
-                    f'{kind} before make: send {{"type": "make", "data": {{"env_id": ...}}}} first',
+                    f"{kind} before make: connect to /envs/ENV_ID/ws (OpenEnv clients: base URL "
+                    f'http://HOST:PORT/envs/ENV_ID), or send {{"type": "make", "data": {{"env_id": ...}}}} '
+                    f"first; env ids: {ids}",
                 )
         self.store.touch(session)
         env = session.env
