@@ -77,3 +77,33 @@ def test_the_command_line_refuses_an_open_server_and_a_short_token(tmp_path, mon
     assert read_token(short) == TOKEN
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     assert read_token(None) == TOKEN
+
+
+# --------------------------------------------------------------------------- operator-chosen arguments
+
+
+def test_arguments_naming_a_file_or_raising_a_bound_are_refused_unless_allowed(tmp_path):
+    """Issue 52: ``Math-v0 dataset=<server path>`` showed a planted file in the prompt, and Code-v0's
+    ``timeout`` could be raised to 600 s by any client."""
+    planted = tmp_path / "secret.jsonl"
+    planted.write_text(json.dumps({"problem": "the operator's secret", "answer": "1"}) + "\n")
+    with ServerThread() as url:
+        with pytest.raises(remote.RemoteEnvError, match=r"names a file on the server.*--allow-arg dataset"):
+            remote.make(url, "Math-v0", dataset=str(planted))
+        with pytest.raises(remote.RemoteEnvError, match=r"raises a resource bound above the server's 3\.0"):
+            remote.make(url, "Code-v0", timeout=600)
+        with remote.make(url, "Code-v0", timeout=1.0) as env:  # lowering a bound is fine
+            env.reset(seed=0)
+        with remote.make(url, "Math-v0", dataset="generated") as env:  # a built-in set is not a file
+            env.reset(seed=0)
+    with ServerThread(allowed_arguments=["dataset"], env_ids=["Math-v0"]) as url:
+        with remote.make(url, "Math-v0", dataset=str(planted), split="train") as env:
+            env.reset(seed=0)
+            assert "the operator's secret" in env.observe(env.agent_selection)["prompt"]
+        with pytest.raises(Exception, match="'PlanPath-v0' is not served here; served: Math-v0"):
+            remote.make(url, "PlanPath-v0")
+
+
+def test_the_command_line_names_an_unknown_served_env(capsys):
+    assert main(["serve", "--env", "Nope-v0", "--port", "0"]) == 2
+    assert "--env Nope-v0: unknown env; registered:" in capsys.readouterr().err

@@ -178,7 +178,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not getattr(args, name) > 0:
             print(f"llm-zoo serve: --{name.replace('_', '-')} must be > 0", file=sys.stderr)
             return 2
+    from llm_zoo.registry import registry
     from llm_zoo.serve.auth import read_token
+
+    unknown = [env_id for env_id in args.env if env_id not in registry]
+    if unknown:
+        print(
+            f"llm-zoo serve: --env {unknown[0]}: unknown env; registered: {', '.join(sorted(registry))}",
+            file=sys.stderr,
+        )
+        return 2
 
     try:
         token = read_token(args.token_file)
@@ -190,6 +199,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_message_bytes=args.max_message_bytes,
             token=token,
             allow_no_token=args.allow_no_token,
+            env_ids=args.env or None,
+            allowed_arguments=args.allow_arg,
         )
     except ValueError as err:
         print(f"llm-zoo serve: {err}", file=sys.stderr)
@@ -231,6 +242,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-no-token",
         action="store_true",
         help="listen on a non-loopback --host without a token (anyone who reaches the port may use it)",
+    )
+    serve.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="ENV_ID",
+        help="serve only this env (repeat for several; default: every registered env)",
+    )
+    serve.add_argument(
+        "--allow-arg",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="let clients set constructor argument NAME to a file path or above its default bound",
     )
     serve.add_argument(
         "--plugin",

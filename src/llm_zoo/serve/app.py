@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 from starlette.applications import Starlette
@@ -35,6 +35,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from llm_zoo.registry import UnknownEnvError, make, registry
+from llm_zoo.serve.arguments import argument_problem
 from llm_zoo.serve.auth import TokenMiddleware
 from llm_zoo.serve.protocol import (
     ProtocolError,
@@ -119,9 +120,19 @@ def session_info(session: Session) -> dict[str, Any]:
 class _Server:
     """The routes' shared state: the session store and the limits."""
 
-    def __init__(self, store: SessionStore, max_message_bytes: int):
+    def __init__(
+        self,
+        store: SessionStore,
+        max_message_bytes: int,
+        env_ids: Collection[str] | None = None,
+        allowed_arguments: Collection[str] = (),
+    ):
         self.store = store
         self.max_message_bytes = max_message_bytes
+        #: The env ids served (None: every registered env).
+        self.env_ids = set(env_ids) if env_ids is not None else None
+        #: Argument names clients may set freely (llm_zoo.serve.arguments).
+        self.allowed_arguments = set(allowed_arguments)
 
     # ------------------------------------------------------------------ env calls
 
@@ -146,6 +157,15 @@ class _Server:
             raise ProtocolError(
                 "VALIDATION_ERROR", f"make's data.kwargs must be an object, got {type(kwargs).__name__}"
             )
+        if self.env_ids is not None and env_id not in self.env_ids:
+            served = ", ".join(sorted(self.env_ids))
+            raise ProtocolError(
+                "FACTORY_ERROR", f"{env_id!r} is not served here; served: {served}", "UnknownEnvError"
+            )
+        if env_id in registry:
+            problem = argument_problem(env_id, registry[env_id].load(), kwargs, self.allowed_arguments)
+            if problem:
+                raise ProtocolError("FACTORY_ERROR", problem, "PermissionError")
         try:
             env = await asyncio.to_thread(make, env_id, **kwargs)
         except UnknownEnvError as err:
@@ -411,6 +431,8 @@ def create_app(
     max_sessions: int = 1024,
     max_message_bytes: int = 8 << 20,
     token: str | None = None,
+    env_ids: Collection[str] | None = None,
+    allowed_arguments: Collection[str] = (),
 ) -> Starlette:
     """The ASGI app. Serve it with uvicorn's ``ws_max_size`` equal to ``max_message_bytes``
     (:func:`llm_zoo.serve.run` does).
@@ -421,9 +443,12 @@ def create_app(
         max_message_bytes: Largest WebSocket frame / HTTP body accepted.
         token: Serve only requests carrying ``Authorization: Bearer TOKEN``
             (:mod:`llm_zoo.serve.auth`); ``None`` serves everyone who can reach the server.
+        env_ids: The env ids clients may make (``None``: every registered env).
+        allowed_arguments: Constructor argument names clients may set even to name a file or
+            raise a resource bound (:mod:`llm_zoo.serve.arguments`).
     """
     store = SessionStore(session_ttl_s, max_sessions)
-    server = _Server(store, int(max_message_bytes))
+    server = _Server(store, int(max_message_bytes), env_ids, allowed_arguments)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

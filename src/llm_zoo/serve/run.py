@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -59,6 +60,8 @@ def serve(
     max_message_bytes: int = 8 << 20,
     token: str | None = None,
     allow_no_token: bool = False,
+    env_ids: Sequence[str] | None = None,
+    allowed_arguments: Sequence[str] = (),
 ) -> None:
     """Serve until interrupted; print :data:`READY_PREFIX` and the URL once listening (port 0
     picks a free port). ``token``: serve only requests carrying it (:mod:`llm_zoo.serve.auth`);
@@ -71,6 +74,8 @@ def serve(
         max_sessions=max_sessions,
         max_message_bytes=max_message_bytes,
         token=token,
+        env_ids=env_ids,
+        allowed_arguments=allowed_arguments,
     )
     sock = _bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]

@@ -159,8 +159,10 @@ def check_envs_answer(
                     url, env_id, timeout_s=timeout_s, connect_timeout_s=timeout_s, **dict(kwargs)
                 )
                 env.reset(seed=0)
-            except remote.RemoteEnvError as err:
-                failures.append(f"{url}: {str(err).splitlines()[0]}")
+            except Exception as err:  # unreachable, refused (token, arguments, env id), or the env failed
+                failures.append(
+                    f"{url}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                )
                 break
             finally:
                 if env is not None:
