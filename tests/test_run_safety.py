@@ -151,6 +151,29 @@ def test_interrupted_eval_is_one_line(capsys, monkeypatch):
     assert err.strip() == "llm-zoo-train eval: interrupted; nothing was written"
 
 
+def test_sigterm_while_the_model_loads_or_eval_runs_is_one_line(
+    tiny_model_dir, tmp_path, capsys, monkeypatch
+):
+    """Issue 53 D11: SIGTERM during the model load or ``eval`` killed the process with no line (-15)."""
+    import llm_zoo_train.evaluation.cli as eval_cli
+    import llm_zoo_train.trainer as trainer_module
+
+    def terminated_while_loading(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM was not handled")  # pragma: no cover
+
+    monkeypatch.setattr(trainer_module.Trainer, "__init__", terminated_while_loading)
+    config = write_toy_config(tiny_model_dir, tmp_path / "run", tmp_path / "c.yaml")
+    assert main([str(config), *QUICK]) == 143
+    assert (
+        capsys.readouterr().err.strip().endswith("llm-zoo-train: SIGTERM while loading; nothing was trained")
+    )
+    monkeypatch.setattr(eval_cli, "main", terminated_while_loading)
+    assert main(["eval", "somewhere"]) == 143
+    assert capsys.readouterr().err.strip() == "llm-zoo-train eval: SIGTERM; nothing was written"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored after each command
+
+
 # --------------------------------------------------------------------------- the run lock
 
 

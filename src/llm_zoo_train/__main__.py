@@ -10,7 +10,9 @@ names, types, values, the env id and the agents - before any model is loaded.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -105,8 +107,29 @@ def parse_args(argv: Sequence[str]) -> tuple[str | None, bool, str | None, bool,
     return config_path, resume, resume_dir, print_config, overrides
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside a training loop (model load, final save, ``eval``): handled where Ctrl-C is."""
+
+    signal_name = "SIGTERM"
+    exit_code = 128 + signal.SIGTERM
+
+
+def _terminated(number: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """The console script; returns the exit status (2: bad input, with a one-line message)."""
+    """The console script; returns the exit status (2: bad input, with a one-line message).
+
+    SIGTERM is handled as Ctrl-C is, wherever it comes (a job scheduler's stop during the model
+    load, the final save or ``eval`` killed the process with no line: issue 53 D11): one line, and
+    exit status 143. The training loop's own handler (:mod:`llm_zoo_train.runs.interrupts`) takes
+    over while it runs and saves a checkpoint."""
+    previous = (
+        signal.signal(signal.SIGTERM, _terminated)
+        if threading.current_thread() is threading.main_thread()
+        else None
+    )
     try:
         return _main(list(sys.argv[1:] if argv is None else argv))
     except ModuleNotFoundError as err:
@@ -119,6 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _main(argv: list[str]) -> int:
@@ -127,9 +153,10 @@ def _main(argv: list[str]) -> int:
 
         try:
             return eval_main(argv[1:])
-        except KeyboardInterrupt:
-            print("llm-zoo-train eval: interrupted; nothing was written", file=sys.stderr)
-            return 130
+        except KeyboardInterrupt as interrupted:
+            name = getattr(interrupted, "signal_name", "interrupted")
+            print(f"llm-zoo-train eval: {name}; nothing was written", file=sys.stderr)
+            return getattr(interrupted, "exit_code", 130)
     if "-h" in argv or "--help" in argv:
         from llm_zoo_train.config import format_help
 
@@ -213,9 +240,10 @@ def _main(argv: list[str]) -> int:
     ) as err:
         print(f"llm-zoo-train: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("llm-zoo-train: interrupted while loading; nothing was trained", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupted:
+        name = getattr(interrupted, "signal_name", "interrupted")
+        print(f"llm-zoo-train: {name} while loading; nothing was trained", file=sys.stderr)
+        return getattr(interrupted, "exit_code", 130)
     except OSError as err:
         return _write_failed(err, config.training.output_dir)
     try:
