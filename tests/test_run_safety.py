@@ -174,6 +174,35 @@ def test_sigterm_while_the_model_loads_or_eval_runs_is_one_line(
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored after each command
 
 
+def test_an_evaluation_stopped_by_sigterm_is_run_again_on_resume(
+    tiny_model_dir, tmp_path, capsys, monkeypatch
+):
+    """Issue 53 D12: an evaluation interrupted by SIGTERM was dropped from metrics.jsonl and never
+    re-run, without a word."""
+    from llm_zoo_train.trainer import Trainer as RealTrainer
+
+    calls = []
+    real = RealTrainer._evaluation_metrics
+
+    def stopped_once(self):
+        calls.append(self.step)
+        if calls.count(1) == 1 and self.step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # the trainer's own handler stops the run here
+        return real(self)
+
+    monkeypatch.setattr(RealTrainer, "_evaluation_metrics", stopped_once)
+    config = write_toy_config(tiny_model_dir, tmp_path / "run", tmp_path / "c.yaml")
+    argv = [str(config), "--eval.num_episodes", "2", "--eval.eval_steps", "1", "--training.max_steps", "2"]
+    assert main(argv) == 143
+    assert "SIGTERM: stopped after step 1" in capsys.readouterr().err
+    assert main([*argv, "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "the evaluation of step 1 was interrupted: running it again" in out
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evaluated = sorted({r["step"] for r in records if "eval/success_rate" in r})
+    assert evaluated == [0, 1, 2]  # before training, the interrupted step 1 (run again), step 2
+
+
 # --------------------------------------------------------------------------- the run lock
 
 

@@ -214,6 +214,21 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
+    def _interrupted_evaluation(self) -> bool:
+        """Whether the resumed checkpoint's step was due an evaluation its record lacks."""
+        evaluation = self.config.eval
+        if (
+            self.resume_point is None
+            or self.step == 0
+            or not evaluation.num_episodes
+            or not evaluation.eval_steps
+        ):
+            return False
+        if self.step % evaluation.eval_steps:
+            return False
+        record = next((r for r in reversed(self.history) if r.get("step") == self.step), {})
+        return "eval/success_rate" not in record
+
     def train(self, *, stop_after_step: int | None = None) -> dict[str, Any]:
         """Run until ``training.max_steps`` (or, for tests, return right after ``stop_after_step``).
 
@@ -246,6 +261,12 @@ class Trainer:
                 metrics = self._evaluation_metrics()
                 logger.log(0, metrics)
                 logger.print(f"eval success rate before training: {_describe(metrics)}")
+            if self._interrupted_evaluation():
+                # the step's record was kept without it (a signal stopped it): it is run now, not lost
+                logger.print(f"the evaluation of step {self.step} was interrupted: running it again")
+                metrics = self._evaluation_metrics()
+                logger.log(self.step, metrics)
+                logger.print(f"eval success rate at step {self.step}: {_describe(metrics)}")
             while self.step < max_steps:
                 step = self.step + 1
                 metrics = self.train_step(step)
