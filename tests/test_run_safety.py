@@ -203,6 +203,47 @@ def test_an_evaluation_stopped_by_sigterm_is_run_again_on_resume(
     assert evaluated == [0, 1, 2]  # before training, the interrupted step 1 (run again), step 2
 
 
+def test_the_finishing_resume_of_an_interrupted_final_save_leaves_nothing_behind(
+    tiny_model_dir, tmp_path, capsys
+):
+    """Issue 53 D11: after an interrupted final adapter save, the finishing --resume wrote the
+    adapters without the run's lock and left the temporary directory and the dead run's lock."""
+    import shutil
+
+    config = write_toy_config(tiny_model_dir, tmp_path / "run", tmp_path / "c.yaml")
+    argv = [str(config), *QUICK, "--training.max_steps", "2", "--training.save_steps", "1"]
+    assert main(argv) == 0
+    run = tmp_path / "run"
+    shutil.copytree(run / "adapters", run / ".tmp-adapters-abc123")  # the save was cut here
+    shutil.rmtree(run / "adapters")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = {"pid": dead.pid, "host": socket.gethostname(), "started": "2026-01-01T00:00:00+00:00"}
+    (run / ".llm-zoo-train.lock").write_text(json.dumps(lock))
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "took over the stale lock" in out and "removed an unfinished write" in out
+    assert sorted(p.name for p in run.iterdir()) == [
+        "adapters",
+        "checkpoint-1",
+        "checkpoint-2",
+        "config.yaml",
+        "metrics.jsonl",
+    ]
+    # A live run holding the lock is not disturbed: the finishing resume refuses in one line.
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run / ".llm-zoo-train.lock").write_text(json.dumps({**lock, "pid": holder.pid}))
+        shutil.rmtree(run / "adapters")
+        assert main([*argv, "--resume"]) == 2
+        assert "is in use by a run still going" in one_line_error(capsys.readouterr().err)
+        assert not (run / "adapters").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 # --------------------------------------------------------------------------- the run lock
 
 

@@ -167,7 +167,8 @@ def _main(argv: list[str]) -> int:
 
     from llm_zoo_train.config import ConfigError, config_to_dict, load_config, validate
     from llm_zoo_train.runs.checkpoint import CheckpointDamagedError, find_checkpoint
-    from llm_zoo_train.runs.run_dir import check_resume, restore_final_adapters
+    from llm_zoo_train.runs.lock import RunLockedError
+    from llm_zoo_train.runs.run_dir import check_resume, complete_finished_run
 
     try:
         config_path, resume, resume_dir, print_config, overrides = parse_args(argv)
@@ -198,11 +199,11 @@ def _main(argv: list[str]) -> int:
     if resume_point is not None and resume_point.finished(config.training.max_steps):
         print(resume_point.describe(config.training.max_steps))  # before any model loads
         try:
-            note = restore_final_adapters(resume_point)  # killed during the final save
-        except OSError as err:
+            notes = complete_finished_run(resume_point)  # killed during the final save
+        except (OSError, RunLockedError) as err:
             print(f"llm-zoo-train: error: {err}", file=sys.stderr)
             return 2
-        if note:
+        for note in notes:
             print(note)
         return 0
 

@@ -47,6 +47,7 @@ __all__ = [
     "ResumePoint",
     "begin_run",
     "check_resume",
+    "complete_finished_run",
     "output_dir_problem",
     "prepare_output_dir",
     "remove_path",
@@ -334,6 +335,26 @@ def save_final_adapters(output_dir: str | Path, policy: Any, write_cards: Callab
         write_cards(directory)
 
     return write_checkpoint(Path(output_dir) / "adapters", write, manifest=False)
+
+
+def complete_finished_run(point: ResumePoint) -> list[str]:
+    """For ``--resume`` of a finished run: under the run's lock (a dead run's is taken over, a
+    live one refuses with :class:`~llm_zoo_train.runs.lock.RunLockedError`), remove what an
+    interrupted write left and write the final adapters when they are missing
+    (:func:`restore_final_adapters`); the lock is released. Returns the notes to print."""
+    output_dir = point.checkpoint.parent
+    lock = RunLock(output_dir)
+    taken_over = lock.acquire()
+    try:
+        notes = [taken_over] if taken_over else []
+        notes += [
+            f"removed an unfinished write (checkpoint or adapters): {p}"
+            for p in remove_stale_temporaries(output_dir)
+        ]
+        restored = restore_final_adapters(point)
+        return notes + ([restored] if restored else [])
+    finally:
+        lock.release()
 
 
 def restore_final_adapters(point: ResumePoint) -> str | None:
