@@ -237,11 +237,30 @@ def test_dropped_connection_leaves_no_session(thread_server):
     assert len(thread.app.state.sessions) == 2
     conn.socket.shutdown(socket.SHUT_RDWR)  # no close frame: the client vanished
     conn.socket.close()
-    deadline = time.monotonic() + 10
-    while len(thread.app.state.sessions) > 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert len(thread.app.state.sessions) == 1  # the clone waits for its TTL
-    thread.app.state.sessions.close_all()
+    # the clone nobody attached to ends with the connection that made it (issue 52: clones outlived
+    # their connection for the whole TTL, so one client could hold every slot)
+    assert wait_for_no_sessions(thread) == 0
+
+
+def test_one_connection_cannot_fill_the_server_with_clones():
+    """Issue 52: one connection made 963 clones in 0.6 s and filled all 1,024 slots for 600 s."""
+    thread = ServerThread(max_sessions=200)
+    with thread as url, ws(url) as conn:
+        assert ask(conn, "make", {"env_id": "test/ServeKeyword-v0"})["type"] == "session"
+        replies = [ask(conn, "clone") for _ in range(70)]
+        made = [r["data"]["session_id"] for r in replies if r["type"] == "session"]
+        refused = [r for r in replies if r["type"] == "error"]
+        assert len(made) == 64 and refused and refused[0]["data"]["code"] == "CAPACITY_REACHED"
+        with ws(url) as other:  # an attached clone belongs to its new connection: it is kept
+            assert ask(other, "attach", {"session_id": made[0]})["type"] == "session"
+            assert ask(conn, "clone")["type"] == "session"  # the attached one no longer counts
+            conn.close()
+            deadline = time.monotonic() + 10
+            while len(thread.app.state.sessions) > 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert len(thread.app.state.sessions) == 1  # only the attached clone is left
+            assert ask(other, "reset", {"seed": 0})["type"] == "observation"
+        assert wait_for_no_sessions(thread) == 0
 
 
 def test_sessions_expire_after_their_ttl():

@@ -133,6 +133,9 @@ class _Server:
         self.env_ids = set(env_ids) if env_ids is not None else None
         #: Argument names clients may set freely (llm_zoo.serve.arguments).
         self.allowed_arguments = set(allowed_arguments)
+        #: Clones one connection may hold before anyone attaches to them (one connection made 963
+        #: in 0.6 s and filled every slot of the server).
+        self.max_detached_clones = MAX_DETACHED_CLONES
 
     # ------------------------------------------------------------------ env calls
 
@@ -184,6 +187,7 @@ class _Server:
         path_env_id = websocket.path_params.get("env_id")
         await websocket.accept()
         session: Session | None = None
+        clones: set[str] = set()  # detached clones this connection made: they end with it
         try:
             while True:
                 message = await websocket.receive()
@@ -202,7 +206,7 @@ class _Server:
                             "SESSION_ERROR",
                             f"the session expired after {self.store.ttl_s:g} s without a message; make a new one",
                         )
-                    reply, session = await self._handle(kind, data, session, path_env_id)
+                    reply, session = await self._handle(kind, data, session, path_env_id, clones)
                 except ProtocolError as err:
                     reply = error_frame(err)
                 await websocket.send_text(reply)
@@ -211,11 +215,18 @@ class _Server:
         finally:
             if session is not None:
                 self.store.remove(session.id)
+            for clone_id in clones:  # a clone nobody attached to is gone with the connection that made it
+                self.store.remove_detached(clone_id)
             with contextlib.suppress(Exception):
                 await websocket.close()
 
     async def _handle(
-        self, kind: str, data: dict[str, Any], session: Session | None, path_env_id: str | None
+        self,
+        kind: str,
+        data: dict[str, Any],
+        session: Session | None,
+        path_env_id: str | None,
+        clones: set[str] | None = None,
     ) -> tuple[str, Session | None]:
         if kind == "make":
             env_id = data.get("env_id", path_env_id)
@@ -280,8 +291,17 @@ class _Server:
             text = await self._call(session, "render", env.render)
             return encode("render", {"text": text}), session
         # clone
+        clones = clones if clones is not None else set()
+        clones.intersection_update(self.store.detached_ids())  # attached or expired ones no longer count
+        if len(clones) >= self.max_detached_clones:
+            raise ProtocolError(
+                "CAPACITY_REACHED",
+                f"this connection holds {len(clones)} clones nobody attached to, the server's limit per "
+                "connection: attach to them (or let them expire) before cloning again",
+            )
         twin = await self._call(session, "clone", env.clone)
         copy = self.store.add(session.env_id, twin, attached=False, kwargs=session.kwargs)
+        clones.add(copy.id)
         copy.steps = session.steps
         return encode("session", session_info(copy)), session
 
@@ -423,6 +443,10 @@ def _state(session: Session) -> dict[str, Any]:
         "turn": getattr(env, "turn", None),
         "success": bool(getattr(env, "success", False)),
     }
+
+
+#: Detached clones one connection may hold at once (a trainer clones K per env and attaches at once).
+MAX_DETACHED_CLONES = 64
 
 
 def create_app(

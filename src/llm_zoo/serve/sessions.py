@@ -16,7 +16,11 @@ from typing import Any
 
 from llm_zoo.serve.protocol import ProtocolError
 
-__all__ = ["Session", "SessionStore"]
+__all__ = ["DETACHED_TTL_S", "Session", "SessionStore"]
+
+#: A clone nobody attaches to within this many seconds expires: a clone is made to be attached at
+#: once, and one left waiting holds a slot others need.
+DETACHED_TTL_S = 30.0
 
 
 @dataclass
@@ -115,10 +119,26 @@ class SessionStore:
             with contextlib.suppress(Exception):  # a failing close must not take the server down
                 session.env.close()
 
+    def detached_ids(self) -> set[str]:
+        """The ids of the clones nobody has attached to yet."""
+        return {s.id for s in self._sessions.values() if not s.attached}
+
+    def remove_detached(self, session_id: str) -> None:
+        """Remove a clone if nobody has attached to it (an attached one belongs to its connection)."""
+        session = self._sessions.get(session_id)
+        if session is not None and not session.attached:
+            self.remove(session_id)
+
     def expire(self) -> list[str]:
-        """Remove every session idle for longer than the TTL; return their ids."""
+        """Remove every session idle for longer than the TTL (a clone nobody attached to: longer
+        than :data:`DETACHED_TTL_S`, or the TTL if shorter); return their ids."""
         now = self._clock()
-        stale = [s.id for s in self._sessions.values() if not s.busy and now - s.last_used > self.ttl_s]
+        detached_ttl = min(self.ttl_s, DETACHED_TTL_S)
+        stale = [
+            s.id
+            for s in self._sessions.values()
+            if not s.busy and now - s.last_used > (self.ttl_s if s.attached else detached_ttl)
+        ]
         for session_id in stale:
             self.remove(session_id)
         return stale
