@@ -359,3 +359,40 @@ def test_serve_without_the_extra_says_how_to_install_it():
     )
     assert done.returncode == 2
     assert "pip install 'llm-zoo[serve]'" in done.stderr
+
+
+class SlowKeywordEnv(KeywordEnv):
+    """KeywordEnv whose step sleeps 2 s when told "slow" (a Code-v0 step running programs)."""
+
+    def _act(self, agent, action):
+        if action == "slow":
+            time.sleep(2.0)
+        return super()._act(agent, action)
+
+
+llm_zoo.register("test/ServeSlow-v0", SlowKeywordEnv, description="a slow toy env", override=True)
+
+
+def test_slow_steps_of_others_do_not_delay_a_cheap_step():
+    """Issue 52: all env calls shared asyncio's default pool (6 threads on 2 CPUs); six slow steps
+    held a cheap step for 95 s."""
+    import threading
+
+    with ServerThread() as url:
+        slow = [ws(url, "/envs/test/ServeSlow-v0/ws") for _ in range(12)]
+        cheap = ws(url, "/envs/test/ServeKeyword-v0/ws")
+        try:
+            for conn in [*slow, cheap]:
+                assert ask(conn, "reset", {"seed": 0})["type"] == "observation"
+            threads = [threading.Thread(target=ask, args=(conn, "step", {"text": "slow"})) for conn in slow]
+            for thread in threads:
+                thread.start()
+            time.sleep(0.3)  # the 12 slow steps are running
+            start = time.monotonic()
+            assert ask(cheap, "step", {"text": "apple"})["type"] == "observation"
+            assert time.monotonic() - start < 1.8  # the pool of 6 made it wait for two rounds of 2-s steps
+            for thread in threads:
+                thread.join()
+        finally:
+            for conn in [*slow, cheap]:
+                conn.close()

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator, Collection
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from starlette.applications import Starlette
@@ -126,6 +128,7 @@ class _Server:
         max_message_bytes: int,
         env_ids: Collection[str] | None = None,
         allowed_arguments: Collection[str] = (),
+        env_threads: int = 64,
     ):
         self.store = store
         self.max_message_bytes = max_message_bytes
@@ -133,6 +136,11 @@ class _Server:
         self.env_ids = set(env_ids) if env_ids is not None else None
         #: Argument names clients may set freely (llm_zoo.serve.arguments).
         self.allowed_arguments = set(allowed_arguments)
+        #: The threads env calls run on. Asyncio's default pool has cpu_count + 4 threads (6 on 2
+        #: CPUs): six slow Code-v0 steps held a cheap Plan-Path step for 95 s. Env steps mostly wait
+        #: (on sandboxed programs), so one thread per session that may be stepping keeps a cheap
+        #: step from queueing behind slow ones.
+        self.workers = ThreadPoolExecutor(max_workers=env_threads, thread_name_prefix="llm-zoo-env")
         #: Clones one connection may hold before anyone attaches to them (one connection made 963
         #: in 0.6 s and filled every slot of the server).
         self.max_detached_clones = MAX_DETACHED_CLONES
@@ -142,7 +150,8 @@ class _Server:
     async def _call(self, session: Session, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         session.busy += 1
         try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+            call = functools.partial(fn, *args, **kwargs)
+            return await asyncio.get_running_loop().run_in_executor(self.workers, call)
         except ProtocolError:
             raise
         except Exception as err:
@@ -170,7 +179,9 @@ class _Server:
             if problem:
                 raise ProtocolError("FACTORY_ERROR", problem, "PermissionError")
         try:
-            env = await asyncio.to_thread(make, env_id, **kwargs)
+            env = await asyncio.get_running_loop().run_in_executor(
+                self.workers, functools.partial(make, env_id, **kwargs)
+            )
         except UnknownEnvError as err:
             raise ProtocolError("FACTORY_ERROR", str(err), "UnknownEnvError") from None
         except Exception as err:
@@ -457,6 +468,7 @@ def create_app(
     token: str | None = None,
     env_ids: Collection[str] | None = None,
     allowed_arguments: Collection[str] = (),
+    env_threads: int = 64,
 ) -> Starlette:
     """The ASGI app. Serve it with uvicorn's ``ws_max_size`` equal to ``max_message_bytes``
     (:func:`llm_zoo.serve.run` does).
@@ -470,9 +482,12 @@ def create_app(
         env_ids: The env ids clients may make (``None``: every registered env).
         allowed_arguments: Constructor argument names clients may set even to name a file or
             raise a resource bound (:mod:`llm_zoo.serve.arguments`).
+        env_threads: Env calls running at once; more wait for a thread. Each call mostly waits
+            (on a sandboxed program), so many threads keep cheap steps from queueing behind slow
+            ones.
     """
     store = SessionStore(session_ttl_s, max_sessions)
-    server = _Server(store, int(max_message_bytes), env_ids, allowed_arguments)
+    server = _Server(store, int(max_message_bytes), env_ids, allowed_arguments, env_threads)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -487,6 +502,7 @@ def create_app(
         finally:
             task.cancel()
             store.close_all()
+            server.workers.shutdown(wait=False, cancel_futures=True)
 
     routes: list[Any] = [
         WebSocketRoute("/ws", server.websocket),
