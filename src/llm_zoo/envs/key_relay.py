@@ -26,13 +26,15 @@ Observations (``{"prompt": text}``, short prompts for small models): the asker's
 it to ask its teammate for the number of its key; its last quotes the holder's latest reply and
 asks for the number. The holder's prompt is its table, the asker's latest message (or that there
 is none) and a request to reply with the number of the message's key. Prompts never say whether an
-answer is right. Measured with SmolLM2-135M-Instruct, greedy, 16 tasks (the default 6 keys): the
-asker named its key 13 times, the holder sent the right value twice, the team solved 2 (blander
-prompts, "Write a message to your teammate", gave 0 of 24: the asker never named its key).
+answer is right. Measured with SmolLM2-135M-Instruct, greedy, the default 6 keys: on a 16-task
+probe the asker named its key 13 times and the team solved 2; on the 100 evaluation tasks of
+``examples/key_relay_smollm2_cpu.yaml`` the base team solves 30. Blander prompts ("Write a message
+to your teammate") gave 0 of 24: the asker never named its key.
 
 Actions: free text. A message with no word is unusable (``format_ok=False``). The asker's answer
-is the **last whole number** in its reply (``"It is 412."`` -> ``412``); a reply without one is
-unusable. Text never raises.
+is the **last number** in its reply (``"It is 412."`` -> ``412``, leading zeros dropped); a last
+number that is not a plain whole number (``412.5``, ``412%``) is a wrong answer, and a reply
+without any number is unusable. Text never raises.
 
 Rewards (each agent's *level* starts at 0 and every reward is a change of level, so returns
 telescope and do not grow with the number of turns):
@@ -52,6 +54,12 @@ the holder's ``alpha * c_final`` plus at most 0.25; a penalty is repaid by the n
 and one left unpaid costs 0.5. So a succeeding episode pays each agent at least ``alpha - 0.25``
 more than any failing one (the asker ``1 + alpha - 0.25``): solving pays most, for both, whatever
 the dense option.
+
+Training note: AT-GRPO's look-ahead credits an action with the team's outcome after its
+teammates' next actions, up to the agent's own next action. The asker's message is followed by the
+holder's reply and then by the asker's own answer, so its credited global is taken before the
+answer and is always 0: without ``dense_rewards`` a tree rollout gives the message no signal
+(independent GRPO episodes do: every action carries the episode return).
 
 Termination: the asker's answer ends the episode (``terminated``); ``success`` is that answer being
 right. There is no truncation before it: the last turn is the answer turn.
