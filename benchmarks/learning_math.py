@@ -409,7 +409,12 @@ def plot(results: Mapping[str, Any], path: Path) -> None:
         bars.bar([i + offset for i in range(len(names))], values, 0.4, yerr=[low, high], capsize=3, color=colour,
                  label=label)  # fmt: skip
     bars.set_xticks(range(len(names)), [SHORT_LABELS[n] for n in names], rotation=20, fontsize=7)
-    bars.set(ylabel="greedy success (95% Wilson CI)", ylim=(0, 1), title="Distinct held-out test problems")
+    tasks = results["settings"].get("eval_tasks", "distinct held-out test problems")
+    bars.set(
+        ylabel="greedy success (95% Wilson CI)",
+        ylim=(0, 1),
+        title=tasks[0].upper() + tasks[1:].split(" (")[0],
+    )
     bars.legend(fontsize=8)
     env_id = results["settings"].get("env_id", "Math-v0")
     figure.suptitle(f"SmolLM2-135M-Instruct on {env_id}, CPU: {results['settings']['steps']} steps")
@@ -456,6 +461,22 @@ def main(argv: list[str] | None = None) -> None:
                     args.output_dir, task.config, task.result_name)  # fmt: skip
 
 
+def eval_wording(config: Mapping[str, Any]) -> tuple[str, str]:
+    """How a run's evaluation tasks are described (``settings["eval_tasks"]``) and the end of its
+    description, from its recorded config: distinct problems of a finite set, or seeded tasks."""
+    evaluation = config.get("eval", {})
+    if evaluation.get("distinct_problems"):
+        return (
+            "distinct held-out test problems (each once)",
+            f" distinct test problems {evaluation.get('env_kwargs')}, greedy",
+        )
+    count, seed = evaluation.get("num_episodes"), evaluation.get("seed", 0)
+    return (
+        "the same seeded evaluation tasks for every variant (never training seeds)",
+        f" the same {count} seeded tasks for every variant (seeds {seed}+i, never training seeds), greedy",
+    )
+
+
 def publish(
     facts: dict[str, Any], quick: bool, seeds: list[int], overrides: list[str], variants: dict[str, Any],
     befores: dict[str, Any], wall: float, partial: bool, output_dir: Path, config_file: Path = CONFIG,
@@ -469,21 +490,14 @@ def publish(
         "overrides": overrides,
         "threads": torch.get_num_threads(),
         "steps": config.training.max_steps,
-        "eval_tasks": "distinct held-out test problems (each once)"
-        if config.eval.distinct_problems
-        else "the same seeded evaluation tasks for every variant",
+        "eval_tasks": eval_wording(config_to_dict(config))[0],
         "seeds": seeds,
         "description": (
             f"{config.model.name_or_path} ({config.model.dtype}), {config.env.id} {config.env.kwargs}; LoRA r={config.lora.r};"
             f" K={config.rollout.num_generations}, {config.rollout.envs_per_step} envs/step,"
             f" {config.rollout.max_completion_length} tokens, T={config.rollout.temperature}; lr"
             f" {config.training.learning_rate}, {config.training.max_steps} steps; training seeds {seeds}; eval:"
-            + (
-                f" distinct test problems {config.eval.env_kwargs}, greedy"
-                if config.eval.distinct_problems
-                else f" the same {config.eval.num_episodes} seeded tasks for every variant (seeds {config.eval.seed}+i,"
-                " never training seeds), greedy"
-            )
+            + eval_wording(config_to_dict(config))[1]
         ),
     }
     summary = summarize(variants, befores)
@@ -585,7 +599,9 @@ def merge_results(
             if any(ours[name] != theirs[name] for name in ours.keys() & theirs.keys()):
                 raise ValueError(f"result {index} differs from result 1 in {key!r}")
         ours = {k: v for k, v in part["settings"].items() if k not in ("seeds", "description", "eval_tasks")}
-        theirs = {k: v for k, v in first["settings"].items() if k not in ("seeds", "description", "eval_tasks")}
+        theirs = {
+            k: v for k, v in first["settings"].items() if k not in ("seeds", "description", "eval_tasks")
+        }
         if ours != theirs:
             changed = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
             raise ValueError(f"result {index} has other settings than result 1: {changed}")
@@ -628,6 +644,11 @@ def merge_results(
     settings["description"] = settings["description"].replace(
         f"training seeds {first['settings']['seeds']}", f"training seeds {seeds}"
     )
+    recorded = next((run["config"] for runs in variants.values() for run in runs if run.get("config")), None)
+    if recorded is not None:  # parts written before the evaluation wording existed are described as run
+        settings["eval_tasks"], ending = eval_wording(recorded)
+        head, marker, _ = settings["description"].rpartition("; eval:")
+        settings["description"] = f"{head}{marker}{ending}" if marker else settings["description"]
     wall = sum(part["wall_seconds"] for part in parts)
     summary = summarize(variants, befores)
     print_summary(summary, befores, wall)
