@@ -225,12 +225,13 @@ class KeyRelayEnv(TextAECEnv):
         if isinstance(agents, str) or tuple(agents) not in AGENT_SETS:
             choices = " or ".join(repr(list(s)) for s in AGENT_SETS)
             raise ValueError(f"agents must be {choices}, got {agents!r}")
-        if tuple(agents) != ROLES:
+        if (
+            tuple(agents) != ROLES
+        ):  # a control seats one agent (the oracle is no role: it takes the asker's spaces)
+            observation, action = self.observation_spaces["asker"], self.action_spaces["asker"]
             self.possible_agents = list(agents)
-            self.observation_spaces = {
-                a: self.observation_spaces[next(iter(self.observation_spaces))] for a in agents
-            }
-            self.action_spaces = {a: self.action_spaces[next(iter(self.action_spaces))] for a in agents}
+            self.observation_spaces = dict.fromkeys(self.possible_agents, observation)
+            self.action_spaces = dict.fromkeys(self.possible_agents, action)
         self.table: dict[str, str] = {}
         self.query = ""
 
