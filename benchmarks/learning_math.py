@@ -484,20 +484,21 @@ def publish(
 ) -> None:  # fmt: skip
     """Write the JSON and PNG of the runs so far (``partial``: more are to come)."""
     config = load_config(config_file, overrides)
+    eval_tasks_text, eval_ending = eval_wording(config_to_dict(config))
     settings = {
         "config_file": str(config_file.relative_to(REPO)),
         "env_id": config.env.id,
         "overrides": overrides,
         "threads": torch.get_num_threads(),
         "steps": config.training.max_steps,
-        "eval_tasks": eval_wording(config_to_dict(config))[0],
+        "eval_tasks": eval_tasks_text,
         "seeds": seeds,
         "description": (
             f"{config.model.name_or_path} ({config.model.dtype}), {config.env.id} {config.env.kwargs}; LoRA r={config.lora.r};"
             f" K={config.rollout.num_generations}, {config.rollout.envs_per_step} envs/step,"
             f" {config.rollout.max_completion_length} tokens, T={config.rollout.temperature}; lr"
             f" {config.training.learning_rate}, {config.training.max_steps} steps; training seeds {seeds}; eval:"
-            + eval_wording(config_to_dict(config))[1]
+            + eval_ending
         ),
     }
     summary = summarize(variants, befores)

@@ -93,7 +93,7 @@ def rollout_metrics(
         # An env that reports whether the team's answers agree after an action (Math-v0's
         # ``agree``: the reasoner's answer is the tool's printed number): how often the agent
         # follows its teammate, the first sign of a reasoner learning to ignore or override a tool.
-        agreements = [_info(s)["agree"] for s in mine if isinstance(_info(s).get("agree"), bool)]
+        agreements = [agree for agree in (_info(s).get("agree") for s in mine) if isinstance(agree, bool)]
         if agreements:
             metrics[f"{agent}/agree"] = _mean(map(float, agreements))
     return metrics
