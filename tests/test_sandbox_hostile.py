@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from llm_zoo import sandbox
+from llm_zoo.sandbox import seccomp
 from llm_zoo.sandbox.worker import processes_of_uid
 
 LAYERS = ("bubblewrap", "rlimits")
@@ -551,6 +552,10 @@ def _processes_with_marker(marker: str) -> list[int]:
 
 
 def test_system_v_ipc_objects_do_not_outlive_the_run(box):
+    """Where no seccomp filter refuses System V IPC (other architectures), the zygote removes
+    what a run made."""
+    if seccomp.AVAILABLE:
+        pytest.skip("System V IPC is refused here (test_system_v_ipc_is_refused)")
     result = run(
         box,
         """

@@ -68,8 +68,19 @@ Always, in both layers:
 * No capabilities in any set (effective, permitted, inheritable, ambient), except
   ``CAP_DAC_READ_SEARCH`` where the Python installation is not world-readable (``keep_read_search``).
 * The wall-clock ``timeout``, after which the program is killed.
+* Every program starts with ``oom_score_adj`` 1000: the OOM killer's first choice. It cannot go
+  below the floor of the process that started the sandbox (below 1000 only where the program's
+  process was set up holding CAP_SYS_RESOURCE, as root outside containers that drop it).
+* No System V IPC (seccomp: ``ENOSYS``): its id sequence would carry bits from run to run.
+* No memory outlives its run: after each run the server sets off the kernel's collection of
+  in-flight Unix sockets (descriptors a program sent and never received, which nothing else
+  frees: pipes, memory files, socket buffers), then reads what is still charged to its memory
+  cgroup; above 4 MiB (page cache aside) the server retires, and the run's result says so in
+  ``left_behind``: the next run, possibly another episode's, never starts with part of its
+  ``memory_mb`` taken. A server whose cgroup refuses the next job's limit retires before that job
+  starts, so the job runs elsewhere and is not blamed.
 * Nothing outlives a run: the zygote is a child subreaper; after the program exits or is killed,
-  every process of the run is SIGKILLed and reaped, its System V IPC objects removed and its work
+  every process of the run is SIGKILLed and reaped, its System V IPC objects (where seccomp cannot refuse them) removed and its work
   dir removed (see above).
 * As root, programs run under a uid of their own, leased per server (``2000000000 + n``, an
   exclusive ``flock`` in ``/tmp/llm_zoo_sandbox_uids``): ``RLIMIT_NPROC`` then bounds fork bombs,
@@ -89,6 +100,10 @@ of its own pid, mount, network, IPC and UTS namespaces (when it dies, everything
 
 * no network: only a loopback, down or unreachable (connections fail); seccomp still refuses
   every socket family but ``AF_UNIX``, ``AF_INET`` and ``AF_INET6``;
+* as root, ``/proc`` shows a program only its own processes (``hidepid=2``): not the server or
+  the zygote, whose counters (page faults and CPU time of every run reaped) would carry bits
+  from run to run; and every program is pid 3, whatever earlier runs forked (the zygote sets the
+  pid namespace's next pid before each fork, where the kernel lets it: CAP_CHECKPOINT_RESTORE);
 * a minimal read-only file system: ``/usr``, ``/bin``, ``/lib*``, a few ``/etc`` files, the
   interpreter and its standard library, fresh ``/proc`` (only the sandbox's processes) and
   ``/dev``, and a private ``/tmp`` tmpfs of ``disk_mb`` MiB holding the work dir. Every
@@ -115,7 +130,9 @@ interpreter's path, ``-I -S -B`` and ``/proc/self/fd/N``; ``/proc/self/mountinfo
 bound paths (the interpreter, its standard library, ``/usr``, a few ``/etc`` files, each at the
 host path it has inside), the host's disk device and its mount options, and, under bubblewrap,
 its staging directory ``/newroot``; nothing of the project, the envs' data or the host's scratch
-directories.
+directories. What a program can still learn of *earlier runs* on its server is listed, with bits
+per run, under ``isolation_info()["channels_between_runs"]``: today the inode numbers of its
+server's ``/tmp`` (about 18 bits per run).
 """
 
 from __future__ import annotations
@@ -185,6 +202,10 @@ class RunResult:
         memory_exceeded: The OOM killer stopped a process of the run: together they reached
             ``memory_mb`` (only where a memory cgroup is in force, see :func:`isolation_info`).
         error: Set when the sandbox itself failed (the result says nothing about the program).
+        left_behind: Set when the run left something that outlived all its processes (memory
+            still charged to its server's cgroup, e.g. descriptors in flight on a Unix socket);
+            its server retired so that no later run pays for it. The program is to blame: an env
+            may penalise it. ``None`` for an ordinary run.
     """
 
     stdout: str
@@ -197,6 +218,7 @@ class RunResult:
     layer: str = ""
     error: str | None = None
     memory_exceeded: bool = False
+    left_behind: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -280,6 +302,7 @@ class Sandbox:
         self._workers: set[Worker] = set()  # idle and busy
         self._started = 0
         self._closed = False
+        self._last_refusal = ""
         self._owner_pid = os.getpid()
 
     @property
@@ -386,7 +409,9 @@ class Sandbox:
         alone, at the end: if its server dies again the program is the cause, and it gets a result
         with ``error`` set; if not, the first death was the sandbox's own, and its result stands.
         A job whose server missed its deadline is not rerun (a rerun would cost the whole timeout
-        again): it is reported ``timed_out`` with ``error`` set.
+        again): it is reported ``timed_out`` with ``error`` set. The rerun gets a server that has run
+        nothing else (a server other jobs used may carry what they left), and a server that retires
+        before a job (its cgroup refused the job's memory limit) costs that job nothing.
         """
         payloads = [
             (
@@ -403,6 +428,8 @@ class Sandbox:
         while todo:
             try:
                 replies = self._execute([payloads[i] for i in todo])
+                if not replies:  # retired before the first job, which never started: not its doing
+                    raise WorkerDied(f"the sandbox server retired before a run: {self._last_refusal}")
             except WorkerDied as exc:
                 if exc.started == 0:
                     barren += 1
@@ -424,7 +451,10 @@ class Sandbox:
             todo = todo[len(replies) :]
         for culprit in suspects:
             try:
-                (reply,) = self._execute([payloads[culprit]])
+                replies = self._execute([payloads[culprit]], fresh=True)
+                if not replies:
+                    raise WorkerDied(f"the sandbox server retired before the rerun: {self._last_refusal}")
+                (reply,) = replies
             except WorkerDied as exc:
                 message = f"the program's sandbox server died twice while running it: {exc}"
                 results[culprit] = self._failed(message, exc.missed_deadline)
@@ -432,15 +462,20 @@ class Sandbox:
                 results[culprit] = self._result(*reply)
         return results  # type: ignore[return-value]
 
-    def _execute(self, payloads: list[tuple[dict, bytes, bytes]]) -> list[tuple[dict, bytes, bytes]]:
-        """Run ``payloads`` on an idle (or new) server; a server that dies or retires is let go."""
-        worker = self._acquire()
+    def _execute(
+        self, payloads: list[tuple[dict, bytes, bytes]], *, fresh: bool = False
+    ) -> list[tuple[dict, bytes, bytes]]:
+        """Run ``payloads`` on an idle (or new; with ``fresh``, always new) server; a server that
+        dies or retires is let go. Fewer replies than payloads: the server retired first."""
+        worker = self._acquire(fresh=fresh)
         try:
-            replies = worker.execute(payloads)
+            replies, retired = worker.execute(payloads)
         except BaseException:
             self._release(worker, broken=True)
             raise
-        self._release(worker, broken=bool(replies[-1][0].get("retire")))
+        if worker.refused:
+            self._last_refusal = worker.refused
+        self._release(worker, broken=retired)
         return replies
 
     def _failed(self, message: str, timed_out: bool = False) -> RunResult:
@@ -458,21 +493,29 @@ class Sandbox:
             layer=self.layer,
             error=header.get("error"),
             memory_exceeded=bool(header.get("memory_exceeded")),
+            left_behind=header.get("left_behind"),
         )
 
-    def _acquire(self) -> Worker:
+    def _acquire(self, *, fresh: bool = False) -> Worker:
+        stale = None
         with self._cond:
             if self._owner_pid != os.getpid():
                 self._forget_after_fork()
             while True:
                 if self._closed:
                     raise SandboxError("this Sandbox is closed")
-                if self._idle:
+                if self._idle and not fresh:
                     return self._idle.pop()
+                if self._idle:  # its slot goes to a new server
+                    stale = self._idle.pop()
+                    self._workers.discard(stale)
+                    break
                 if self._started < self.workers:
                     self._started += 1
                     break
                 self._cond.wait()
+        if stale is not None:
+            stale.close()
         try:
             worker = Worker(self._plan, self.disk_mb)  # started outside the lock: starts overlap
         except BaseException:
@@ -556,7 +599,9 @@ def isolation_info(layer: str | None = None) -> dict:
     what happens beyond); ``server_death`` (which jobs a dying server costs); ``socket_families``
     and ``syscalls_refused`` (the seccomp filter); ``capabilities`` (what programs hold);
     ``server_command_line`` (what ``ps`` shows of a server); ``keyrings``; ``userns_disabled``;
-    ``not_isolated`` (what this layer leaves open; empty when nothing) and ``notes``.
+    ``channels_between_runs`` (what a program can read that earlier runs on its server changed,
+    each closed or open with its bits per run); ``oom_score_adj`` (where programs stand for the
+    OOM killer); ``not_isolated`` (what this layer leaves open; empty when nothing) and ``notes``.
     """
     return describe(layer_plan(layer), requested_layer(layer))
 

@@ -95,11 +95,14 @@ class RunCgroup:
         limit_fds: The limit files, in the order to write them when lowering the limit.
         events_fd: The file counting OOM kills (v1 ``memory.oom_control``, v2 ``memory.events``:
             their ``oom_kill`` line), opened for reading.
+        usage_fds: The cgroup's usage (v1 ``memory.usage_in_bytes``, v2 ``memory.current``) and
+            its ``memory.stat``, opened for reading: after a run the server reads what is still
+            charged once every process of the run is gone (see :func:`unreclaimable_bytes`).
     """
 
     def __init__(self, version: str, parent: str) -> None:
         self.version = version
-        self.procs_fd, self.events_fd, self.limit_fds = -1, -1, []
+        self.procs_fd, self.events_fd, self.limit_fds, self.usage_fds = -1, -1, [], []
         self.path = os.path.join(parent, f"llm_zoo_sandbox_{os.getpid()}_{next(_counter)}")
         os.mkdir(self.path, 0o755)
         try:
@@ -120,6 +123,11 @@ class RunCgroup:
             self.limit_fds = [
                 os.open(os.path.join(self.path, name), os.O_WRONLY | os.O_CLOEXEC) for name in limits
             ]
+            usage = "memory.current" if version == "v2" else "memory.usage_in_bytes"
+            self.usage_fds = [
+                os.open(os.path.join(self.path, name), os.O_RDONLY | os.O_CLOEXEC)
+                for name in (usage, "memory.stat")
+            ]
         except BaseException:
             self.remove()
             raise
@@ -130,7 +138,7 @@ class RunCgroup:
 
     @property
     def fds(self) -> list[int]:
-        return [self.procs_fd, self.events_fd, *self.limit_fds]
+        return [self.procs_fd, self.events_fd, *self.limit_fds, *self.usage_fds]
 
     def peak_bytes(self) -> int | None:
         """The most memory the cgroup's processes held together since it was made (if known)."""
@@ -147,7 +155,7 @@ class RunCgroup:
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self.procs_fd, self.events_fd, self.limit_fds = -1, -1, []
+        self.procs_fd, self.events_fd, self.limit_fds, self.usage_fds = -1, -1, [], []
         deadline = time.monotonic() + wait_s
         while True:
             try:
@@ -159,6 +167,30 @@ class RunCgroup:
                 if time.monotonic() > deadline:
                     return
                 time.sleep(0.01)
+
+
+# memory.stat lines of page cache: charged to the cgroup, but the kernel reclaims them before it
+# would refuse a run memory (v1 counts the whole hierarchy under ``total_``).
+_RECLAIMABLE = {
+    "v1": ("total_inactive_file", "total_active_file"),
+    "v2": ("inactive_file", "active_file", "slab_reclaimable"),
+}
+
+
+def unreclaimable_bytes(version: str, usage_fd: int, stat_fd: int) -> int:
+    """What the cgroup holds that its next run could not get back: its usage less page cache.
+
+    Read once the run's processes are gone, this is memory the run left charged: in flight
+    (descriptors of pipes, memory files and sockets sent over a Unix socket and never received,
+    freed only by the kernel's garbage collection of such sockets), or kernel objects.
+    """
+    usage = int(os.pread(usage_fd, 64, 0))
+    stat = {}
+    for line in os.pread(stat_fd, 16384, 0).decode().splitlines():
+        name, _, value = line.partition(" ")
+        stat[name] = value
+    reclaimable = sum(int(stat.get(name, 0)) for name in _RECLAIMABLE[version])
+    return max(0, usage - reclaimable)
 
 
 def remove_stale_cgroups(parent: str) -> None:

@@ -20,6 +20,7 @@ import warnings
 
 from llm_zoo.sandbox import cgroup, seccomp
 from llm_zoo.sandbox.cleanup import BUDGET_S as CLEANUP_BUDGET_S
+from llm_zoo.sandbox.server import LEFTOVER_BOUND_BYTES
 from llm_zoo.sandbox.worker import LayerPlan, SandboxError, Worker
 
 LAYERS = ("bubblewrap", "rlimits")
@@ -27,8 +28,22 @@ LAYER_ENV_VAR = "LLM_ZOO_SANDBOX_LAYER"
 NAMESPACES_ENV_VAR = "LLM_ZOO_SANDBOX_NAMESPACES"  # "0": the fallback does not try namespaces
 MEMORY_CGROUP_ENV_VAR = "LLM_ZOO_SANDBOX_MEMORY_CGROUP"  # "0": no memory cgroup
 # What a root server inside bubblewrap keeps: set up and drop to the program's uid, kill its
-# processes, and remove its files; every other capability is dropped.
-_BWRAP_CAPABILITIES = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
+# processes, and remove its files; every other capability is dropped. CAP_SYS_ADMIN only serves to
+# remount /proc so that programs do not see the server and its zygote: the server drops it right
+# after, before its zygote exists. CAP_CHECKPOINT_RESTORE lets the zygote set the pid namespace's
+# next pid (every program gets the same pid), where the kernel has it (5.9 and later).
+_BWRAP_CAPABILITIES = (
+    "CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_ADMIN",
+)  # fmt: skip
+_CAP_CHECKPOINT_RESTORE = 40
+
+
+def _kernel_knows_capability(number: int) -> bool:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as handle:
+            return int(handle.read()) >= number
+    except (OSError, ValueError):
+        return False
 
 
 class SandboxWarning(RuntimeWarning):
@@ -90,6 +105,8 @@ def bwrap_options(bwrap: str, root: bool) -> tuple[str, ...]:
         args += ["--unshare-cgroup-try", "--cap-drop", "ALL"]
         for capability in _BWRAP_CAPABILITIES:
             args += ["--cap-add", capability]
+        if _kernel_knows_capability(_CAP_CHECKPOINT_RESTORE):
+            args += ["--cap-add", "CAP_CHECKPOINT_RESTORE"]
     else:
         args = [bwrap, "--unshare-all", "--unshare-user"]
         if bwrap_supports_disable_userns(bwrap):  # needs a user namespace of bubblewrap's own
@@ -141,6 +158,11 @@ def _make_plan(name: str) -> LayerPlan:
                 plan = dataclasses.replace(plan, keep_read_search=True)
                 report = _probe(plan)
             problems = _probe_problems(plan, report)
+            plan = dataclasses.replace(
+                plan,
+                fixed_pids=report.get("next_pid") == report.get("pid"),
+                hidden_servers=report.get("parent_visible") is False,
+            )
             if not problems:
                 notes = [f"probe: {json.dumps(report, sort_keys=True)}", memory_note, *failures]
                 if plan.keep_read_search:
@@ -157,7 +179,11 @@ def _make_plan(name: str) -> LayerPlan:
 
 _PROBE_PROGRAM = r"""
 import json, os, socket, sys
-report = {"uid": os.getuid(), "pid": os.getpid()}
+report = {"uid": os.getuid(), "pid": os.getpid(), "parent_visible": os.path.exists(f"/proc/{os.getppid()}")}
+child = os.fork()  # advances the pid counter: the next run's pid shows whether it is reset
+if child == 0:
+    os._exit(0)
+os.waitpid(child, 0)
 try:
     import calendar  # not preloaded: needs the standard library to be readable
     report["stdlib_import"] = True
@@ -189,13 +215,18 @@ def _probe(plan: LayerPlan) -> dict:
         return {"start": str(exc)}
     try:
         limits = {"timeout": 10.0, "memory_mb": 512, "max_output_bytes": 1 << 16, "max_processes": 8}
-        [(header, stdout, stderr)] = worker.execute([(limits, code.encode(), b"")])
+        pid_check = b"import os\nprint(os.getpid())"
+        replies, _ = worker.execute([(limits, code.encode(), b""), (limits, pid_check, b"")])
+        if len(replies) != 2:
+            return {"start": f"the probe never ran: {worker.refused or 'its server retired'}"}
+        [(header, stdout, stderr), (_, next_pid, _)] = replies
     except SandboxError as exc:
         return {"start": str(exc)}
     finally:
         worker.close()
     try:
-        return dict(json.loads(stdout), exit_code=header["exit_code"])
+        report = json.loads(stdout)
+        return dict(report, exit_code=header["exit_code"], next_pid=int(next_pid or -1))
     except ValueError:
         return {"exit_code": header["exit_code"], "stderr": stderr.decode(errors="replace")[-500:]}
 
@@ -220,6 +251,40 @@ def _probe_problems(plan: LayerPlan, report: dict) -> list[str]:
 def _network_cut(plan: LayerPlan) -> bool:
     """A network namespace of its own, or a seccomp filter that allows only ``AF_UNIX`` sockets."""
     return plan.namespaces or seccomp.AVAILABLE
+
+
+def channels_between_runs(plan: LayerPlan) -> dict[str, str]:
+    """What a program can read that earlier runs on its server changed, and how many bits per run
+    it carries (each open one measured by a hostile corpus: a run writes, the next reads back)."""
+    channels = {
+        "memory_left_charged": "closed: a run that leaves more than "
+        f"{LEFTOVER_BOUND_BYTES >> 20} MiB charged after the kernel's collection of in-flight Unix sockets "
+        "retires its server (the result's left_behind says so)"
+        if plan.memory
+        else "no memory cgroup: nothing is charged per run",
+        "system_v_ipc_ids": "closed: System V IPC is refused (seccomp)"
+        if seccomp.AVAILABLE
+        else ("open: the id sequence of System V IPC objects, about 19 bits per run (18.6-19.5 measured)"),
+    }
+    if not plan.namespaces:
+        channels["host"] = "open: programs share the host's pid counter, /proc and files (no namespaces)"
+        return channels
+    channels["pid_counter"] = (
+        "closed: every program is pid 3 of its server's pid namespace, whatever earlier runs forked"
+        if plan.fixed_pids
+        else "open: a program's pid counts what earlier runs forked, about 14 bits per run (14.4 measured)"
+    )
+    channels["server_proc_stat"] = (
+        "closed: programs see only their own processes in /proc (hidepid=2)"
+        if plan.hidden_servers
+        else "open: /proc/<zygote>/stat counts the page faults and CPU time of every run it reaped, "
+        "about 12 bits per run (page faults modulo 2**14, read back within 2 pages)"
+    )
+    channels["tmp_inode_numbers"] = (
+        "open: the inode numbers of the work dir and of the files a program makes come from its "
+        "server's /tmp, which every earlier run advanced: about 18 bits per run (17.6-18.1 measured)"
+    )
+    return channels
 
 
 def not_isolated(plan: LayerPlan) -> list[str]:
@@ -306,6 +371,10 @@ def describe(plan: LayerPlan, requested: str) -> dict:
         if seccomp.AVAILABLE
         else "not filtered on this architecture",
         "userns_disabled": "--disable-userns" in plan.bwrap_args or seccomp.AVAILABLE,
+        "channels_between_runs": channels_between_runs(plan),
+        "oom_score_adj": "every program starts at 1000, the OOM killer's first choice; it cannot go below "
+        "the floor of the process that started the sandbox (nor below 1000 where the child holds "
+        "CAP_SYS_RESOURCE)",
         "not_isolated": not_isolated(plan),
         "notes": list(plan.notes),
     }

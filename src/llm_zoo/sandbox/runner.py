@@ -25,6 +25,7 @@ PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 
 _PR_SET_PDEATHSIG = 1
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _CAP_DAC_READ_SEARCH = 2
+CAP_SYS_ADMIN = 21
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -63,6 +64,25 @@ def set_capabilities(keep_read_search: bool) -> None:
         raise OSError(ctypes.get_errno(), "capset failed")
 
 
+def drop_capability(number: int) -> None:
+    """Remove one capability from this process's effective, permitted and inheritable sets."""
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_uint32) for name in ("effective", "permitted", "inheritable")]
+
+    header, data = Header(_LINUX_CAPABILITY_VERSION_3, 0), (Data * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget failed")
+    word, bit = divmod(number, 32)
+    for name in ("effective", "permitted", "inheritable"):
+        setattr(data[word], name, getattr(data[word], name) & ~(1 << bit))
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
 def drop_privileges(uid: int, keep_read_search: bool) -> None:
     """Become ``uid`` (gid and groups too) for good; optionally keep reading any file."""
     if keep_read_search:
@@ -76,6 +96,19 @@ def drop_privileges(uid: int, keep_read_search: bool) -> None:
     if os.getresuid() != (uid, uid, uid):
         raise OSError(f"uid drop to {uid} failed")
     prctl(PR_SET_DUMPABLE, 1)  # setuid cleared it; a normal process is dumpable
+
+
+#: Every program is the OOM killer's first choice, before anything of the host. Written while the
+#: child may still hold CAP_SYS_RESOURCE (as root), it is also the floor the program cannot go below.
+OOM_SCORE_ADJ = 1000
+
+
+def _set_oom_score_adj() -> None:
+    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, str(OOM_SCORE_ADJ).encode())
+    finally:
+        os.close(fd)
 
 
 def _set_limits(limits: dict, nproc_base: int) -> None:
@@ -193,6 +226,7 @@ def run_child(fds: list[int], config) -> None:  # type: ignore[no-untyped-def]  
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        _set_oom_score_adj()
         _set_limits(limits, config.nproc_base)
         if config.uid is not None:
             drop_privileges(config.uid, config.keep_read_search)

@@ -18,6 +18,11 @@ What it refuses, and why:
   and ``memfd_secret`` (``EPERM``): no program of the kind run here needs them, and each is a
   large kernel interface with a record of exploitable bugs (``userfaultfd`` also stalls the
   kernel at will, ``memfd_secret`` memory is hidden from the kernel's own accounting views).
+* System V IPC (``shmget``, ``msgget``, ``semget`` and every call on such objects: ``ENOSYS``, as
+  on a kernel built without it): each new object's id comes from a sequence shared by every run
+  of a server (a channel of about 19 bits from one run to the next, measured), its objects
+  outlive processes, and no program of the kind run here uses it (Python's ``multiprocessing``
+  and ``shared_memory`` use POSIX shared memory, files in ``/dev/shm``).
 * System calls of another ABI (x32, i386): ``ENOSYS``.
 
 The filter needs ``PR_SET_NO_NEW_PRIVS``, which the server sets. :func:`prepare` builds it once in
@@ -41,20 +46,28 @@ _SYSCALLS = {
         "arch": 0xC000003E, "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272,
         "clone": 56, "clone3": 435, "socket": 41, "socketpair": 53, "io_uring_setup": 425,
         "io_uring_enter": 426, "io_uring_register": 427, "perf_event_open": 298, "userfaultfd": 323,
-        "bpf": 321, "memfd_secret": 447,
+        "bpf": 321, "memfd_secret": 447, "shmget": 29, "shmat": 30, "shmctl": 31, "semget": 64,
+        "semop": 65, "semctl": 66, "shmdt": 67, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
+        "semtimedop": 220,
     },
     "aarch64": {
         "arch": 0xC00000B7, "add_key": 217, "request_key": 218, "keyctl": 219, "unshare": 97,
         "clone": 220, "clone3": 435, "socket": 198, "socketpair": 199, "io_uring_setup": 425,
         "io_uring_enter": 426, "io_uring_register": 427, "perf_event_open": 241, "userfaultfd": 282,
-        "bpf": 280, "memfd_secret": 447,
+        "bpf": 280, "memfd_secret": 447, "msgget": 186, "msgctl": 187, "msgrcv": 188, "msgsnd": 189,
+        "semget": 190, "semctl": 191, "semtimedop": 192, "semop": 193, "shmget": 194, "shmctl": 195,
+        "shmat": 196, "shmdt": 197,
     },
 }  # fmt: skip
+SYSTEM_V_IPC = (
+    "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop",
+    "semtimedop", "semctl",
+)  # fmt: skip
 REFUSED = {  # system call -> errno (see the module docs)
     "add_key": errno.EPERM, "request_key": errno.EPERM, "keyctl": errno.EPERM, "clone3": errno.ENOSYS,
     "io_uring_setup": errno.ENOSYS, "io_uring_enter": errno.ENOSYS, "io_uring_register": errno.ENOSYS,
     "perf_event_open": errno.EPERM, "userfaultfd": errno.EPERM, "bpf": errno.EPERM,
-    "memfd_secret": errno.EPERM,
+    "memfd_secret": errno.EPERM, **dict.fromkeys(SYSTEM_V_IPC, errno.ENOSYS),
 }  # fmt: skip
 
 

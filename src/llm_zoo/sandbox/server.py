@@ -43,7 +43,7 @@ import socket
 import time
 from collections.abc import Sequence
 
-from llm_zoo.sandbox import cleanup, jail, runner, seccomp, zygote
+from llm_zoo.sandbox import cgroup, cleanup, jail, runner, seccomp, zygote
 from llm_zoo.sandbox.protocol import read_frame, write_frame
 
 # Modules imported once here so that programs find them loaded: each saves its import time in
@@ -60,6 +60,12 @@ _ANSWER_GRACE_S = zygote.REAP_DEADLINE_S + 5.0
 # /tmp, a tmpfs, goes with its namespaces; without namespaces the host removes the rest in the
 # background), so a hostile tree never costs the next job more than this.
 CLEANUP_BUDGET_S = cleanup.BUDGET_S
+# What a run may leave charged to the server's memory cgroup once its processes are gone (page
+# cache aside; an ordinary run leaves under 0.5 MiB of kernel objects), and how long the kernel's
+# collection of in-flight Unix sockets gets to free more. Beyond that the server retires: the next
+# run, possibly another episode's, would start with part of its memory_mb already taken.
+LEFTOVER_BOUND_BYTES = 4 << 20
+LEFTOVER_WAIT_S = 0.25
 
 
 class ServerConfig:
@@ -79,6 +85,8 @@ class ServerConfig:
         self.memory_fds: list[int] = options.get("memory_fds", [])  # limit files, in write order
         if options.get("memory_events_fd") is not None:
             self.memory_fds.append(options["memory_events_fd"])  # the last one: read, not written
+        self.memory_usage_fds: list[int] = options.get("memory_usage_fds", [])  # usage, memory.stat
+        self.memory_version: str | None = options.get("memory_version")
         self.progress_fd: int | None = options.get("progress_fd")  # one byte per job started
         self.allow_inet: bool = bool(options.get("allow_inet"))  # the network is cut by a namespace
         self.cleanup_budget_s = CLEANUP_BUDGET_S
@@ -159,13 +167,21 @@ def _read_capped(fd: int, cap: int) -> tuple[bytes, bool]:
     return data[:cap], len(data) > cap
 
 
+class LimitRefused(Exception):
+    """The run cgroup refused the next job's memory limit (cgroup v1 answers EBUSY when what is
+    charged exceeds it): the server retires before starting the job, which runs elsewhere."""
+
+
 class MemoryLimit:
     """The run cgroup's files, opened by the host: its limit files (cgroup v1 ``limit_in_bytes``
-    then ``memsw``, or v2 ``memory.max``), written before a run when the limit changes, and last
-    the file whose ``oom_kill`` line counts the processes the OOM killer stopped."""
+    then ``memsw``, or v2 ``memory.max``), written before a run when the limit changes; the file
+    whose ``oom_kill`` line counts the processes the OOM killer stopped; its usage and
+    ``memory.stat``, read after each run for what the run left charged."""
 
-    def __init__(self, fds: list[int]) -> None:
+    def __init__(self, config: ServerConfig) -> None:
+        fds = config.memory_fds
         self.fds, self.events = fds[:-1], (fds[-1] if fds else None)
+        self.usage_fds, self.version = config.memory_usage_fds, config.memory_version
         self.current: int | None = None
 
     def set(self, limit: int) -> None:
@@ -173,8 +189,14 @@ class MemoryLimit:
             return
         # cgroup v1 wants memsw >= limit at all times: lower the limit first, raise it last.
         lowering = self.current is None or limit < self.current
-        for fd in self.fds if lowering else self.fds[::-1]:
-            os.pwrite(fd, str(limit).encode(), 0)
+        try:
+            for fd in self.fds if lowering else self.fds[::-1]:
+                os.pwrite(fd, str(limit).encode(), 0)
+        except OSError as exc:
+            self.current = None  # partly written: write every file next time
+            raise LimitRefused(
+                f"the run cgroup refused a limit of {limit >> 20} MiB: {exc.strerror}"
+            ) from exc
         self.current = limit
 
     def oom_kills(self) -> int:
@@ -185,14 +207,40 @@ class MemoryLimit:
                 return int(line.split()[1])
         return 0
 
+    def leftover(self) -> int:
+        """Bytes a finished run left charged, after the kernel had a chance to free them.
+
+        Descriptors sent over a Unix socket and never received (a socket in its own queue, with
+        pipes, memory files or data beside it) outlive every process of the run until the kernel
+        collects in-flight sockets, which only the closing of some Unix socket sets off. So one
+        is closed here after every run, whatever its cgroup shows: memory that is not charged
+        (socket buffers under cgroup v1) is the host's, and the uid's count of descriptors in
+        flight, which bounds what the next run may send, goes back down too.
+        """
+        first, second = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        first.close()
+        second.close()
+        if not self.usage_fds or self.version is None:
+            return 0
+        deadline = time.monotonic() + LEFTOVER_WAIT_S
+        while True:
+            left = cgroup.unreclaimable_bytes(self.version, *self.usage_fds)
+            if left <= LEFTOVER_BOUND_BYTES or time.monotonic() > deadline:
+                return left
+            time.sleep(0.005)  # the collection runs in a kernel worker
+
 
 def serve_one(request: dict, source: bytes, stdin: bytes, config: ServerConfig, channel: int,
               births: socket.socket, memory: MemoryLimit) -> dict:  # fmt: skip
-    """Run one program; the reply header plus its stdout and stderr."""
+    """Run one program; the reply header plus its stdout and stderr.
+
+    Raises:
+        LimitRefused: Before the job started (nothing of it ran): the server must retire.
+    """
+    memory.set(int(request["memory_mb"]) << 20)  # a refusal is not this job's doing: it runs elsewhere
     if config.progress_fd is not None:  # read by the host only if this server dies: which job did it
         os.write(config.progress_fd, b".")
     _prepare_workdir(config, source)
-    memory.set(int(request["memory_mb"]) << 20)
     job = _memory_file("job", json.dumps(request).encode() + b"\n" + source)
     fds = [_memory_file("stdin", stdin), _memory_file("stdout"), _memory_file("stderr"), job]
     if config.cgroup_procs_fd is not None:
@@ -242,6 +290,13 @@ def serve_one(request: dict, source: bytes, stdin: bytes, config: ServerConfig, 
     for fd in fds[1:3]:
         os.close(fd)
     tidy = _discard_workdir(config) and answer.get("tidy", True)  # files go now, not at the next run
+    left = memory.leftover()
+    left_behind = None
+    if left > LEFTOVER_BOUND_BYTES:
+        left_behind = (
+            f"the run left {left / (1 << 20):.1f} MiB charged to its memory cgroup after all its processes "
+            "ended (e.g. descriptors in flight on a Unix socket); its server retired"
+        )
     header = {
         "exit_code": exit_code,
         "timed_out": timed_out,
@@ -250,8 +305,9 @@ def serve_one(request: dict, source: bytes, stdin: bytes, config: ServerConfig, 
         "output_truncated": out_cut or err_cut,
         "memory_exceeded": memory.oom_kills() > oom_kills,
         "error": None if answer["clean"] else "processes of the run survived SIGKILL; server retiring",
+        "left_behind": left_behind,
         "host_gone": host_gone,
-        "retire": not (answer["clean"] and tidy),
+        "retire": not (answer["clean"] and tidy) or left_behind is not None,
     }
     return {"header": header, "blobs": [stdout, stderr]}
 
@@ -295,8 +351,12 @@ def main(options: dict) -> int:
             *([config.cgroup_procs_fd] if config.cgroup_procs_fd is not None else []),
             *([config.progress_fd] if config.progress_fd is not None else []),
             *config.memory_fds,
+            *config.memory_usage_fds,
         ]
         jail.enter(config.jail["ops"], config.jail["mountpoint"], config.jail["info_fd"], kept)
+    elif config.cleanup == "pidns" and config.uid is not None:  # bubblewrap, as root
+        jail.hide_other_processes()
+        runner.drop_capability(runner.CAP_SYS_ADMIN)  # held for that alone (see layers)
     # The protocol owns private copies of fds 0 and 1; a stray print can no longer corrupt it.
     channel_in, channel_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -312,11 +372,11 @@ def main(options: dict) -> int:
     os.makedirs(os.path.dirname(config.workdir), exist_ok=True)
     gc.collect()
     gc.freeze()  # children's collections then skip (and do not copy-on-write) the server's objects
-    private = [channel_in, channel_out, *config.memory_fds]
+    private = [channel_in, channel_out, *config.memory_fds, *config.memory_usage_fds]
     births = _start_zygote(
         config, private + ([config.progress_fd] if config.progress_fd is not None else [])
     )  # before any job is read: its image never holds one
-    memory = MemoryLimit(config.memory_fds)
+    memory = MemoryLimit(config)
     write_frame(channel_out, {"ready": True, "pid": os.getpid(), "uid": config.uid})
     while True:  # a request is a chunk of jobs, run one after the other: one round trip each
         frame = read_frame(channel_in)
@@ -325,17 +385,22 @@ def main(options: dict) -> int:
         request, inputs = frame
         results: list[dict] = []
         outputs: list[bytes] = []
+        refused = None
         for index, job in enumerate(request["jobs"]):
-            reply = serve_one(
-                job, inputs[2 * index], inputs[2 * index + 1], config, channel_in, births, memory
-            )
+            try:
+                reply = serve_one(
+                    job, inputs[2 * index], inputs[2 * index + 1], config, channel_in, births, memory
+                )
+            except LimitRefused as exc:
+                refused = str(exc)
+                break  # the host runs this job and the rest of the chunk elsewhere
             if reply["header"]["host_gone"]:
                 return 0
             results.append(reply["header"])
             outputs += reply["blobs"]
             if reply["header"]["retire"]:
                 break  # the host runs the rest of the chunk elsewhere
-        retire = bool(results) and results[-1]["retire"]
-        write_frame(channel_out, {"results": results, "retire": retire}, outputs)
+        retire = refused is not None or (bool(results) and results[-1]["retire"])
+        write_frame(channel_out, {"results": results, "retire": retire, "refused": refused}, outputs)
         if retire:
             return 1

@@ -52,6 +52,7 @@ ANSWER_GRACE_S = 10.0  # beyond a program's timeout, how long the host waits for
 # The server's modules, in the order they are loaded (each imports only earlier ones).
 SERVER_MODULES = (
     "protocol",
+    "cgroup",
     "cleanup",
     "jail",
     "seccomp",
@@ -118,6 +119,10 @@ class LayerPlan:
         bwrap_args: The bubblewrap options before the file system view (empty: no bubblewrap).
         jail: The fallback server enters namespaces of its own (``jail``).
         memory: ``("v1" | "v2", parent directory)`` of the run cgroups; empty: no memory cgroup.
+        fixed_pids: Every program gets the same pid, whatever earlier runs forked (the probe saw
+            it); set by the probe.
+        hidden_servers: Programs do not see their server and zygote in ``/proc`` (the probe saw
+            it); set by the probe.
         notes: What was checked and decided, for :func:`llm_zoo.sandbox.isolation_info`.
     """
 
@@ -128,6 +133,8 @@ class LayerPlan:
     bwrap_args: tuple[str, ...] = ()
     jail: bool = False
     memory: tuple[str, ...] = ()
+    fixed_pids: bool = False
+    hidden_servers: bool = False
     notes: tuple[str, ...] = ()
 
     @property
@@ -283,6 +290,7 @@ class Worker:
 
     def __init__(self, plan: LayerPlan, disk_mb: int = 256) -> None:
         self._finished = False
+        self.refused: str | None = None  # why the server retired before a job, if it did
         self.plan = plan
         self.lease = UidLease() if plan.uid_drop else None
         self.init_pid: int | None = None
@@ -312,6 +320,8 @@ class Worker:
                     self.cgroup.limit_fds,
                     self.cgroup.events_fd,
                 )
+                options["memory_usage_fds"] = self.cgroup.usage_fds
+                options["memory_version"] = self.cgroup.version
                 passed += self.cgroup.fds
             program, arguments = _memory_file("llm_zoo_sandbox_server"), _memory_file("llm_zoo_sandbox_args")
             argv, argument_bytes = server_command(plan, options, disk_mb, info_write, program, arguments)
@@ -350,11 +360,15 @@ class Worker:
     def _out(self) -> int:
         return self.process.stdout.fileno()  # type: ignore[union-attr]
 
-    def execute(self, jobs: Sequence[tuple[dict, bytes, bytes]]) -> list[tuple[dict, bytes, bytes]]:
-        """Run a chunk of programs, given as (limits, code, stdin); (header, stdout, stderr) each.
+    def execute(
+        self, jobs: Sequence[tuple[dict, bytes, bytes]]
+    ) -> tuple[list[tuple[dict, bytes, bytes]], bool]:
+        """Run a chunk of programs, given as (limits, code, stdin); (header, stdout, stderr) each,
+        and whether the server retired.
 
-        The answer is shorter than ``jobs`` when the server retired after one of them (its header
-        says ``"retire"``): the rest were not run.
+        The answer is shorter than ``jobs`` when the server retired: after one of them (its header
+        says ``"retire"``), or before starting the next, whose memory limit its cgroup refused
+        (possibly before the first: then no result at all). The jobs without a result never ran.
 
         Raises:
             WorkerDied: The server exited, or missed the chunk's deadline (the sum of its
@@ -378,11 +392,15 @@ class Worker:
         if frame is None:
             raise WorkerDied(f"the sandbox server exited: {self._server_log()}", started=self._jobs_started())
         header, outputs = frame
-        results = header["results"]
-        if not 0 < len(results) <= len(jobs) or len(outputs) != 2 * len(results):
+        results, refused = header["results"], header.get("refused")
+        least = 0 if refused else 1
+        if not least <= len(results) <= len(jobs) or len(outputs) != 2 * len(results):
             raise WorkerDied(f"the sandbox server answered {len(results)} results for {len(jobs)} jobs",
                              started=self._jobs_started())  # fmt: skip
-        return [(result, outputs[2 * i], outputs[2 * i + 1]) for i, result in enumerate(results)]
+        if refused:
+            self.refused = refused
+        replies = [(result, outputs[2 * i], outputs[2 * i + 1]) for i, result in enumerate(results)]
+        return replies, bool(header.get("retire"))
 
     def _jobs_started(self) -> int:
         """How many jobs the server started since the last call (its progress pipe, drained)."""
