@@ -136,18 +136,42 @@ def env_server_speed(result: dict[str, Any]) -> str:
 
 
 def sandbox_speed(result: dict[str, Any]) -> str:
+    cores = result.get("cores")  # absent from runs before it was recorded
+
+    def per_core(row: dict[str, Any]) -> Any:
+        return row.get("sandbox_tests_per_s_per_core", "-")
+
     rows = [
-        [r["category"], r["tests"], r["plain_tests_per_s"], r["sandbox_tests_per_s"], f"{r['ratio']}x"]
+        [
+            r["category"],
+            r["tests"],
+            r["plain_tests_per_s"],
+            r["sandbox_tests_per_s"],
+            per_core(r),
+            f"{r['ratio']}x",
+        ]
         for r in result["categories"]
     ]
     summary = result["summary"]
     rows.append(["all", summary["tests"], summary["plain_tests_per_s"], summary["sandbox_tests_per_s"],
-                 f"{summary['ratio']}x"])  # fmt: skip
-    text = _table(["programs", "tests", "plain tests/s", "sandbox tests/s", "ratio"], rows)
+                 per_core(summary), f"{summary['ratio']}x"])  # fmt: skip
+    text = _table(
+        ["programs", "tests", "plain tests/s", "sandbox tests/s", "sandbox tests/s per core", "ratio"], rows
+    )
+    quote = ""
+    if cores:
+        load = result.get("load_average", {})
+        quote = (
+            f" **Tests per second per core: {summary['sandbox_tests_per_s_per_core_without_timeouts']} without the"
+            f" never-finishing programs, {summary['sandbox_tests_per_s_per_core']} with them** ({cores} cores,"
+            f" {result['machine']['cpu']}, load"
+            f" {load.get('start')} at the start and {load.get('end')} at the end), every test under the layer's full"
+            " isolation."
+        )
     return text + (
         f"\n\nLayer {result['layer']}, {result['workers']} workers, timeout {result['timeout_s']} s per test on both"
         f" sides; verdicts differing between the sides: {summary['verdict_mismatches']}. Without the slow"
-        f" (never-finishing) programs: {summary['ratio_without_timeouts']}x. A program that never finishes"
+        f" (never-finishing) programs: {summary['ratio_without_timeouts']}x.{quote} A program that never finishes"
         " costs its whole CPU-time limit on both sides, so that category can gain only the parallelism of the"
         " machine's cores (2x on 2 cores)."
     )

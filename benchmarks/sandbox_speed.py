@@ -14,6 +14,11 @@ problems form the ``call`` category: the reference through the call harness
 category is timed on both sides, alternating, and the verdicts (passed / failed / timed out) of the
 two sides are compared test by test. The overall ratio is total plain time / total sandbox time.
 
+Tests per second per core (``sandbox_tests_per_s_per_core``: tests/s divided by the cores the
+servers ran on, the lesser of ``--workers`` and this process's CPUs) is the figure to quote
+beside other harnesses: what one core buys, whatever the machine. Quote it with the CPU model, the
+load average (both in the JSON) and the ratio to a fresh process measured in the same run.
+
     python benchmarks/sandbox_speed.py            # full run, writes benchmarks/results/sandbox_speed.{json,png}
     python benchmarks/sandbox_speed.py --quick    # smoke run (a few problems, a couple of tests)
 """
@@ -135,6 +140,8 @@ def main() -> None:
     )
     box = sandbox.Sandbox(args.layer, workers=args.workers)
     box.run_tests("print(1)", [""] * box.workers)  # servers started before timing, like in training
+    cores = min(box.workers, len(os.sched_getaffinity(0)))
+    load_at_start = os.getloadavg()[0]
     rows, mismatches = [], 0
     with tempfile.TemporaryDirectory(prefix="sandbox_speed_") as scratch:
         for category in categories:
@@ -152,7 +159,7 @@ def main() -> None:
                 "category": category, "programs": len(chosen), "tests": tests,
                 "plain_s": round(plain_s, 3), "sandbox_s": round(ours_s, 3),
                 "plain_tests_per_s": round(tests / plain_s, 1), "sandbox_tests_per_s": round(tests / ours_s, 1),
-                "ratio": round(plain_s / ours_s, 2), "verdicts": {v: ours.count(v) for v in sorted(set(ours))},
+                "sandbox_tests_per_s_per_core": round(tests / ours_s / cores, 1), "ratio": round(plain_s / ours_s, 2), "verdicts": {v: ours.count(v) for v in sorted(set(ours))},
                 "verdict_mismatches": differing,
             })  # fmt: skip
     box.close()
@@ -163,6 +170,10 @@ def main() -> None:
         "tests": total_tests,
         "plain_tests_per_s": round(total_tests / plain_total, 1),
         "sandbox_tests_per_s": round(total_tests / ours_total, 1),
+        "sandbox_tests_per_s_per_core": round(total_tests / ours_total / cores, 1),
+        "sandbox_tests_per_s_per_core_without_timeouts": round(
+            sum(r["tests"] for r in fast) / sum(r["sandbox_s"] for r in fast) / cores, 1
+        ),
         "ratio": round(plain_total / ours_total, 2),
         "ratio_without_timeouts": round(
             sum(r["plain_s"] for r in fast) / sum(r["sandbox_s"] for r in fast), 2
@@ -176,19 +187,26 @@ def main() -> None:
         "layer": box.layer,
         "isolation": sandbox.isolation_info(box.layer),
         "workers": box.workers,
+        "cores": cores,
+        "load_average": {"start": round(load_at_start, 2), "end": round(os.getloadavg()[0], 2)},
         "timeout_s": args.timeout,
         "categories": rows,
         "summary": summary,
     }
     print(
-        f"layer {box.layer}, {box.workers} workers, timeout {args.timeout} s, load {os.getloadavg()[0]:.1f}"
+        f"layer {box.layer}, {box.workers} workers on {cores} cores, timeout {args.timeout} s, "
+        f"load {load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     )
-    print(f"{'category':<10} {'tests':>6} {'plain t/s':>10} {'sandbox t/s':>12} {'ratio':>7}  verdicts")
+    print(
+        f"{'category':<10} {'tests':>6} {'plain t/s':>10} {'sandbox t/s':>12} {'per core':>9} {'ratio':>7}  verdicts"
+    )
     for r in rows:
         print(f"{r['category']:<10} {r['tests']:>6} {r['plain_tests_per_s']:>10} {r['sandbox_tests_per_s']:>12} "
-              f"{r['ratio']:>6}x  {r['verdicts']}")  # fmt: skip
+              f"{r['sandbox_tests_per_s_per_core']:>9} {r['ratio']:>6}x  {r['verdicts']}")  # fmt: skip
     print(f"{'all':<10} {total_tests:>6} {summary['plain_tests_per_s']:>10} {summary['sandbox_tests_per_s']:>12} "
-          f"{summary['ratio']:>6}x  (without the slow category: {summary['ratio_without_timeouts']}x)")  # fmt: skip
+          f"{summary['sandbox_tests_per_s_per_core']:>9} {summary['ratio']:>6}x  (without the slow category: "
+          f"{summary['ratio_without_timeouts']}x, {summary['sandbox_tests_per_s_per_core_without_timeouts']} "
+          "tests/s per core)")  # fmt: skip
     print(f"verdicts differing between the two sides: {mismatches}")
     finish(report, args.output, lambda png: plot(report, png))
 

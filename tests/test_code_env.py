@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -18,7 +19,7 @@ from llm_zoo.envs.code import (
     outputs_match,
     parse_tests,
 )
-from llm_zoo.envs.code_judge import judge_for
+from llm_zoo.envs.code_judge import StdioJudge, judge_for
 from llm_zoo.envs.code_judge import run_program_on_inputs as _run_program_on_inputs
 from llm_zoo.parsing import ParseError
 from llm_zoo.testing import check_env, play_episode
@@ -400,3 +401,15 @@ def test_oracle_solves_every_builtin_problem_with_maximum_rewards(problem):
             share = info["mutants_caught"] / info["mutants_total"] if info["mutants_total"] else 0.0
             assert info["role_reward"] == pytest.approx(0.5 + 0.5 * share), info
     assert env.success and env.turn == 1  # solved and agreed in the first turn
+
+
+def test_a_run_that_left_memory_behind_fails_its_test_whatever_it_printed():
+    """Such a run is hostile to the runs after it (its server retired): never a pass."""
+    test = TestCase("1", "2")
+    printed_right = sandbox.RunResult("2\n", "", 0, False, 0.01)
+    assert StdioJudge().verdict(test, printed_right, 1.0) == (True, "2\n")
+    left = dataclasses.replace(
+        printed_right, left_behind="the run left 24.0 MiB charged to its memory cgroup"
+    )
+    passed, shown = StdioJudge().verdict(test, left, 1.0)
+    assert not passed and "left something behind" in shown and "24.0 MiB" in shown

@@ -142,11 +142,14 @@ def run_program_on_inputs(code: str, inputs: list[str], timeout: float, memory_m
 
 
 def output_or_error(run: RunResult, timeout: float) -> str | None:
-    """What to show for a failed run (time-out, sandbox failure, crash), ``None`` if it ran fine."""
+    """What to show for a failed run (time-out, sandbox failure, a run that left memory behind for
+    the runs after it, crash), ``None`` if it ran fine."""
     if run.timed_out:
         return f"(time limit exceeded: {timeout:g} s)"
     if getattr(run, "error", None):
         return f"(not run: sandbox failure: {run.error})"
+    if getattr(run, "left_behind", None):  # hostile to the runs after it: fails whatever it printed
+        return f"(the program left something behind: {run.left_behind})"
     if run.exit_code is None:
         return f"(not run: {run.stderr.strip()})"
     if run.exit_code != 0:
