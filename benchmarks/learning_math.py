@@ -334,6 +334,9 @@ def summarize(variants: Mapping[str, list[dict[str, Any]]], befores: Mapping[str
         if seeds:
             result = paired_comparison([by_seed_a[s] for s in seeds], [by_seed_b[s] for s in seeds])
             comparisons[f"{a} vs {b}"] = result.to_dict()
+            comparisons[f"{a} vs {b}"]["per_seed"] = [  # a seed where one side fails shows here
+                {"seed": s, **paired_comparison([by_seed_a[s]], [by_seed_b[s]]).to_dict()} for s in seeds
+            ]
     for name, runs in variants.items():
         before = befores.get(BEFORE[name])
         if runs and before:
@@ -345,8 +348,8 @@ def summarize(variants: Mapping[str, list[dict[str, Any]]], befores: Mapping[str
 def verdict(table: Mapping[str, Any], comparisons: Mapping[str, Any]) -> dict[str, Any]:
     """The issue's targets from the figures: the per-agent team above the best single agent's
     interval (the better of the tool agent alone and the reasoner alone that ran; and significantly
-    so, paired), the role swap below that single agent, and the default team credit not below
-    look-ahead 0."""
+    so, paired), no seed's team significantly below that single agent and the pool not below it,
+    the role swap below that single agent, and the default team credit not below look-ahead 0."""
     checks: dict[str, Any] = {}
     singles = [name for name in SINGLES if table.get(name)]
     best = max(singles, key=lambda name: table[name]["success_rate"]) if singles else None
@@ -359,6 +362,12 @@ def verdict(table: Mapping[str, Any], comparisons: Mapping[str, Any]) -> dict[st
         checks["team better than the best single agent, paired p < 0.05"] = (
             paired["only_a"] > paired["only_b"] and paired["p_value"] < 0.05
         )
+        # Stability (issue #49): no training seed's team significantly worse, the pool not below.
+        seeds = paired.get("per_seed", [])
+        checks["no seed's team below the best single agent, paired p < 0.05"] = not any(
+            s["only_b"] > s["only_a"] and s["p_value"] < 0.05 for s in seeds
+        )
+        checks["team pooled not below the best single agent"] = team["success_rate"] >= single["success_rate"]
     if table.get("role_swap") and best:
         checks["role swap below the best single agent"] = (
             table["role_swap"]["success_rate"] < table[best]["success_rate"]

@@ -642,7 +642,37 @@ def learning_plan_path(result: dict[str, Any]) -> str:
     )
 
 
-NEW_MATH_HEADER = ["variant", "before (95% CI)", "after, seeds pooled (95% CI)", "after per seed", "minutes"]
+NEW_MATH_HEADER = [
+    "variant", "before (95% CI)", "after, seeds pooled (95% CI)", "after per seed", "tokens per run",
+    "samples trained per run", "minutes",
+]  # fmt: skip
+
+
+def _budget(runs: list[dict[str, Any]]) -> tuple[str, str]:
+    """Mean generated tokens (every agent's sampled completions, look-ahead included) and trained
+    samples per run, from each run's per-step history (absent from runs that kept none)."""
+    tokens, trained = [], []
+    for run in runs:
+        history = run.get("history") or []
+        if not history:
+            continue
+        total = 0.0
+        for step in history:
+            agents = [key[: -len("/completion_length")] for key in step if key.endswith("/completion_length")]
+            total += sum(step[f"{a}/completion_length"] * step.get(f"{a}/samples", 0) for a in agents)
+            total += step.get("rollout/lookahead_tokens", 0)
+        tokens.append(total)
+        trained.append(
+            sum(
+                v
+                for step in history
+                for k, v in step.items()
+                if k.startswith("update/") and k.endswith("/samples")
+            )
+        )
+    if not tokens:
+        return "-", "-"
+    return f"{statistics.mean(tokens) / 1000:.1f}k", f"{statistics.mean(trained):.0f}"
 
 
 def learning_math(result: dict[str, Any]) -> str:
@@ -657,9 +687,17 @@ def learning_math(result: dict[str, Any]) -> str:
             labels[name], _success(before) if before else "-",
             f"{100 * row['success_rate']:.1f}% ({100 * row['ci_low']:.1f}-{100 * row['ci_high']:.1f},"
             f" {row['successes']}/{row['episodes']})",
-            ", ".join(f"{100 * r:.1f}%" for r in row["per_seed"]), f"{minutes:.1f}" if minutes else "-",
+            ", ".join(f"{100 * r:.1f}%" for r in row["per_seed"]), *_budget(result["variants"][name]),
+            f"{minutes:.1f}" if minutes else "-",
         ])  # fmt: skip
-    pairs = [[pair, r["pairs"], r["only_a"], r["only_b"], f"{r['p_value']:.3g}"]
+
+    def per_seed(comparison: dict[str, Any]) -> str:
+        seeds = comparison.get("per_seed")  # absent from results recorded before it was
+        if not seeds:
+            return "-"
+        return "; ".join(f"{s['seed']}: {s['only_a']}/{s['only_b']}, p={s['p_value']:.2g}" for s in seeds)
+
+    pairs = [[pair, r["pairs"], r["only_a"], r["only_b"], f"{r['p_value']:.3g}", per_seed(r)]
              for pair, r in result["summary"]["comparisons"].items()]  # fmt: skip
     checks = {k: v for k, v in result["summary"]["verdict"].items() if k != "met"}
     listed = "; ".join(
@@ -683,7 +721,7 @@ def learning_math(result: dict[str, Any]) -> str:
         + "\n\n"
         + _table(NEW_MATH_HEADER, rows)
         + "\n\nPaired comparisons, problem by problem and seed by seed (exact McNemar test):\n\n"
-        + _table(["A vs B", "pairs", "only A solved", "only B solved", "p"], pairs)
+        + _table(["A vs B", "pairs", "only A solved", "only B solved", "p", "seed: only A/only B, p"], pairs)
         + f"\n\nTargets: {met} ({listed})."
     )
 

@@ -90,7 +90,8 @@ def test_the_paired_math_comparison_is_summarized_with_its_p_values():
         },
     }
     text = report.learning_math(result)
-    assert "| team | 25.0% (10.0-50.0, 1/4) | 37.5% (10.0-70.0, 3/8) | 25.0%, 50.0% | 1.0 |" in text
+    # No per-step history in this result: its budget columns say so.
+    assert "| team | 25.0% (10.0-50.0, 1/4) | 37.5% (10.0-70.0, 3/8) | 25.0%, 50.0% | - | - | 1.0 |" in text
     assert "| tool agent alone | - |" in text
     assert "| per_agent vs tool_alone | 8 | 2 | 1 | 1 |" in text and "**not met**" in text
 
@@ -133,3 +134,32 @@ def test_the_update_lora_choice_is_reported_where_recorded():
         {"layers": [[576, 576, 8]], "rank_rows": True, "peft_s": 0.097, "rank_rows_s": 0.068}
     ]
     assert "Its LoRA products: the rank as the rows (68 ms a pass, peft's 97 ms)." in formatter(result)
+
+
+def test_the_math_comparison_shows_budgets_and_each_seeds_paired_test():
+    import report
+
+    step = {"a/completion_length": 10.0, "a/samples": 8.0, "b/completion_length": 5.0, "b/samples": 8.0,
+            "rollout/lookahead_tokens": 20.0, "update/a/samples": 6.0, "update/b/samples": 2.0}  # fmt: skip
+    run = {"seed": 0, "wall_seconds": 60.0, "history": [step, step]}
+    row = {
+        "successes": 1,
+        "episodes": 2,
+        "success_rate": 0.5,
+        "ci_low": 0.1,
+        "ci_high": 0.9,
+        "per_seed": [0.5],
+    }
+    paired = {"pairs": 2, "only_a": 1, "only_b": 0, "p_value": 1.0,
+              "per_seed": [{"seed": 0, "only_a": 1, "only_b": 0, "p_value": 1.0}]}  # fmt: skip
+    result = {
+        "labels": {"per_agent": "team"}, "before_of": {"per_agent": "team"}, "befores": {},
+        "variants": {"per_agent": [run]},
+        "settings": {"description": "tiny", "config_file": "x.yaml", "threads": 1},
+        "summary": {"table": {"per_agent": row}, "comparisons": {"per_agent vs tool_alone": paired},
+                    "verdict": {"met": False}},
+    }  # fmt: skip
+    text = report.learning_math(result)
+    # (10*8 + 5*8 + 20) tokens a step, two steps: 280 tokens; 8 samples trained a step.
+    assert "| 0.3k | 16 | 1.0 |" in text, text
+    assert "| per_agent vs tool_alone | 2 | 1 | 0 | 1 | 0: 1/0, p=1 |" in text, text
