@@ -396,3 +396,27 @@ def test_slow_steps_of_others_do_not_delay_a_cheap_step():
         finally:
             for conn in [*slow, cheap]:
                 conn.close()
+
+
+def test_a_retried_reset_with_the_same_episode_id_is_the_same_episode(thread_server):
+    """OpenEnv's reset(seed, episode_id): a client that lost a reset's answer and sends it again gets
+    the same episode (no second reset); a new episode id, or a reset after a step, starts anew."""
+    _, url = thread_server
+    conn = ws(url, "/envs/test/ServeKeyword-v0/ws")
+    try:
+        first = ask(conn, "reset", {"seed": 1, "episode_id": "ep-1"})
+        made = ask(conn, "state")["data"]
+        again = ask(conn, "reset", {"seed": 1, "episode_id": "ep-1"})
+        assert again == first and ask(conn, "state")["data"] == made
+        assert made["episode_id"] == "ep-1" and made["step_count"] == 0
+        ask(conn, "step", {"text": "apple"})
+        after_step = ask(conn, "reset", {"seed": 1, "episode_id": "ep-1"})  # a new episode, same seed
+        assert ask(conn, "state")["data"]["step_count"] == 0 and after_step["data"] == first["data"]
+        other = ask(conn, "reset", {"seed": 2, "episode_id": "ep-2"})
+        assert ask(conn, "state")["data"]["episode_id"] == "ep-2" and other["data"] != first["data"]
+        unseeded = [ask(conn, "reset", {"episode_id": "ep-3"}) for _ in range(3)]  # no seed: one episode
+        assert unseeded[0] == unseeded[1] == unseeded[2]
+        bad = ask(conn, "reset", {"seed": 1, "episode_id": ["not", "a", "string"]})
+        assert bad["type"] == "error" and "episode_id" in bad["data"]["message"]
+    finally:
+        conn.close()

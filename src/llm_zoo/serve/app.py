@@ -14,6 +14,10 @@ Routes (``{env_id}`` is a registered id such as ``PlanPath-v0``; plugins include
 * ``GET /state``, ``/health``, ``/metadata``, ``/schema`` (also under ``/envs/{env_id}``), and
   ``GET /envs`` (the registered ids).
 
+A ``reset`` frame may carry OpenEnv's ``episode_id``: the same reset again (same id, seed and
+options) before any step answers the same first observation without a new episode, so a client
+that retries a reset whose answer it lost does not start a second one; ``state`` reports the id.
+
 Every env call runs in a worker thread, so one slow env (Code-v0 runs programs) never stalls the
 other sessions. Frames and HTTP bodies above ``max_message_bytes`` are refused (the WebSocket is
 closed with code 1009 "message too big", HTTP answers 413) and the session is dropped.
@@ -276,15 +280,22 @@ class _Server:
         env = session.env
         if kind == "reset":
             seed, options = _reset_arguments(data)
+            episode_id = _episode_id(data)
+            key = json.dumps([episode_id, seed, options], sort_keys=True, default=str)
+            retried = session.last_reset is not None and session.last_reset[0] == key
+            if episode_id is not None and session.steps == 0 and retried:  # the same episode again
+                return encode("observation", session.last_reset[1]), session  # type: ignore[index]
             await self._call(session, "reset", env.reset, seed=seed, options=options)
-            session.steps = 0
+            session.steps, session.episode_id = 0, episode_id
             payload = await self._call(session, "observe", observation_payload, env, None)
+            session.last_reset = (key, payload)
             return encode("observation", payload), session
         if kind == "step":
             text = _step_text(data, env)
             acting = getattr(env, "agent_selection", None)
             await self._call(session, "step", env.step, text)
             session.steps += 1
+            session.last_reset = None  # the episode moved on: a reset now starts a new one
             payload = await self._call(session, "observe", observation_payload, env, acting)
             return encode("observation", payload), session
         if kind == "observe":
@@ -349,6 +360,7 @@ class _Server:
             session = await self._make(env_id, data.get("env_kwargs", {}), attached=True)
             try:
                 seed, options = _reset_arguments(data)
+                _episode_id(data)
                 await self._call(session, "reset", session.env.reset, seed=seed, options=options)
                 payload = observation_payload(session.env, None)
             finally:
@@ -406,6 +418,22 @@ def _reset_arguments(data: dict[str, Any]) -> tuple[int | None, dict[str, Any] |
     return seed, options
 
 
+MAX_EPISODE_ID_CHARS = 256
+
+
+def _episode_id(data: dict[str, Any]) -> str | None:
+    episode_id = data.get("episode_id")
+    if episode_id is not None and (
+        not isinstance(episode_id, str) or not 0 < len(episode_id) <= MAX_EPISODE_ID_CHARS
+    ):
+        raise ProtocolError(
+            "VALIDATION_ERROR",
+            f"reset's episode_id must be a string of 1 to {MAX_EPISODE_ID_CHARS} characters or null, "
+            f"got {str(episode_id)[:40]!r}",
+        )
+    return episode_id
+
+
 def _step_text(data: dict[str, Any], env: Any) -> str | None:
     unknown = sorted(set(data) - set(_STEP_KEYS))
     if unknown or "text" not in data:
@@ -445,7 +473,7 @@ def _step_text(data: dict[str, Any], env: Any) -> str | None:
 def _state(session: Session) -> dict[str, Any]:
     env = session.env
     return {
-        "episode_id": getattr(env, "task_id", None),
+        "episode_id": session.episode_id if session.episode_id is not None else getattr(env, "task_id", None),
         "step_count": session.steps,
         "session_id": session.id,
         "env_id": session.env_id,

@@ -37,6 +37,11 @@ class Session:
         closed: Expired or removed; the env is closed.
         steps: ``step`` calls since the last reset (OpenEnv's ``step_count``).
         kwargs: The constructor arguments the env was made with.
+        episode_id: The caller's id for the current episode (OpenEnv's ``reset(episode_id=...)``),
+            if it gave one.
+        last_reset: ``(episode_id, seed, options)`` of the last reset and the observation it
+            answered: the same reset again, before any step, answers it again without a new
+            episode (a client that retries a reset whose answer it lost gets the same episode).
     """
 
     id: str
@@ -48,6 +53,8 @@ class Session:
     closed: bool = False
     steps: int = 0
     kwargs: dict[str, Any] = field(default_factory=dict)
+    episode_id: str | None = None
+    last_reset: tuple[str, Any] | None = None
 
 
 class SessionStore:
