@@ -15,7 +15,7 @@ pytest.importorskip("websockets")
 from llm_zoo import remote
 from llm_zoo.cli import main
 from llm_zoo.serve import ServerThread
-from llm_zoo.serve.auth import TOKEN_ENV, bind_problem, read_token
+from llm_zoo.serve.auth import TOKEN_ENV, bind_problem, read_token, read_tokens
 
 TOKEN = "s3cret-token-for-tests-0123456789"
 
@@ -73,8 +73,14 @@ def test_the_command_line_refuses_an_open_server_and_a_short_token(tmp_path, mon
     short.write_text("abc\n")
     assert main(["serve", "--token-file", str(short), "--port", "0"]) == 2
     assert "at least 16 characters" in capsys.readouterr().err
-    short.write_text(f"{TOKEN}\nignored second line\n")
-    assert read_token(short) == TOKEN
+    short.write_text(f"# the team's tokens\n{TOKEN}\n")
+    assert read_token(short) == TOKEN and read_tokens(short) == (TOKEN,)
+    short.write_text(f"{TOKEN}\nshort second\n")  # every line is a token: each must be long enough
+    assert main(["serve", "--token-file", str(short), "--port", "0"]) == 2
+    assert "token on line 2 must have at least 16 characters" in capsys.readouterr().err
+    short.write_text(f"{TOKEN}\n{TOKEN}\n")
+    assert main(["serve", "--token-file", str(short), "--port", "0"]) == 2
+    assert "each client needs a token of its own" in capsys.readouterr().err
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     assert read_token(None) == TOKEN
 
@@ -107,3 +113,32 @@ def test_arguments_naming_a_file_or_raising_a_bound_are_refused_unless_allowed(t
 def test_the_command_line_names_an_unknown_served_env(capsys):
     assert main(["serve", "--env", "Nope-v0", "--port", "0"]) == 2
     assert "--env Nope-v0: unknown env; registered:" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- per-client limits
+
+
+def test_one_client_cannot_take_every_session_from_the_others(monkeypatch):
+    """With one token per client, each client holds at most its share (half the server by default):
+    a client that fills its share is refused, and another client still gets sessions."""
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    other = "another-clients-token-0123456789"
+    with ServerThread(token=[TOKEN, other], max_sessions=8) as url:
+        held = [remote.make(url, "PlanPath-v0", token=TOKEN) for _ in range(4)]
+        try:
+            with pytest.raises(
+                remote.RemoteEnvError, match=r"holds its maximum of 4 sessions, the server's limit per client"
+            ):
+                remote.make(url, "PlanPath-v0", token=TOKEN)
+            with pytest.raises(remote.RemoteEnvError, match="holds its maximum of 4 sessions"):
+                held[0].clone()  # clones count against the client that made them
+            with remote.make(url, "PlanPath-v0", token=other) as env:
+                env.reset(seed=0)
+            request = urllib.request.Request(f"{url}/health", headers={"Authorization": f"Bearer {TOKEN}"})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                health = json.loads(answer.read())
+            assert health["max_sessions"] == 8 and health["max_sessions_per_client"] == 4
+            assert health["sessions_of_this_client"] == 4
+        finally:
+            for env in held:
+                env.close()

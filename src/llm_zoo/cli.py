@@ -179,7 +179,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"llm-zoo serve: --{name.replace('_', '-')} must be > 0", file=sys.stderr)
             return 2
     from llm_zoo.registry import registry
-    from llm_zoo.serve.auth import read_token
+    from llm_zoo.serve.auth import read_tokens
 
     unknown = [env_id for env_id in args.env if env_id not in registry]
     if unknown:
@@ -190,15 +190,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
 
     try:
-        token = read_token(args.token_file)
+        tokens = read_tokens(args.token_file)
+        if args.max_sessions_per_client is not None and not args.max_sessions_per_client > 0:
+            raise ValueError("--max-sessions-per-client must be > 0")
         serve(
             args.host,
             args.port,
             session_ttl_s=args.session_ttl,
             max_sessions=args.max_sessions,
             max_message_bytes=args.max_message_bytes,
-            token=token,
+            token=tokens,
             allow_no_token=args.allow_no_token,
+            max_sessions_per_client=args.max_sessions_per_client,
             env_ids=args.env or None,
             allowed_arguments=args.allow_arg,
         )
@@ -235,8 +238,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-file",
         default=None,
         metavar="PATH",
-        help="serve only clients sending this file's first line as a bearer token "
-        "(default: LLM_ZOO_SERVE_TOKEN, if set)",
+        help="serve only clients sending one of this file's tokens (one per line, one per client) "
+        "as a bearer token (default: LLM_ZOO_SERVE_TOKEN, if set)",
+    )
+    serve.add_argument(
+        "--max-sessions-per-client",
+        type=int,
+        default=None,
+        metavar="N",
+        help="sessions one client (one token) may hold, clones included (default: half of "
+        "--max-sessions with several tokens, else --max-sessions)",
     )
     serve.add_argument(
         "--allow-no-token",

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -42,7 +42,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from llm_zoo.registry import UnknownEnvError, make, registry
 from llm_zoo.serve.arguments import argument_problem
-from llm_zoo.serve.auth import TokenMiddleware
+from llm_zoo.serve.auth import TokenMiddleware, client_of
 from llm_zoo.serve.protocol import (
     ProtocolError,
     decode,
@@ -164,7 +164,7 @@ class _Server:
             session.busy -= 1
             self.store.touch(session)
 
-    async def _make(self, env_id: Any, kwargs: Any, *, attached: bool) -> Session:
+    async def _make(self, env_id: Any, kwargs: Any, *, attached: bool, client: str = "anyone") -> Session:
         if not isinstance(env_id, str) or not env_id:
             raise ProtocolError(
                 "VALIDATION_ERROR", f"make needs data.env_id, a registered env id; got {env_id!r}"
@@ -194,12 +194,13 @@ class _Server:
                 f"could not make {env_id} with {kwargs!r}: {type(err).__name__}: {err}",
                 type(err).__name__,
             ) from None
-        return self.store.add(env_id, env, attached=attached, kwargs=kwargs)
+        return self.store.add(env_id, env, attached=attached, kwargs=kwargs, client=client)
 
     # ------------------------------------------------------------------ WebSocket
 
     async def websocket(self, websocket: WebSocket) -> None:
         path_env_id = websocket.path_params.get("env_id")
+        client = client_of(websocket.scope)
         await websocket.accept()
         session: Session | None = None
         clones: set[str] = set()  # detached clones this connection made: they end with it
@@ -221,7 +222,7 @@ class _Server:
                             "SESSION_ERROR",
                             f"the session expired after {self.store.ttl_s:g} s without a message; make a new one",
                         )
-                    reply, session = await self._handle(kind, data, session, path_env_id, clones)
+                    reply, session = await self._handle(kind, data, session, path_env_id, clones, client)
                 except ProtocolError as err:
                     reply = error_frame(err)
                 await websocket.send_text(reply)
@@ -242,6 +243,7 @@ class _Server:
         session: Session | None,
         path_env_id: str | None,
         clones: set[str] | None = None,
+        client: str = "anyone",
     ) -> tuple[str, Session | None]:
         if kind == "make":
             env_id = data.get("env_id", path_env_id)
@@ -249,7 +251,7 @@ class _Server:
                 raise ProtocolError(
                     "VALIDATION_ERROR", f"this connection serves {path_env_id}; make asked for {env_id!r}"
                 )
-            new = await self._make(env_id, data.get("kwargs", {}), attached=True)
+            new = await self._make(env_id, data.get("kwargs", {}), attached=True, client=client)
             if session is not None:
                 self.store.remove(session.id)
             return encode("session", session_info(new)), new
@@ -261,13 +263,13 @@ class _Server:
         if kind == "reset" and path_env_id is not None and "env_kwargs" in data:
             wanted = data["env_kwargs"]
             if session is None or session.kwargs != wanted:  # OpenEnv clients pass arguments here
-                new = await self._make(path_env_id, wanted, attached=True)
+                new = await self._make(path_env_id, wanted, attached=True, client=client)
                 if session is not None:
                     self.store.remove(session.id)
                 session = new
         if session is None:
             if kind == "reset" and path_env_id is not None:
-                session = await self._make(path_env_id, {}, attached=True)
+                session = await self._make(path_env_id, {}, attached=True, client=client)
             else:
                 ids = ", ".join(sorted(registry))
                 raise ProtocolError(
@@ -322,7 +324,9 @@ class _Server:
                 "connection: attach to them (or let them expire) before cloning again",
             )
         twin = await self._call(session, "clone", env.clone)
-        copy = self.store.add(session.env_id, twin, attached=False, kwargs=session.kwargs)
+        copy = self.store.add(
+            session.env_id, twin, attached=False, kwargs=session.kwargs, client=session.client
+        )
         clones.add(copy.id)
         copy.steps = session.steps
         return encode("session", session_info(copy)), session
@@ -357,7 +361,9 @@ class _Server:
         try:
             data = await self._json_body(request)
             env_id = request.path_params.get("env_id", data.pop("env_id", None))
-            session = await self._make(env_id, data.get("env_kwargs", {}), attached=True)
+            session = await self._make(
+                env_id, data.get("env_kwargs", {}), attached=True, client=client_of(request.scope)
+            )
             try:
                 seed, options = _reset_arguments(data)
                 _episode_id(data)
@@ -388,7 +394,14 @@ class _Server:
             )
         if what == "health":
             return JSONResponse(
-                {"status": "healthy", "sessions": len(self.store), "sessions_made": self.store.created}
+                {
+                    "status": "healthy",
+                    "sessions": len(self.store),
+                    "sessions_made": self.store.created,
+                    "max_sessions": self.store.max_sessions,
+                    "max_sessions_per_client": self.store.max_per_client,
+                    "sessions_of_this_client": self.store.held_by(client_of(request.scope)),
+                }
             )
         if what == "envs":
             return JSONResponse({"envs": list(registry)})
@@ -493,10 +506,11 @@ def create_app(
     session_ttl_s: float = 600.0,
     max_sessions: int = 1024,
     max_message_bytes: int = 8 << 20,
-    token: str | None = None,
+    token: str | Sequence[str] | None = None,
     env_ids: Collection[str] | None = None,
     allowed_arguments: Collection[str] = (),
     env_threads: int = 64,
+    max_sessions_per_client: int | None = None,
 ) -> Starlette:
     """The ASGI app. Serve it with uvicorn's ``ws_max_size`` equal to ``max_message_bytes``
     (:func:`llm_zoo.serve.run` does).
@@ -505,16 +519,23 @@ def create_app(
         session_ttl_s: A session unused for this long expires, its env closed.
         max_sessions: Sessions held at once (clones included); more are refused.
         max_message_bytes: Largest WebSocket frame / HTTP body accepted.
-        token: Serve only requests carrying ``Authorization: Bearer TOKEN``
-            (:mod:`llm_zoo.serve.auth`); ``None`` serves everyone who can reach the server.
+        token: Serve only requests carrying ``Authorization: Bearer TOKEN`` (:mod:`llm_zoo.serve.auth`);
+            several tokens: one per client, each held to ``max_sessions_per_client``. ``None`` (or
+            none) serves everyone who can reach the server.
         env_ids: The env ids clients may make (``None``: every registered env).
         allowed_arguments: Constructor argument names clients may set even to name a file or
             raise a resource bound (:mod:`llm_zoo.serve.arguments`).
         env_threads: Env calls running at once; more wait for a thread. Each call mostly waits
             (on a sandboxed program), so many threads keep cheap steps from queueing behind slow
             ones.
+        max_sessions_per_client: Sessions (clones included) one client, that is one token, may hold
+            at once. Default: with several tokens, half of ``max_sessions``, so no client can take
+            every session from the others; with one token or none, ``max_sessions``.
     """
-    store = SessionStore(session_ttl_s, max_sessions)
+    tokens = (token,) if isinstance(token, str) else tuple(token or ())
+    if max_sessions_per_client is None:
+        max_sessions_per_client = max(1, max_sessions // 2) if len(tokens) > 1 else max_sessions
+    store = SessionStore(session_ttl_s, max_sessions, max_per_client=max_sessions_per_client)
     server = _Server(store, int(max_message_bytes), env_ids, allowed_arguments, env_threads)
 
     @contextlib.asynccontextmanager
@@ -544,7 +565,7 @@ def create_app(
     for what in ("health", "state", "metadata", "schema"):
         routes.append(Route(f"/{what}", server.http_get, methods=["GET"]))
         routes.append(Route(f"/envs/{{env_id:path}}/{what}", server.http_get, methods=["GET"]))
-    middleware = [Middleware(TokenMiddleware, token=token)] if token is not None else []
+    middleware = [Middleware(TokenMiddleware, token=tokens)] if tokens else []
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.sessions = store
     return app

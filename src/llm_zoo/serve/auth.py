@@ -6,6 +6,10 @@ that carry ``Authorization: Bearer TOKEN``: a WebSocket without it is closed bef
 whatever the token sent. Clients (:func:`llm_zoo.remote.make`, and the trainer's ``env.servers``
 through it) send the token given to them, else ``LLM_ZOO_SERVE_TOKEN`` from their environment.
 
+A token file may hold several tokens, one per line: one per client (a trainer, a team). Each token
+is then its own client for the server's per-client limits (``llm_zoo.serve.app``), so no client can
+take every session from the others.
+
 A server reachable from other machines must have a token: :func:`bind_problem` refuses a
 non-loopback address without one unless the operator says ``--allow-no-token``.
 """
@@ -16,11 +20,19 @@ import hmac
 import ipaddress
 import json
 import os
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TOKEN_ENV", "TokenMiddleware", "bearer_header", "bind_problem", "read_token"]
+__all__ = [
+    "TOKEN_ENV",
+    "TokenMiddleware",
+    "bearer_header",
+    "bind_problem",
+    "client_of",
+    "read_token",
+    "read_tokens",
+]
 
 #: The environment variable holding the token, on the server and in clients.
 TOKEN_ENV = "LLM_ZOO_SERVE_TOKEN"
@@ -32,25 +44,44 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
-def read_token(token_file: str | Path | None) -> str | None:
-    """The server's token: the first line of ``token_file``, else ``LLM_ZOO_SERVE_TOKEN``, else
-    ``None``. ``ValueError`` (one line) for an unreadable file or a token under 16 characters."""
+def read_tokens(token_file: str | Path | None) -> tuple[str, ...]:
+    """The server's tokens: every non-empty line of ``token_file`` (``#`` starts a comment line),
+    else ``LLM_ZOO_SERVE_TOKEN``, else none. ``ValueError`` (one line) for an unreadable file, a
+    file without a token, a token under 16 characters or the same token twice."""
     if token_file is not None:
         try:
-            token = Path(token_file).read_text(encoding="utf-8").strip().splitlines()[0].strip()
-        except (OSError, UnicodeDecodeError, IndexError) as err:
+            lines = Path(token_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as err:
             raise ValueError(
                 f"--token-file {token_file}: cannot read a token from it ({type(err).__name__})"
             ) from None
+        tokens = tuple(line.strip() for line in lines if line.strip() and not line.strip().startswith("#"))
+        if not tokens:
+            raise ValueError(f"--token-file {token_file}: no token in it (one per line)")
     else:
         token = os.environ.get(TOKEN_ENV, "").strip()
-        if not token:
-            return None
-    if len(token) < MIN_TOKEN_CHARS:
-        raise ValueError(
-            f"the server token must have at least {MIN_TOKEN_CHARS} characters, got {len(token)}"
-        )
-    return token
+        tokens = (token,) if token else ()
+    for number, token in enumerate(tokens, 1):
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ValueError(
+                f"the server token{f' on line {number}' if len(tokens) > 1 else ''} must have at least "
+                f"{MIN_TOKEN_CHARS} characters, got {len(token)}"
+            )
+    if len(set(tokens)) != len(tokens):
+        raise ValueError("the same server token is given twice: each client needs a token of its own")
+    return tokens
+
+
+def read_token(token_file: str | Path | None) -> str | None:
+    """The first of :func:`read_tokens` (``None`` without one)."""
+    tokens = read_tokens(token_file)
+    return tokens[0] if tokens else None
+
+
+def client_of(scope: Scope) -> str:
+    """Which client a request comes from, for the per-client limits: the number of the token it
+    carried (``"token-1"``, ...), or ``"anyone"`` on a server without tokens."""
+    return scope.get("state", {}).get("llm_zoo_client", "anyone")
 
 
 def bearer_header(token: str | None) -> dict[str, str]:
@@ -77,14 +108,23 @@ def bind_problem(host: str, token: str | None, allow_no_token: bool) -> str | No
 
 
 class TokenMiddleware:
-    """ASGI middleware that lets through only requests carrying the server's bearer token."""
+    """ASGI middleware that lets through only requests carrying one of the server's bearer
+    tokens, and notes which (:func:`client_of`)."""
 
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], token: str):
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], token: str | Sequence[str]):
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        tokens = (token,) if isinstance(token, str) else tuple(token)
+        if not tokens:
+            raise ValueError("TokenMiddleware needs at least one token")
+        self._expected = [f"Bearer {t}".encode() for t in tokens]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or self._authorized(scope):
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        client = self._client(scope)
+        if client is not None:
+            scope.setdefault("state", {})["llm_zoo_client"] = client
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
@@ -95,6 +135,9 @@ class TokenMiddleware:
                     "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})  # fmt: skip
         await send({"type": "http.response.body", "body": body})
 
-    def _authorized(self, scope: Scope) -> bool:
+    def _client(self, scope: Scope) -> str | None:
+        """``"token-N"`` for the N-th token, ``None`` for a missing or wrong one. Every token is
+        compared, in constant time each, so the time taken says nothing of which matched."""
         sent = next((value for name, value in scope.get("headers", []) if name == b"authorization"), b"")
-        return hmac.compare_digest(sent, self._expected)
+        matched = [hmac.compare_digest(sent, expected) for expected in self._expected]
+        return f"token-{matched.index(True) + 1}" if any(matched) else None

@@ -58,24 +58,28 @@ def serve(
     session_ttl_s: float = 600.0,
     max_sessions: int = 1024,
     max_message_bytes: int = 8 << 20,
-    token: str | None = None,
+    token: str | Sequence[str] | None = None,
     allow_no_token: bool = False,
     env_ids: Sequence[str] | None = None,
     allowed_arguments: Sequence[str] = (),
+    max_sessions_per_client: int | None = None,
 ) -> None:
     """Serve until interrupted; print :data:`READY_PREFIX` and the URL once listening (port 0
-    picks a free port). ``token``: serve only requests carrying it (:mod:`llm_zoo.serve.auth`);
-    a non-loopback ``host`` without one is refused (``ValueError``) unless ``allow_no_token``."""
-    problem = bind_problem(host, token, allow_no_token)
+    picks a free port). ``token``: serve only requests carrying it, or one of them, one per client
+    (:mod:`llm_zoo.serve.auth`); a non-loopback ``host`` without one is refused (``ValueError``)
+    unless ``allow_no_token``. The rest are :func:`llm_zoo.serve.app.create_app`'s."""
+    tokens = (token,) if isinstance(token, str) else tuple(token or ())
+    problem = bind_problem(host, tokens[0] if tokens else None, allow_no_token)
     if problem:
         raise ValueError(problem)
     app = create_app(
         session_ttl_s=session_ttl_s,
         max_sessions=max_sessions,
         max_message_bytes=max_message_bytes,
-        token=token,
+        token=tokens,
         env_ids=env_ids,
         allowed_arguments=allowed_arguments,
+        max_sessions_per_client=max_sessions_per_client,
     )
     sock = _bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]

@@ -37,6 +37,8 @@ class Session:
         closed: Expired or removed; the env is closed.
         steps: ``step`` calls since the last reset (OpenEnv's ``step_count``).
         kwargs: The constructor arguments the env was made with.
+        client: Who made it (:func:`llm_zoo.serve.auth.client_of`): the per-client limit counts
+            a client's sessions, clones included.
         episode_id: The caller's id for the current episode (OpenEnv's ``reset(episode_id=...)``),
             if it gave one.
         last_reset: ``(episode_id, seed, options)`` of the last reset and the observation it
@@ -53,6 +55,7 @@ class Session:
     closed: bool = False
     steps: int = 0
     kwargs: dict[str, Any] = field(default_factory=dict)
+    client: str = "anyone"
     episode_id: str | None = None
     last_reset: tuple[str, Any] | None = None
 
@@ -63,16 +66,27 @@ class SessionStore:
     Args:
         ttl_s: A session unused for this many seconds expires (its env is closed).
         max_sessions: More sessions than this are refused with ``CAPACITY_REACHED``.
+        max_per_client: More sessions than this for one client are refused the same way
+            (default: ``max_sessions``, no limit of its own).
         clock: The time source (tests pass a fake one).
     """
 
-    def __init__(self, ttl_s: float, max_sessions: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        ttl_s: float,
+        max_sessions: int,
+        clock: Callable[[], float] = time.monotonic,
+        max_per_client: int | None = None,
+    ):
         if not ttl_s > 0:
             raise ValueError(f"session ttl must be > 0 seconds, got {ttl_s!r}")
         if int(max_sessions) < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions!r}")
         self.ttl_s = float(ttl_s)
         self.max_sessions = int(max_sessions)
+        self.max_per_client = min(self.max_sessions, int(max_per_client or max_sessions))
+        if self.max_per_client < 1:
+            raise ValueError(f"max_per_client must be >= 1, got {max_per_client!r}")
         self._clock = clock
         self._sessions: dict[str, Session] = {}
         #: Sessions made since the server started (clones included).
@@ -81,15 +95,35 @@ class SessionStore:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def add(self, env_id: str, env: Any, *, attached: bool, kwargs: dict[str, Any] | None = None) -> Session:
-        """Hold ``env`` in a new session (closing ``env`` when the server is full)."""
+    def held_by(self, client: str) -> int:
+        """Sessions ``client`` holds now, clones included."""
+        return sum(s.client == client for s in self._sessions.values())
+
+    def add(
+        self,
+        env_id: str,
+        env: Any,
+        *,
+        attached: bool,
+        kwargs: dict[str, Any] | None = None,
+        client: str = "anyone",
+    ) -> Session:
+        """Hold ``env`` in a new session for ``client`` (closing ``env`` when the server, or that
+        client's share of it, is full)."""
+        refusal = None
         if len(self._sessions) >= self.max_sessions:
+            refusal = (
+                f"the server holds its maximum of {self.max_sessions} sessions; close one or retry later"
+            )
+        elif self.max_per_client < self.max_sessions and self.held_by(client) >= self.max_per_client:
+            refusal = (
+                f"this client ({client}) holds its maximum of {self.max_per_client} sessions, the server's "
+                f"limit per client (of {self.max_sessions} in all); close one or retry later"
+            )
+        if refusal is not None:
             with contextlib.suppress(Exception):
                 env.close()
-            raise ProtocolError(
-                "CAPACITY_REACHED",
-                f"the server holds its maximum of {self.max_sessions} sessions; close one or retry later",
-            )
+            raise ProtocolError("CAPACITY_REACHED", refusal)
         session = Session(
             secrets.token_urlsafe(16),
             env_id,
@@ -97,6 +131,7 @@ class SessionStore:
             self._clock(),
             attached=attached,
             kwargs=dict(kwargs or {}),
+            client=client,
         )
         self._sessions[session.id] = session
         self.created += 1
