@@ -337,6 +337,28 @@ def test_a_full_disk_while_checkpointing_is_a_one_line_error(tiny_model_dir, tmp
     assert not any(p.name.startswith(".tmp-") for p in (tmp_path / "run").iterdir())
 
 
+def test_a_disk_full_before_the_first_step_names_the_file(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """At 0 bytes free the first write fails while writing an open file (config.yaml), whose
+    OSError carries no file name: the line still names the file, not just the run's directory."""
+    import errno
+    import pathlib
+
+    import toy_envs_trainer  # noqa: F401
+
+    real_write = pathlib.Path.write_text
+
+    def full_disk(self, data, *args, **kwargs):
+        if self.name == "config.yaml" and self.parent == tmp_path / "run":
+            raise OSError(errno.ENOSPC, "No space left on device")  # as a write or close raises it
+        return real_write(self, data, *args, **kwargs)
+
+    config = write_toy_config(tiny_model_dir, tmp_path / "run", tmp_path / "c.yaml")
+    monkeypatch.setattr(pathlib.Path, "write_text", full_disk)
+    assert main([str(config), "--eval.num_episodes", "0", "--training.max_steps", "1"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert f"cannot write {tmp_path / 'run' / 'config.yaml'}: No space left on device" in line, line
+
+
 def test_accelerate_launch_cpu_with_two_processes_says_it_started_one(tiny_model_dir, tmp_path):
     from llm_zoo_train.runs.launch_check import process_count_warning, requested_processes
 

@@ -282,9 +282,34 @@ def _write_failed(err: OSError, output_dir: str) -> int:
 
     if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
         raise err
-    where = err.filename or f"a file in {output_dir}"
+    where = err.filename or _path_being_written(err, output_dir) or f"a file in {output_dir}"
     print(f"llm-zoo-train: error: cannot write {where}: {err.strerror or err}", file=sys.stderr)
     return 2
+
+
+def _path_being_written(err: OSError, output_dir: str) -> str | None:
+    """The file a failed write was writing, when the error does not say (a write or close of an
+    open file raises ENOSPC without a file name): the innermost frame of the traceback holding a
+    path under ``output_dir`` (``Path.write_text``'s own path, a writer's ``path``)."""
+    root = os.path.abspath(output_dir)
+    frames = []
+    trace = err.__traceback__
+    while trace is not None:
+        frames.append(trace.tb_frame)
+        trace = trace.tb_next
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            if isinstance(value, os.PathLike) or (isinstance(value, str) and 0 < len(value) < 4096):
+                text = os.fspath(value)
+                if (
+                    isinstance(text, str)
+                    and "\n" not in text
+                    and (os.sep in text or isinstance(value, os.PathLike))
+                ):
+                    candidate = os.path.abspath(text)
+                    if candidate.startswith(root + os.sep):
+                        return candidate
+    return None
 
 
 if __name__ == "__main__":
