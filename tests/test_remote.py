@@ -289,6 +289,37 @@ def test_env_servers_config_is_checked():
         env_servers.configure_env_servers([])
 
 
+def test_a_clone_whose_server_dies_mid_handshake_is_made_on_a_failover_server(server, monkeypatch):
+    """Issue 53 (D3): a server killed between the clone and the attach (a kill landing mid-rollout,
+    as async rollouts always have one in flight) raised instead of failing over."""
+    _, spare = server
+    local = llm_zoo.make("Sokoban-v0")
+    local.reset(seed=5)
+    process = ServerProcess()
+    with process as doomed:
+        env = remote.make(doomed, "Sokoban-v0", timeout_s=20, failover=[spare])
+        env.reset(seed=5)
+        real_connection = remote._Connection
+
+        def killed_before_the_attach(url, **kwargs):
+            if url == doomed:
+                process.stop()  # the clone exists on the server; the attaching connection finds it dead
+            return real_connection(url, **kwargs)
+
+        monkeypatch.setattr(remote, "_Connection", killed_before_the_attach)
+        twin = env.clone()
+        assert env.url == spare and twin.url == spare and doomed in env.failover
+        assert plain(twin.last()) == plain(env.last()) == plain(local.last())
+        for agent in ("tool_agent", "plan_agent"):  # the clone goes on exactly as in-process
+            assert plain(twin.last()) == plain(local.last())
+            action = policy(agent, local.observe(agent)["prompt"])
+            twin.step(action)
+            local.step(action)
+            assert (plain(twin.rewards), plain(twin.infos)) == (plain(local.rewards), plain(local.infos))
+        twin.close()
+        env.close()
+
+
 def test_an_episode_moves_to_a_failover_server_when_its_server_dies(server):
     _, spare = server
     local = llm_zoo.make("Sokoban-v0")

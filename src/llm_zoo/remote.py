@@ -300,16 +300,32 @@ class RemoteEnv(AECEnv):
         self.close()
 
     def clone(self) -> RemoteEnv:
-        """An independent copy in a new server session: stepping one never changes the other."""
-        info = self._request("clone", {}, "session")
-        connection = _Connection(
-            self.url, timeout_s=self._connection.timeout_s, connect_timeout_s=30.0, token=self._token
-        )
-        try:
-            connection.request("attach", {"session_id": info["session_id"]}, "session")
-        except Exception:
-            connection.close()
-            raise
+        """An independent copy in a new server session: stepping one never changes the other.
+
+        A clone is made on this env's server, then a second connection attaches to it. A server
+        lost between the two (killed mid-handshake) moves this episode to a failover server, as
+        any other call would, and the clone is made there.
+        """
+        for attempt in range(2):
+            info = self._request("clone", {}, "session")
+            connection: _Connection | None = None
+            try:
+                connection = _Connection(
+                    self.url, timeout_s=self._connection.timeout_s, connect_timeout_s=30.0, token=self._token
+                )
+                connection.request("attach", {"session_id": info["session_id"]}, "session")
+                break
+            except RemoteEnvError as err:
+                if connection is not None:
+                    connection.close()
+                if attempt or not (err.connection_lost and self.failover):
+                    raise
+                self._replay_elsewhere(err)
+            except Exception:
+                if connection is not None:
+                    connection.close()
+                raise
+        assert connection is not None
         twin = RemoteEnv(connection, info, self.render_mode, kwargs=self._kwargs, failover=self.failover)
         twin._log = copy.deepcopy(self._log)
         for name in (
