@@ -308,6 +308,48 @@ def test_env_servers_that_do_not_answer_stop_the_run_before_anything_is_deleted(
     assert not (run / ".llm-zoo-train.lock").exists()  # and the directory is free again
 
 
+@pytest.mark.parametrize("rollouts", ["sync", "async"])
+def test_every_env_server_lost_mid_run_is_one_line(tiny_model_dir, tmp_path, capsys, rollouts):
+    """Issue 53 D3: with every configured server killed mid-run, a sync run ended in a raw
+    RemoteEnvError traceback and an async one in RolloutWorkerError; both now stop with one line
+    naming the servers, and the last checkpoint is kept."""
+    import threading
+    import time
+
+    from llm_zoo.serve import ServerProcess
+
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])
+    )
+    run = tmp_path / "run"
+    config = write_toy_config(tiny_model_dir, run, tmp_path / "c.yaml")
+    servers = [ServerProcess("--plugin", "toy_envs_trainer", env=env) for _ in range(2)]
+    with servers[0] as first, servers[1] as second:
+
+        def kill_both_after_step_2() -> None:
+            metrics = run / "metrics.jsonl"
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:  # eval, steps 1 and 2
+                    break
+                time.sleep(0.005)
+            for server in servers:
+                os.killpg(server.process.pid, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_both_after_step_2, daemon=True)
+        killer.start()
+        argv = [str(config), "--training.max_steps", "40", "--training.save_steps", "1",
+                "--env.servers", f"[{first}, {second}]"]  # fmt: skip
+        if rollouts == "async":
+            argv += ["--rollout.async_steps", "1", "--rollout.async_worker_threads", "1"]
+        assert main(argv) == 2
+        killer.join()
+    line = one_line_error(capsys.readouterr().err)
+    assert "no env server left to play on" in line and "continue with --resume" in line, line
+    assert first in line and second in line, line
+    assert list(run.glob("checkpoint-*")), list(run.iterdir())  # the last checkpoint is kept
+
+
 # --------------------------------------------------------------------------- full disks
 
 

@@ -214,6 +214,7 @@ def _main(argv: list[str]) -> int:
 
     from transformers.utils import logging as transformers_logging
 
+    from llm_zoo.remote import RemoteEnvError
     from llm_zoo_train.models.policy import ModelNotAvailableError
     from llm_zoo_train.rollout.env_servers import EnvServersUnavailableError
     from llm_zoo_train.rollout.replay import ReplayMismatchError
@@ -251,6 +252,14 @@ def _main(argv: list[str]) -> int:
         trainer.train()
     except (CheckpointWriteError, ReplayMismatchError) as err:
         print(f"llm-zoo-train: error: {err}", file=sys.stderr)
+        return 2
+    except RemoteEnvError as err:  # every configured env server lost (failover found none left)
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(
+            f"llm-zoo-train: error: stopped after step {trainer.step}, no env server left to play on: {first}; "
+            "the last checkpoint is kept: continue with --resume once a server in env.servers answers",
+            file=sys.stderr,
+        )
         return 2
     except NonFiniteError as err:
         print(f"llm-zoo-train: error: {err}", file=sys.stderr)

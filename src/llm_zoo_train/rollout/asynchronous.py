@@ -53,6 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from llm_zoo.remote import RemoteEnvError
 from llm_zoo_train.config import AlgorithmConfig, Config
 from llm_zoo_train.models.kernel_choices import measured_kernel_choices
 from llm_zoo_train.models.policy import Policy
@@ -322,7 +323,13 @@ class AsyncRollouts:
             raise self._lost(f"its pipe broke ({err})") from None
         if kind == "error":
             self.close()
-            raise RolloutWorkerError(f"the rollout generation process failed:\n{payload}")
+            failure = RolloutWorkerError(f"the rollout generation process failed:\n{payload}")
+            what = rest[0] if rest else {}
+            if what.get("type") == "RemoteEnvError":  # env servers lost: the same error as in a sync run
+                raise RemoteEnvError(
+                    what["message"], connection_lost=bool(what["connection_lost"])
+                ) from failure
+            raise failure
         if kind == "rollout":
             if rest:  # its "auto" kernels, for the checkpoint: a resumed run generates as this one did
                 self.kernel_choices = rest[0]

@@ -88,9 +88,14 @@ def run_worker(connection: Any, spec: WorkerSpec) -> None:
         return  # the trainer closed its end: nobody is waiting for rollouts
     except SystemExit:
         raise  # terminated by the trainer (SIGTERM): nobody is waiting for an error
-    except BaseException:  # every failure must reach the trainer, which raises it
+    except BaseException as err:  # every failure must reach the trainer, which raises it
+        what = {
+            "type": type(err).__name__,
+            "message": str(err),
+            "connection_lost": getattr(err, "connection_lost", False),
+        }
         with contextlib.suppress(OSError, EOFError):
-            connection.send(("error", traceback.format_exc()))
+            connection.send(("error", traceback.format_exc(), what))
 
 
 def _serve(connection: Any, spec: WorkerSpec) -> None:
