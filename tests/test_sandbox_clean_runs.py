@@ -295,7 +295,12 @@ def test_the_servers_command_line_holds_no_source_or_configuration(box):
 # ------------------------------------------------------------------ 7. isolation_info says so
 def test_isolation_info_states_the_clean_run_protections(box):
     info = box.isolation_info()
-    assert "never one an earlier run had" in info["fresh_workdir"]
+    assert ("never one an earlier run had" in info["fresh_workdir"]) != (
+        "a tmpfs of its own" in info["fresh_workdir"]
+    )
+    assert ("a tmpfs of its own" in info["fresh_workdir"]) == info["channels_between_runs"].get(
+        "tmp_inode_numbers", ""
+    ).startswith("closed")
     assert 0 < info["cleanup_bound_s"] <= 1.0 and "without recursion" in info["cleanup"]
     assert "only the job it was running" in info["server_death"]
     assert info["socket_families"][0] == "AF_UNIX"

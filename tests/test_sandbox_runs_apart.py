@@ -289,3 +289,21 @@ def test_programs_do_not_see_their_server_or_zygote(setup, monkeypatch):
     assert claim.startswith("closed") == hidden, (claim, result)
     if _isolated_as_root(box):
         assert hidden, result
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_inode_numbers_say_nothing_of_what_earlier_runs_made(setup, monkeypatch):
+    """A run makes k files; the next reads the inode numbers of its work dir and of a new file:
+    the same whatever k, where the sandbox says the channel is closed (with namespaces as root)."""
+    maker = "for i in range(int(input())):\n    open(f'f{i}', 'w').close()\n"
+    reader = "import os\nopen('x', 'w').close()\nprint(os.stat('.').st_ino, os.stat('x').st_ino, sorted(os.listdir('.')))"
+    with make_box(setup, monkeypatch, workers=1) as box:
+        seen = set()
+        for files in (0, 40, 2000):
+            assert box.run(maker, stdin=str(files)).ok
+            seen.add(box.run(reader).stdout)
+        claim = box.isolation_info()["channels_between_runs"].get("tmp_inode_numbers", "open")
+    assert claim.startswith("closed") == (len(seen) == 1), (claim, seen)
+    if _isolated_as_root(box):
+        assert len(seen) == 1, seen
+        assert next(iter(seen)).endswith("['main.py', 'x']\n")  # nothing of the earlier runs' files

@@ -130,9 +130,11 @@ interpreter's path, ``-I -S -B`` and ``/proc/self/fd/N``; ``/proc/self/mountinfo
 bound paths (the interpreter, its standard library, ``/usr``, a few ``/etc`` files, each at the
 host path it has inside), the host's disk device and its mount options, and, under bubblewrap,
 its staging directory ``/newroot``; nothing of the project, the envs' data or the host's scratch
-directories. What a program can still learn of *earlier runs* on its server is listed, with bits
-per run, under ``isolation_info()["channels_between_runs"]``: today the inode numbers of its
-server's ``/tmp`` (about 18 bits per run).
+directories. What a program can learn of *earlier runs* on its server is listed, with bits per
+run, under ``isolation_info()["channels_between_runs"]``; with namespaces as root every channel
+measured so far is closed: each run's first process enters a mount namespace of its own with a
+new tmpfs work dir (``disk_mb``, at most 16384 files; inode numbers and free space start afresh,
+and everything in it goes with the run's last process, so the server removes nothing).
 """
 
 from __future__ import annotations

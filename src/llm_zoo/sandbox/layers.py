@@ -20,6 +20,7 @@ import warnings
 
 from llm_zoo.sandbox import cgroup, seccomp
 from llm_zoo.sandbox.cleanup import BUDGET_S as CLEANUP_BUDGET_S
+from llm_zoo.sandbox.jail import RUN_TMP_INODES
 from llm_zoo.sandbox.server import LEFTOVER_BOUND_BYTES
 from llm_zoo.sandbox.worker import LayerPlan, SandboxError, Worker
 
@@ -28,10 +29,12 @@ LAYER_ENV_VAR = "LLM_ZOO_SANDBOX_LAYER"
 NAMESPACES_ENV_VAR = "LLM_ZOO_SANDBOX_NAMESPACES"  # "0": the fallback does not try namespaces
 MEMORY_CGROUP_ENV_VAR = "LLM_ZOO_SANDBOX_MEMORY_CGROUP"  # "0": no memory cgroup
 # What a root server inside bubblewrap keeps: set up and drop to the program's uid, kill its
-# processes, and remove its files; every other capability is dropped. CAP_SYS_ADMIN only serves to
-# remount /proc so that programs do not see the server and its zygote: the server drops it right
-# after, before its zygote exists. CAP_CHECKPOINT_RESTORE lets the zygote set the pid namespace's
-# next pid (every program gets the same pid), where the kernel has it (5.9 and later).
+# processes, and remove its files; every other capability is dropped. CAP_SYS_ADMIN serves to
+# remount /proc so that programs do not see the server and its zygote, and to give each run a mount
+# namespace and tmpfs work dir of its own: the server drops it once its zygote runs, the zygote keeps
+# it for that alone, and every program's process drops it with every other capability before any
+# of the program runs. CAP_CHECKPOINT_RESTORE lets the zygote set the pid namespace's next pid (every
+# program gets the same pid), where the kernel has it (5.9 and later).
 _BWRAP_CAPABILITIES = (
     "CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_ADMIN",
 )  # fmt: skip
@@ -162,6 +165,7 @@ def _make_plan(name: str) -> LayerPlan:
                 plan,
                 fixed_pids=report.get("next_pid") == report.get("pid"),
                 hidden_servers=report.get("parent_visible") is False,
+                private_run_tmp=report.get("next_workdir_inode") == report.get("workdir_inode"),
             )
             if not problems:
                 notes = [f"probe: {json.dumps(report, sort_keys=True)}", memory_note, *failures]
@@ -179,7 +183,10 @@ def _make_plan(name: str) -> LayerPlan:
 
 _PROBE_PROGRAM = r"""
 import json, os, socket, sys
-report = {"uid": os.getuid(), "pid": os.getpid(), "parent_visible": os.path.exists(f"/proc/{os.getppid()}")}
+report = {"uid": os.getuid(), "pid": os.getpid(), "parent_visible": os.path.exists(f"/proc/{os.getppid()}"),
+          "workdir_inode": os.stat(".").st_ino}
+for name in ("a", "b", "c"):  # advances a shared /tmp's inode numbers: the next run shows whether it has its own
+    open(name, "w").close()
 child = os.fork()  # advances the pid counter: the next run's pid shows whether it is reset
 if child == 0:
     os._exit(0)
@@ -215,7 +222,7 @@ def _probe(plan: LayerPlan) -> dict:
         return {"start": str(exc)}
     try:
         limits = {"timeout": 10.0, "memory_mb": 512, "max_output_bytes": 1 << 16, "max_processes": 8}
-        pid_check = b"import os\nprint(os.getpid())"
+        pid_check = b"import os\nprint(os.getpid(), os.stat('.').st_ino)"
         replies, _ = worker.execute([(limits, code.encode(), b""), (limits, pid_check, b"")])
         if len(replies) != 2:
             return {"start": f"the probe never ran: {worker.refused or 'its server retired'}"}
@@ -226,7 +233,8 @@ def _probe(plan: LayerPlan) -> dict:
         worker.close()
     try:
         report = json.loads(stdout)
-        return dict(report, exit_code=header["exit_code"], next_pid=int(next_pid or -1))
+        pid, inode = (int(value) for value in next_pid.split()) if len(next_pid.split()) == 2 else (-1, -1)
+        return dict(report, exit_code=header["exit_code"], next_pid=pid, next_workdir_inode=inode)
     except ValueError:
         return {"exit_code": header["exit_code"], "stderr": stderr.decode(errors="replace")[-500:]}
 
@@ -281,7 +289,10 @@ def channels_between_runs(plan: LayerPlan) -> dict[str, str]:
         "about 12 bits per run (page faults modulo 2**14, read back within 2 pages)"
     )
     channels["tmp_inode_numbers"] = (
-        "open: the inode numbers of the work dir and of the files a program makes come from its "
+        "closed: every run has a mount namespace and a tmpfs work dir of its own (inode numbers, free "
+        f"space: all fresh; at most {RUN_TMP_INODES} files), gone with the run's last process"
+        if plan.private_run_tmp
+        else "open: the inode numbers of the work dir and of the files a program makes come from its "
         "server's /tmp, which every earlier run advanced: about 18 bits per run (17.6-18.1 measured)"
     )
     return channels
@@ -348,8 +359,13 @@ def describe(plan: LayerPlan, requested: str) -> dict:
         "memory_limit": memory,
         "memory_total": bool(plan.memory),
         "fresh_process_image": True,
-        "fresh_workdir": "a new directory for every run, never one an earlier run had: no files, "
-        "extended attributes, ACLs or memory charge carry over",
+        "fresh_workdir": (
+            "a tmpfs of its own for every run, in a mount namespace of its own: no files, inode numbers, "
+            "extended attributes, ACLs or memory charge carry over"
+            if plan.private_run_tmp
+            else "a new directory for every run, never one an earlier run had: no files, extended "
+            "attributes, ACLs or memory charge carry over"
+        ),
         "cleanup_bound_s": CLEANUP_BUDGET_S,
         "cleanup": f"without recursion, at most {CLEANUP_BUDGET_S} s after a run; a run that left more "
         + (

@@ -123,6 +123,8 @@ class LayerPlan:
             it); set by the probe.
         hidden_servers: Programs do not see their server and zygote in ``/proc`` (the probe saw
             it); set by the probe.
+        private_run_tmp: Every run has a tmpfs work dir of its own (the probe saw it); set by the
+            probe.
         notes: What was checked and decided, for :func:`llm_zoo.sandbox.isolation_info`.
     """
 
@@ -135,6 +137,7 @@ class LayerPlan:
     memory: tuple[str, ...] = ()
     fixed_pids: bool = False
     hidden_servers: bool = False
+    private_run_tmp: bool = False
     notes: tuple[str, ...] = ()
 
     @property
@@ -304,7 +307,7 @@ class Worker:
         try:
             options: dict = {"uid": self.lease.uid if self.lease else -1, "keep_read_search": plan.keep_read_search,
                              "cleanup": plan.cleanup, "scratch": "/tmp", "progress_fd": progress_write,
-                             "allow_inet": plan.namespaces}  # fmt: skip
+                             "allow_inet": plan.namespaces, "disk_mb": int(disk_mb)}  # fmt: skip
             if not plan.bwrap_args:
                 self._scratch = options["scratch"] = tempfile.mkdtemp(
                     prefix="llm_zoo_sandbox_", dir=None if plan.namespaces else _memory_backed_directory()

@@ -19,7 +19,7 @@ import signal
 import socket
 import time
 
-from llm_zoo.sandbox import cleanup, runner
+from llm_zoo.sandbox import cleanup, jail, runner
 
 REAP_DEADLINE_S = 5.0
 _IPC_RMID = 0
@@ -49,6 +49,23 @@ def _open_last_pid(config) -> int | None:  # type: ignore[no-untyped-def]
         os.close(fd)
         return None
     return fd
+
+
+def can_give_runs_their_own_tmp(config) -> bool:  # type: ignore[no-untyped-def]
+    """Whether this zygote's children can enter a mount namespace with a tmpfs work dir of their
+    own (``jail.enter_run_tmp``): tried once, in a throwaway child. Needs the sandbox's own
+    namespaces and CAP_SYS_ADMIN over them."""
+    if config.cleanup != "pidns":
+        return False
+    child = os.fork()
+    if child == 0:
+        try:
+            jail.enter_run_tmp(config.workdir, 1, config.uid, b"")
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(child, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 def serve(channel: socket.socket, config) -> None:  # type: ignore[no-untyped-def]  # ServerConfig
