@@ -291,10 +291,13 @@ def test_programs_do_not_see_their_server_or_zygote(setup, monkeypatch):
         assert hidden, result
 
 
+@pytest.mark.parametrize("run_tmp", ["0", "1"])
 @pytest.mark.parametrize("setup", SETUPS)
-def test_inode_numbers_say_nothing_of_what_earlier_runs_made(setup, monkeypatch):
+def test_inode_numbers_say_nothing_of_what_earlier_runs_made(setup, run_tmp, monkeypatch):
     """A run makes k files; the next reads the inode numbers of its work dir and of a new file:
-    the same whatever k, where the sandbox says the channel is closed (with namespaces as root)."""
+    the same whatever k where the sandbox says the channel is closed: with namespaces as root and
+    ``LLM_ZOO_SANDBOX_RUN_TMP=1`` (a tmpfs per run); open, and said so, without it."""
+    monkeypatch.setenv("LLM_ZOO_SANDBOX_RUN_TMP", run_tmp)
     maker = "for i in range(int(input())):\n    open(f'f{i}', 'w').close()\n"
     reader = "import os\nopen('x', 'w').close()\nprint(os.stat('.').st_ino, os.stat('x').st_ino, sorted(os.listdir('.')))"
     with make_box(setup, monkeypatch, workers=1) as box:
@@ -304,6 +307,6 @@ def test_inode_numbers_say_nothing_of_what_earlier_runs_made(setup, monkeypatch)
             seen.add(box.run(reader).stdout)
         claim = box.isolation_info()["channels_between_runs"].get("tmp_inode_numbers", "open")
     assert claim.startswith("closed") == (len(seen) == 1), (claim, seen)
-    if _isolated_as_root(box):
+    if _isolated_as_root(box) and run_tmp == "1":
         assert len(seen) == 1, seen
         assert next(iter(seen)).endswith("['main.py', 'x']\n")  # nothing of the earlier runs' files

@@ -18,7 +18,7 @@ import os
 import resource
 import sys
 
-from llm_zoo.sandbox import jail, seccomp
+from llm_zoo.sandbox import seccomp
 
 SETUP_FAILED_EXIT = 125  # the child could not be set up; the program never ran
 PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 4, 8, 36, 38
@@ -226,8 +226,6 @@ def run_child(fds: list[int], config) -> None:  # type: ignore[no-untyped-def]  
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-        if config.private_run_tmp:  # the server made no work dir: this run's own, on its own tmpfs
-            jail.enter_run_tmp(config.workdir, config.run_tmp_mb, config.uid, source)
         _set_oom_score_adj()
         _set_limits(limits, config.nproc_base)
         if config.uid is not None:

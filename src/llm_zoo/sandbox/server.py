@@ -90,10 +90,11 @@ class ServerConfig:
         self.progress_fd: int | None = options.get("progress_fd")  # one byte per job started
         self.allow_inet: bool = bool(options.get("allow_inet"))  # the network is cut by a namespace
         self.cleanup_budget_s = CLEANUP_BUDGET_S
-        #: Each run gets a mount namespace and a tmpfs work dir of its own (``jail.enter_run_tmp``),
-        #: where the zygote can make them (decided by the zygote at start, see ``_start_zygote``).
+        #: Each run gets a tmpfs work dir of its own (``jail.mount_run_tmp``), where this server may
+        #: mount one (decided at start: ``_can_mount_run_tmp``).
         self.private_run_tmp = False
         self.run_tmp_mb: int = int(options.get("disk_mb", 256))
+        self.run_tmp_wanted: bool = bool(options.get("run_tmp", True))
         self.nproc_base = 0
         self.stdio = runner.StdioConfig()
 
@@ -244,7 +245,9 @@ def serve_one(request: dict, source: bytes, stdin: bytes, config: ServerConfig, 
     memory.set(int(request["memory_mb"]) << 20)  # a refusal is not this job's doing: it runs elsewhere
     if config.progress_fd is not None:  # read by the host only if this server dies: which job did it
         os.write(config.progress_fd, b".")
-    if not config.private_run_tmp:  # else the run's first process makes its own (jail.enter_run_tmp)
+    if config.private_run_tmp:
+        jail.mount_run_tmp(config.workdir, config.run_tmp_mb, config.uid, source)
+    else:
         _prepare_workdir(config, source)
     job = _memory_file("job", json.dumps(request).encode() + b"\n" + source)
     fds = [_memory_file("stdin", stdin), _memory_file("stdout"), _memory_file("stderr"), job]
@@ -294,7 +297,8 @@ def serve_one(request: dict, source: bytes, stdin: bytes, config: ServerConfig, 
     stderr, err_cut = _read_capped(fds[2], cap)
     for fd in fds[1:3]:
         os.close(fd)
-    # Files go now, not at the next run (a private work dir went with the run's last process).
+    if config.private_run_tmp:  # files go now, not at the next run
+        jail.unmount_run_tmp(config.workdir)
     tidy = (config.private_run_tmp or _discard_workdir(config)) and answer.get("tidy", True)
     left = memory.leftover()
     left_behind = None
@@ -331,9 +335,20 @@ def _read_answer(births: socket.socket) -> dict:
     return json.loads(data)
 
 
+def _can_mount_run_tmp(config: ServerConfig) -> bool:
+    """Whether this server can give each run a tmpfs work dir of its own: in the sandbox's own
+    namespaces, with CAP_SYS_ADMIN over them (tried once, at start)."""
+    if config.cleanup != "pidns" or not config.run_tmp_wanted:
+        return False
+    try:
+        jail.mount_run_tmp(config.workdir, 1, config.uid, b"")
+        jail.unmount_run_tmp(config.workdir)
+    except OSError:
+        return False
+    return True
+
+
 def _start_zygote(config: ServerConfig, private_fds: Sequence[int]) -> socket.socket:
-    """Fork the zygote; it says first whether runs get a work dir of their own
-    (``config.private_run_tmp``), and the server then makes none."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
@@ -341,13 +356,10 @@ def _start_zygote(config: ServerConfig, private_fds: Sequence[int]) -> socket.so
             ours.close()
             for fd in private_fds:  # the host's pipe and the limit files are the server's alone
                 os.close(fd)
-            config.private_run_tmp = zygote.can_give_runs_their_own_tmp(config)
-            theirs.send(b"1" if config.private_run_tmp else b"0")
             zygote.serve(theirs, config)
         finally:
             os._exit(0)
     theirs.close()
-    config.private_run_tmp = ours.recv(1) == b"1"
     return ours
 
 
@@ -381,15 +393,21 @@ def main(options: dict) -> int:
         __import__(name)
     os.makedirs(os.path.dirname(config.workdir), exist_ok=True)
     if config.cleanup == "pidns" and not os.path.isdir(config.workdir):
-        os.mkdir(config.workdir, 0o755)  # where a run's own tmpfs goes, if the zygote can make one
+        os.mkdir(config.workdir, 0o755)  # where each run's own tmpfs goes, if this server may mount one
+    config.private_run_tmp = _can_mount_run_tmp(config)
+    if (
+        config.jail is None
+        and config.cleanup == "pidns"
+        and config.uid is not None
+        and not config.private_run_tmp
+    ):
+        runner.drop_capability(runner.CAP_SYS_ADMIN)  # bubblewrap as root: held for the mounts alone
     gc.collect()
     gc.freeze()  # children's collections then skip (and do not copy-on-write) the server's objects
     private = [channel_in, channel_out, *config.memory_fds, *config.memory_usage_fds]
     births = _start_zygote(
         config, private + ([config.progress_fd] if config.progress_fd is not None else [])
     )  # before any job is read: its image never holds one
-    if config.jail is None and config.cleanup == "pidns" and config.uid is not None:
-        runner.drop_capability(runner.CAP_SYS_ADMIN)  # the zygote keeps it for runs' own work dirs
     memory = MemoryLimit(config)
     write_frame(channel_out, {"ready": True, "pid": os.getpid(), "uid": config.uid})
     while True:  # a request is a chunk of jobs, run one after the other: one round trip each

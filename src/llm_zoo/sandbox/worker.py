@@ -50,6 +50,12 @@ UID_LOCK_DIR = "/tmp/llm_zoo_sandbox_uids"  # fixed, not $TMPDIR: every process 
 STARTUP_TIMEOUT_S = 30.0
 ANSWER_GRACE_S = 10.0  # beyond a program's timeout, how long the host waits for its server
 # The server's modules, in the order they are loaded (each imports only earlier ones).
+#: "1": every run gets a tmpfs work dir of its own (``jail.mount_run_tmp``), which closes the last
+#: measured channel between runs (inode numbers, about 18 bits a run) but cost about 6 ms a run on
+#: the 2-core Xeon under load (2.8 -> 9 ms for a trivial program); default "0": a new directory
+#: on the server's shared /tmp.
+RUN_TMP_ENV_VAR = "LLM_ZOO_SANDBOX_RUN_TMP"
+
 SERVER_MODULES = (
     "protocol",
     "cgroup",
@@ -123,6 +129,7 @@ class LayerPlan:
             it); set by the probe.
         hidden_servers: Programs do not see their server and zygote in ``/proc`` (the probe saw
             it); set by the probe.
+        run_tmp: Every run is to get a tmpfs work dir of its own (``$LLM_ZOO_SANDBOX_RUN_TMP`` 1).
         private_run_tmp: Every run has a tmpfs work dir of its own (the probe saw it); set by the
             probe.
         notes: What was checked and decided, for :func:`llm_zoo.sandbox.isolation_info`.
@@ -137,6 +144,7 @@ class LayerPlan:
     memory: tuple[str, ...] = ()
     fixed_pids: bool = False
     hidden_servers: bool = False
+    run_tmp: bool = False
     private_run_tmp: bool = False
     notes: tuple[str, ...] = ()
 
@@ -307,7 +315,8 @@ class Worker:
         try:
             options: dict = {"uid": self.lease.uid if self.lease else -1, "keep_read_search": plan.keep_read_search,
                              "cleanup": plan.cleanup, "scratch": "/tmp", "progress_fd": progress_write,
-                             "allow_inet": plan.namespaces, "disk_mb": int(disk_mb)}  # fmt: skip
+                             "allow_inet": plan.namespaces, "disk_mb": int(disk_mb),
+                             "run_tmp": plan.run_tmp}  # fmt: skip
             if not plan.bwrap_args:
                 self._scratch = options["scratch"] = tempfile.mkdtemp(
                     prefix="llm_zoo_sandbox_", dir=None if plan.namespaces else _memory_backed_directory()

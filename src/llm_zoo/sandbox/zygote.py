@@ -19,7 +19,7 @@ import signal
 import socket
 import time
 
-from llm_zoo.sandbox import cleanup, jail, runner
+from llm_zoo.sandbox import cleanup, runner
 
 REAP_DEADLINE_S = 5.0
 _IPC_RMID = 0
@@ -51,28 +51,13 @@ def _open_last_pid(config) -> int | None:  # type: ignore[no-untyped-def]
     return fd
 
 
-def can_give_runs_their_own_tmp(config) -> bool:  # type: ignore[no-untyped-def]
-    """Whether this zygote's children can enter a mount namespace with a tmpfs work dir of their
-    own (``jail.enter_run_tmp``): tried once, in a throwaway child. Needs the sandbox's own
-    namespaces and CAP_SYS_ADMIN over them."""
-    if config.cleanup != "pidns":
-        return False
-    child = os.fork()
-    if child == 0:
-        try:
-            jail.enter_run_tmp(config.workdir, 1, config.uid, b"")
-            os._exit(0)
-        except BaseException:
-            os._exit(1)
-    _, status = os.waitpid(child, 0)
-    return os.waitstatus_to_exitcode(status) == 0
-
-
 def serve(channel: socket.socket, config) -> None:  # type: ignore[no-untyped-def]  # ServerConfig
     """The zygote's loop: one run per message, until the server goes away."""
     runner.die_with_parent()
     runner.prctl(runner.PR_SET_CHILD_SUBREAPER, 1)
     last_pid = _open_last_pid(config)
+    with contextlib.suppress(OSError):  # the server mounts runs' work dirs; the zygote has no need of it
+        runner.drop_capability(runner.CAP_SYS_ADMIN)
     while True:
         try:
             _, fds, _, _ = socket.recv_fds(channel, 16, _MAX_FDS)
