@@ -73,6 +73,35 @@ def test_lookahead_credits_the_team_outcome_after_the_teammates_next_action():
     assert {tuple(s.extra["info"]["history_before"]) for s in bob_group} == {(f"alice={chosen.completion}",)}
 
 
+def alice_answers_her_own_question(prompt: str, adapter: str | None, index: int) -> str:
+    """Alice's turn-0 branch k writes k a's among 6 x's (never half a's: the team cannot succeed
+    yet); on turn 1 she writes 'aaa' only after a turn-0 reply of at least two a's (her own
+    earlier move decides her later one); bob always writes 'bbb'."""
+    if adapter != "alice_lora":
+        return "bbb"
+    if "turn 1" in prompt:
+        return "aaa" if "alice=aa" in prompt else "xxx"
+    return "a" * index + "x" * 6
+
+
+def test_episode_lookahead_credits_an_action_with_the_agents_own_later_move():
+    """-2 plays every later action, the acting agent's own included, to the episode's end: alice's
+    first move is credited with the team outcome after her own second move. A round (-1) stops
+    before alice acts again."""
+    episode, _ = run(lookahead=-2, k=4, max_turns=2, script=alice_answers_her_own_question)
+    first = [s for s in episode if s.group_key == "e0/t0/alice"]
+    for s in first:
+        assert s.lookahead_steps == 3  # bob, alice again, bob: the episode's end
+        assert [step["agent"] for step in s.extra["lookahead"]] == ["bob", "alice", "bob"]
+        assert s.credited_global == s.extra["lookahead"][-1]["global_reward"]
+    # Her turn-1 answer is 'aaa' only after branches 2 and 3 (2 and 3 a's): the team ends solved.
+    assert [s.credited_global for s in first] == [0.0, 0.0, 1.0, 1.0]
+    round_only, _ = run(lookahead=-1, k=4, max_turns=2, script=alice_answers_her_own_question)
+    first = [s for s in round_only if s.group_key == "e0/t0/alice"]
+    assert {s.lookahead_steps for s in first} == {1}
+    assert [s.credited_global for s in first] == [0.0] * 4  # the round ends before alice's answer
+
+
 def test_lookahead_calls_are_batched_per_position_and_not_trained_on():
     samples, engine = run(lookahead=-1, seeds=(3, 4, 5), k=4, max_turns=2)
     # Per step: one call n=K for the live envs, then one look-ahead call n=1 for all their branches;
@@ -188,15 +217,16 @@ def test_independent_advantages_compare_the_k_episode_returns():
 
 
 def test_lookahead_values_are_checked():
-    assert [check_lookahead(v) for v in (-1, 0, 1, 5)] == [-1, 0, 1, 5]
-    for bad in (-2, 1.5, "round", True, None):
-        with pytest.raises(ValueError, match="team_credit_lookahead must be -1"):
+    assert [check_lookahead(v) for v in (-2, -1, 0, 1, 5)] == [-2, -1, 0, 1, 5]
+    for bad in (-3, 1.5, "round", True, None):
+        with pytest.raises(ValueError, match="team_credit_lookahead must be -2"):
             check_lookahead(bad)
     assert [lookahead_limit(v, 3) for v in (-1, 0, 1, 5)] == [2, 0, 1, 2]
+    assert lookahead_limit(-2, 3) == lookahead_limit(-2, 1) == 64  # to the episode's end, bounded
     assert lookahead_limit(-1, 1) == 0  # a single agent has no teammate
     config = Config()
     config.rollout.team_credit_lookahead = -3
-    with pytest.raises(ConfigError, match=r"rollout\.team_credit_lookahead must be -1 .* got -3"):
+    with pytest.raises(ConfigError, match=r"rollout\.team_credit_lookahead must be -2 .* got -3"):
         validate(config)
     with pytest.raises(ValueError, match="team_credit_lookahead"):
         run(lookahead=-7)
@@ -334,3 +364,16 @@ def test_the_trainer_logs_lookahead_cost_and_saves_the_credit(tiny_model_dir, tm
     assert record["rollout/lookahead_generations"] == 8 and record["rollout/lookahead_tokens"] >= 8
     assert {s.credit for s in saved} == {"lookahead"}
     assert all(len(s.extra["lookahead"]) == 1 for s in saved if s.agent == "alice")
+
+
+def test_independent_episodes_credit_to_the_episodes_end_with_lookahead_minus_2():
+    samples, _ = run(
+        mode=independent_rollout, lookahead=-2, k=4, max_turns=2, script=alice_answers_her_own_question
+    )
+    by_episode: dict = {}
+    for s in samples:
+        by_episode.setdefault((s.env_index, s.branch), []).append(s)
+    for episode in by_episode.values():
+        first, last = episode[0], episode[-1]
+        assert first.agent == "alice" and first.lookahead_steps == len(episode) - 1
+        assert first.credited_global == last.global_reward  # the episode's final team outcome

@@ -22,6 +22,7 @@ import numpy as np
 from llm_zoo_train.config.typed import ConfigError
 
 __all__ = [
+    "LOOKAHEAD_EPISODE",
     "LOOKAHEAD_ROUND",
     "TEAMMATES",
     "check_env_servers",
@@ -41,14 +42,19 @@ __all__ = [
 TEAMMATES = ("auto", "sampled", "greedy")
 #: ``rollout.team_credit_lookahead`` value meaning a full round of teammates (until the acting agent would act again).
 LOOKAHEAD_ROUND = -1
+#: Look-ahead to the episode's end: every later action, the acting agent's own included.
+LOOKAHEAD_EPISODE = -2
+#: Most actions one episode look-ahead plays (a bound for envs whose episodes never end).
+EPISODE_LOOKAHEAD_CAP = 64
 
 
 def check_lookahead(value: Any) -> int:
-    """``value`` as a look-ahead (an int >= -1); raises ``ValueError`` naming the valid choices."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or int(value) < LOOKAHEAD_ROUND:
+    """``value`` as a look-ahead (an int >= -2); raises ``ValueError`` naming the valid choices."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or int(value) < LOOKAHEAD_EPISODE:
         raise ValueError(
-            f"team_credit_lookahead must be -1 (a full round of teammates), 0 (the immediate global) "
-            f"or a positive number of teammate actions, got {value!r}"
+            f"team_credit_lookahead must be -2 (to the episode's end, the agent's own later actions "
+            f"included), -1 (a full round of teammates), 0 (the immediate global) or a positive number "
+            f"of teammate actions, got {value!r}"
         )
     return int(value)
 

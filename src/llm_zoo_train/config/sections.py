@@ -191,8 +191,9 @@ class RolloutConfig:
     """Team credit: teammate actions played (one sample each, current adapters, not trained on)
     after each candidate to score the team outcome it leads to; that global reward is the
     candidate's global part (reward = role + alpha x it). -1: a full round of teammates (until the
-    agent would act again), 0: the immediate global (no look-ahead, no extra generation), n > 0:
-    at most n. Tree mode generates the look-ahead; independent mode reads it from each episode's
+    agent would act again), -2: to the episode's end, the agent's own later actions included (for
+    an action whose payoff is the agent's own later move, e.g. a question whose answer it gives),
+    0: the immediate global (no look-ahead, no extra generation), n > 0: at most n. Tree mode generates the look-ahead; independent mode reads it from each episode's
     own next actions. See docs/training/team-credit.md."""
     team_credit_samples: int = 1
     """Tree mode: look-ahead replicates per candidate, their team outcomes averaged (an estimate of

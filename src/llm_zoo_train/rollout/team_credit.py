@@ -22,8 +22,12 @@ position is one engine call, ``n=1``, for all branches of all envs that reach it
 counted in ``Sample.lookahead_tokens``.
 
 ``lookahead`` (``rollout.team_credit_lookahead``): ``-1`` (:data:`LOOKAHEAD_ROUND`, default) a full
-round of teammates; ``0`` the immediate global (no look-ahead, the behaviour before); ``n > 0`` at
-most ``n`` teammate actions (never more than a round).
+round of teammates; ``-2`` (:data:`LOOKAHEAD_EPISODE`) every later action to the episode's end, the
+acting agent's own included (at most :data:`EPISODE_LOOKAHEAD_CAP`): where an action pays off only
+through the agent's own later move (KeyRelay's asker asks, the holder answers, the asker answers
+the team), a round stops before that move and credits the question with nothing; ``0`` the
+immediate global (no look-ahead, the behaviour before); ``n > 0`` at most ``n`` teammate actions
+(never more than a round).
 
 How the look-ahead's teammates answer (tree mode; config choices, defaults as above):
 
@@ -64,7 +68,14 @@ from typing import Any
 
 import numpy as np
 
-from llm_zoo_train.config.checks import LOOKAHEAD_ROUND, TEAMMATES, check_lookahead, check_team_credit
+from llm_zoo_train.config.checks import (
+    EPISODE_LOOKAHEAD_CAP,
+    LOOKAHEAD_EPISODE,
+    LOOKAHEAD_ROUND,
+    TEAMMATES,
+    check_lookahead,
+    check_team_credit,
+)
 from llm_zoo_train.engines.base import Engine, SamplingParams
 from llm_zoo_train.rollout.env_play import generate_checked, is_done, seeded_sampling, step_dead_agents
 from llm_zoo_train.rollout.samples import Sample
@@ -73,6 +84,7 @@ __all__ = [
     "CREDIT_EPISODE",
     "CREDIT_IMMEDIATE",
     "CREDIT_LOOKAHEAD",
+    "LOOKAHEAD_EPISODE",
     "LOOKAHEAD_ROUND",
     "TEAMMATES",
     "Lookahead",
@@ -96,7 +108,10 @@ _LOOKAHEAD_STREAM = 1
 
 
 def lookahead_limit(lookahead: int, num_agents: int) -> int:
-    """Most teammate actions looked at: a round (``num_agents - 1``), or ``lookahead`` if fewer."""
+    """Most actions looked at: a round of teammates (``num_agents - 1``), ``lookahead`` if fewer, or
+    :data:`EPISODE_LOOKAHEAD_CAP` to the episode's end."""
+    if lookahead == LOOKAHEAD_EPISODE:
+        return EPISODE_LOOKAHEAD_CAP
     round_length = max(num_agents - 1, 0)
     return round_length if lookahead == LOOKAHEAD_ROUND else min(int(lookahead), round_length)
 
@@ -175,7 +190,8 @@ def run_lookahead(
         for entry in active:
             _, _, env, agent, limit, steps, _ = entry
             step_dead_agents(env)
-            if is_done(env) or env.agent_selection == agent or steps >= limit:
+            own_turn = env.agent_selection == agent and lookahead != LOOKAHEAD_EPISODE
+            if is_done(env) or own_turn or steps >= limit:
                 continue
             ready.append(entry)
         if not ready:
@@ -253,7 +269,8 @@ def credit_episode(episode: Sequence[Sample], alpha: float, lookahead: int, num_
     for index, sample in enumerate(episode):
         credited, steps = sample.global_reward, 0
         for later in episode[index + 1 :]:
-            if later.agent == sample.agent or steps >= limit:
+            own_turn = later.agent == sample.agent and lookahead != LOOKAHEAD_EPISODE
+            if own_turn or steps >= limit:
                 break
             credited, steps = later.global_reward, steps + 1
         sample.credited_global, sample.lookahead_steps = credited, steps
