@@ -1,6 +1,7 @@
 """Developer sessions. `nox` alone runs the default test suite (`tests`).
 
-nox -s tests          fast tests: envs, sandbox, trainer on tiny models (the CI test command)
+nox -s tests          fast tests: envs, sandbox, trainer on tiny models (the CI test command), and
+                      the kernel tests again with the CPU's instruction sets capped (no AMX; AVX2)
 nox -s tests_slow     the long tests (full oracle sweeps, learning runs)
 nox -s install_check  `pip install .` in a fresh venv: the envs work and torch is not installed
 nox -s lint           ruff
@@ -27,11 +28,31 @@ def install_train(session: nox.Session) -> None:
     session.install("-e", ".[train,dev]")
 
 
+# The tests whose kernels (oneDNN, SDPA, bf16 matmuls) depend on the CPU's instruction set, and the
+# instruction sets to run them under besides the machine's own: a suite that passes on an AMX Xeon
+# must pass where oneDNN has no AMX (an AMD EPYC's path) and where torch has AVX2 only. Each cap is
+# harmless on a machine without the instructions it removes.
+KERNEL_TESTS = [
+    "tests/test_attention.py", "tests/test_frozen_linear.py", "tests/test_hf_decode.py",
+    "tests/test_kernel_choices.py", "tests/test_lora_inference.py", "tests/test_lora_rank_rows.py",
+    "tests/test_lora_training.py", "tests/test_merged_lora.py", "tests/test_packed_linear.py",
+]  # fmt: skip
+CPU_PATHS = {
+    "no AMX (oneDNN capped at AVX-512 BF16)": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
+    "AVX2 only (torch and oneDNN)": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+}
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The default test run (slow, vllm and gpu tests excluded)."""
+    """The default test run (slow, vllm and gpu tests excluded), then the kernel tests again under
+    each capped CPU path (:data:`CPU_PATHS`); arguments run pytest with them alone."""
     install_train(session)
     session.run("python", "-m", "pytest", *(session.posargs or ["-q"]))
+    if not session.posargs:
+        for name, env in CPU_PATHS.items():
+            session.log(f"kernel tests, {name}")
+            session.run("python", "-m", "pytest", "-q", *KERNEL_TESTS, env=env)
 
 
 @nox.session(python=PYTHON)
