@@ -80,7 +80,7 @@ def layer_plan(layer: str | None = None) -> LayerPlan:
         choice,
         os.environ.get(NAMESPACES_ENV_VAR, "1"),
         os.environ.get(MEMORY_CGROUP_ENV_VAR, "1"),
-        os.environ.get(RUN_TMP_ENV_VAR, "0"),
+        os.environ.get(RUN_TMP_ENV_VAR, "1"),
     )
     with _plan_lock:
         if key not in _plans:
@@ -155,7 +155,7 @@ def _make_plan(name: str) -> LayerPlan:
         candidates.append(
             LayerPlan(name, uid_drop=root, keep_read_search=False, cleanup="uid" if root else "tree")
         )
-    run_tmp = os.environ.get(RUN_TMP_ENV_VAR, "0") == "1"
+    run_tmp = os.environ.get(RUN_TMP_ENV_VAR, "1") != "0"
     candidates = [dataclasses.replace(c, run_tmp=run_tmp) for c in candidates]
     failures: list[str] = []
     for candidate in candidates:
@@ -300,7 +300,7 @@ def channels_between_runs(plan: LayerPlan) -> dict[str, str]:
         if plan.private_run_tmp
         else "open: the inode numbers of the work dir and of the files a program makes come from its "
         "server's /tmp, which every earlier run advanced: about 18 bits per run (17.6-18.1 measured); "
-        "LLM_ZOO_SANDBOX_RUN_TMP=1 gives every run a tmpfs of its own, at about 6 ms a run"
+        "the default (no LLM_ZOO_SANDBOX_RUN_TMP=0) gives every run a tmpfs of its own"
     )
     return channels
 

@@ -50,10 +50,10 @@ UID_LOCK_DIR = "/tmp/llm_zoo_sandbox_uids"  # fixed, not $TMPDIR: every process 
 STARTUP_TIMEOUT_S = 30.0
 ANSWER_GRACE_S = 10.0  # beyond a program's timeout, how long the host waits for its server
 # The server's modules, in the order they are loaded (each imports only earlier ones).
-#: "1": every run gets a tmpfs work dir of its own (``jail.mount_run_tmp``), which closes the last
-#: measured channel between runs (inode numbers, about 18 bits a run) but cost about 6 ms a run on
-#: the 2-core Xeon under load (2.8 -> 9 ms for a trivial program); default "0": a new directory
-#: on the server's shared /tmp.
+#: "0": runs share their server's /tmp (a new directory each) instead of a tmpfs of their own each
+#: (``jail.mount_run_tmp``, the default), which leaves a channel between runs open (inode numbers,
+#: about 18 bits a run) to save its cost: 0.1 ms a run on an idle 2-core Xeon (a trivial program
+#: 2.84 -> 2.93 ms), about 6 ms under load (the unmount waits for an RCU grace period).
 RUN_TMP_ENV_VAR = "LLM_ZOO_SANDBOX_RUN_TMP"
 
 SERVER_MODULES = (
@@ -129,7 +129,8 @@ class LayerPlan:
             it); set by the probe.
         hidden_servers: Programs do not see their server and zygote in ``/proc`` (the probe saw
             it); set by the probe.
-        run_tmp: Every run is to get a tmpfs work dir of its own (``$LLM_ZOO_SANDBOX_RUN_TMP`` 1).
+        run_tmp: Every run is to get a tmpfs work dir of its own (unless ``$LLM_ZOO_SANDBOX_RUN_TMP``
+            is 0).
         private_run_tmp: Every run has a tmpfs work dir of its own (the probe saw it); set by the
             probe.
         notes: What was checked and decided, for :func:`llm_zoo.sandbox.isolation_info`.
