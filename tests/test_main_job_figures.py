@@ -53,9 +53,12 @@ def test_the_readme_quotes_the_main_job_as_results_md_has_it():
     # RESULTS.md is generated from this file: every step of every team run trained both adapters,
     # as the paragraph says.
     runs = json.loads((REPO / "benchmarks/results/learning_math.json").read_text())["variants"]["per_agent"]
-    steps = re.search(r"every one of the (\d+) steps of both team runs trained both adapters", paragraph)
+    steps = re.search(
+        r"every one of the (\d+) steps of (both|all three) team runs trained both adapters", paragraph
+    )
     trained = [[r for r in run["history"] if "update/reasoner/samples" in r] for run in runs]
     assert steps and all(int(steps[1]) == len(run) for run in trained)
+    assert {"both": 2, "all three": 3}[steps[2]] == len(runs)
     assert all(
         r["update/reasoner/samples"] > 0 and r["update/tool_agent/samples"] > 0
         for run in trained
