@@ -80,8 +80,8 @@ Always, in both layers:
   ``memory_mb`` taken. A server whose cgroup refuses the next job's limit retires before that job
   starts, so the job runs elsewhere and is not blamed.
 * Nothing outlives a run: the zygote is a child subreaper; after the program exits or is killed,
-  every process of the run is SIGKILLed and reaped, its System V IPC objects (where seccomp cannot refuse them) removed and its work
-  dir removed (see above).
+  every process of the run is SIGKILLed and reaped, its System V IPC objects (where seccomp cannot
+  refuse them) removed and its work dir removed (see above).
 * As root, programs run under a uid of their own, leased per server (``2000000000 + n``, an
   exclusive ``flock`` in ``/tmp/llm_zoo_sandbox_uids``): ``RLIMIT_NPROC`` then bounds fork bombs,
   and programs cannot signal or ptrace the host, read other processes' environments or write
@@ -306,7 +306,6 @@ class Sandbox:
         self._workers: set[Worker] = set()  # idle and busy
         self._started = 0
         self._closed = False
-        self._last_refusal = ""
         self._owner_pid = os.getpid()
 
     @property
@@ -432,8 +431,6 @@ class Sandbox:
         while todo:
             try:
                 replies = self._execute([payloads[i] for i in todo])
-                if not replies:  # retired before the first job, which never started: not its doing
-                    raise WorkerDied(f"the sandbox server retired before a run: {self._last_refusal}")
             except WorkerDied as exc:
                 if exc.started == 0:
                     barren += 1
@@ -455,10 +452,7 @@ class Sandbox:
             todo = todo[len(replies) :]
         for culprit in suspects:
             try:
-                replies = self._execute([payloads[culprit]], fresh=True)
-                if not replies:
-                    raise WorkerDied(f"the sandbox server retired before the rerun: {self._last_refusal}")
-                (reply,) = replies
+                (reply,) = self._execute([payloads[culprit]], fresh=True)
             except WorkerDied as exc:
                 message = f"the program's sandbox server died twice while running it: {exc}"
                 results[culprit] = self._failed(message, exc.missed_deadline)
@@ -470,16 +464,18 @@ class Sandbox:
         self, payloads: list[tuple[dict, bytes, bytes]], *, fresh: bool = False
     ) -> list[tuple[dict, bytes, bytes]]:
         """Run ``payloads`` on an idle (or new; with ``fresh``, always new) server; a server that
-        dies or retires is let go. Fewer replies than payloads: the server retired first."""
+        dies or retires is let go. Fewer replies than payloads: the server retired first; none:
+        it retired before the first job (its cgroup refused the job's memory limit), which raises
+        :class:`WorkerDied` with no job started, so the job is not blamed."""
         worker = self._acquire(fresh=fresh)
         try:
             replies, retired = worker.execute(payloads)
         except BaseException:
             self._release(worker, broken=True)
             raise
-        if worker.refused:
-            self._last_refusal = worker.refused
         self._release(worker, broken=retired)
+        if not replies:
+            raise WorkerDied(f"the sandbox server retired before a run: {worker.refused}")
         return replies
 
     def _failed(self, message: str, timed_out: bool = False) -> RunResult:

@@ -32,8 +32,8 @@ MEMORY_CGROUP_ENV_VAR = "LLM_ZOO_SANDBOX_MEMORY_CGROUP"  # "0": no memory cgroup
 # processes, and remove its files; every other capability is dropped. CAP_SYS_ADMIN serves to
 # remount /proc so that programs do not see the server and its zygote, and to mount each run's own
 # tmpfs work dir: the server keeps it for that, its zygote drops it at start, and every program's
-# process holds no capability at all. CAP_CHECKPOINT_RESTORE lets the zygote set the pid namespace's next pid (every
-# program gets the same pid), where the kernel has it (5.9 and later).
+# process holds no capability at all. CAP_CHECKPOINT_RESTORE lets the zygote set the pid
+# namespace's next pid (every program gets the same pid), where the kernel has it (5.9 and later).
 _BWRAP_CAPABILITIES = (
     "CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_ADMIN",
 )  # fmt: skip

@@ -41,6 +41,14 @@ def die_with_parent() -> None:
     prctl(_PR_SET_PDEATHSIG, 9)
 
 
+class _CapabilityHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapabilityData(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint32) for name in ("effective", "permitted", "inheritable")]
+
+
 def set_capabilities(keep_read_search: bool) -> None:
     """No capability left in any set (effective, permitted, inheritable, ambient), but
     CAP_DAC_READ_SEARCH (effective and permitted) when ``keep_read_search``.
@@ -50,30 +58,18 @@ def set_capabilities(keep_read_search: bool) -> None:
     namespace of its own hands its children every capability there.
     """
 
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class Data(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_uint32) for name in ("effective", "permitted", "inheritable")]
-
     with contextlib.suppress(OSError):  # kernels without ambient capabilities have none to clear
         prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
     bit = 1 << _CAP_DAC_READ_SEARCH if keep_read_search else 0
-    data = (Data * 2)(Data(bit, bit, 0), Data(0, 0, 0))
-    if libc.capset(ctypes.byref(Header(_LINUX_CAPABILITY_VERSION_3, 0)), data) != 0:
+    data = (_CapabilityData * 2)(_CapabilityData(bit, bit, 0), _CapabilityData(0, 0, 0))
+    if libc.capset(ctypes.byref(_CapabilityHeader(_LINUX_CAPABILITY_VERSION_3, 0)), data) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
 
 
 def drop_capability(number: int) -> None:
     """Remove one capability from this process's effective, permitted and inheritable sets."""
 
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class Data(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_uint32) for name in ("effective", "permitted", "inheritable")]
-
-    header, data = Header(_LINUX_CAPABILITY_VERSION_3, 0), (Data * 2)()
+    header, data = _CapabilityHeader(_LINUX_CAPABILITY_VERSION_3, 0), (_CapabilityData * 2)()
     if libc.capget(ctypes.byref(header), data) != 0:
         raise OSError(ctypes.get_errno(), "capget failed")
     word, bit = divmod(number, 32)
