@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+import time
 
 import pytest
 
@@ -310,3 +311,17 @@ def test_inode_numbers_say_nothing_of_what_earlier_runs_made(setup, run_tmp, mon
     if _isolated_as_root(box) and run_tmp == "1":
         assert len(seen) == 1, seen
         assert next(iter(seen)).endswith("['main.py', 'x']\n")  # nothing of the earlier runs' files
+
+
+def test_leftovers_beside_a_runs_own_tmpfs_go_and_its_mount_point_stays(tmp_path):
+    """Programs sharing the server's uid (a user namespace, no uid drop) can write next to the work
+    dir: with a tmpfs per run those files must still go after the run, and the mount point stay."""
+    config = server.ServerConfig(
+        {"uid": -1, "keep_read_search": False, "cleanup": "tree", "scratch": str(tmp_path)}
+    )
+    os.mkdir(config.workdir)
+    (tmp_path / "left by a program").write_text("for the next run")
+    (tmp_path / "a dir").mkdir()
+    (tmp_path / "a dir" / "inside").write_text("x")
+    assert server._discard_shared_leftovers(config, deadline=time.monotonic() + 5)
+    assert sorted(os.listdir(tmp_path)) == ["work"]

@@ -141,20 +141,35 @@ def _cleanup_deadline(config: ServerConfig) -> float:
 
 
 def _discard_workdir(config: ServerConfig) -> bool:
-    """Remove the run's work dir (and, when programs share our uid, whatever they left next to it
-    and in ``/dev/shm``) within the cleanup budget; False if something is left (then retire)."""
+    """Remove the run's work dir (unmount its own tmpfs, or remove the directory) and, when
+    programs share our uid, whatever they left next to it and in ``/dev/shm``, within the cleanup
+    budget; False if something is left (then retire)."""
     deadline = _cleanup_deadline(config)
-    try:  # the common case, two system calls: the program left nothing but its main.py
-        os.unlink(os.path.join(config.workdir, "main.py"))
-        os.rmdir(config.workdir)
+    if config.private_run_tmp:  # everything in it goes at once
+        jail.unmount_run_tmp(config.workdir)
         complete = True
-    except OSError:
-        complete = cleanup.remove_tree(config.workdir, deadline)
-    if config.uid is None:
-        shared = [os.path.dirname(config.workdir)] + (["/dev/shm"] if config.private_files else [])
-        for directory in shared:
-            for entry in os.listdir(directory):
-                complete = cleanup.remove_tree(os.path.join(directory, entry), deadline) and complete
+    else:
+        try:  # the common case, two system calls: the program left nothing but its main.py
+            os.unlink(os.path.join(config.workdir, "main.py"))
+            os.rmdir(config.workdir)
+            complete = True
+        except OSError:
+            complete = cleanup.remove_tree(config.workdir, deadline)
+    return _discard_shared_leftovers(config, deadline) and complete
+
+
+def _discard_shared_leftovers(config: ServerConfig, deadline: float) -> bool:
+    """When programs share our uid (no uid drop), they can write next to the work dir and in
+    ``/dev/shm``: remove all of it, but the work dir's mount point (a run's own tmpfs goes there)."""
+    if config.uid is not None:
+        return True
+    complete = True
+    shared = [os.path.dirname(config.workdir)] + (["/dev/shm"] if config.private_files else [])
+    for directory in shared:
+        for entry in os.listdir(directory):
+            path = os.path.join(directory, entry)
+            if path != config.workdir:
+                complete = cleanup.remove_tree(path, deadline) and complete
     return complete
 
 
@@ -297,9 +312,7 @@ def serve_one(request: dict, source: bytes, stdin: bytes, config: ServerConfig, 
     stderr, err_cut = _read_capped(fds[2], cap)
     for fd in fds[1:3]:
         os.close(fd)
-    if config.private_run_tmp:  # files go now, not at the next run
-        jail.unmount_run_tmp(config.workdir)
-    tidy = (config.private_run_tmp or _discard_workdir(config)) and answer.get("tidy", True)
+    tidy = _discard_workdir(config) and answer.get("tidy", True)  # files go now, not at the next run
     left = memory.leftover()
     left_behind = None
     if left > LEFTOVER_BOUND_BYTES:
