@@ -285,8 +285,10 @@ class KeyRelayEnv(TextAECEnv):
                     "What is the number your teammate needs? Reply with the number only."
                 )
             heard = self.message if self.message else "(no message)"
+            # The message comes before the table: with the table first SmolLM2-135M mostly copies
+            # its last row (module docstring, measured).
             return (
-                f'{self._table_text()}\nYour teammate\'s message: "{heard}"\n'
+                f'Your teammate\'s message: "{heard}"\n{self._table_text()}\n'
                 "Find the key of the message in your table and reply with its number."
             )
         if self._answer_turn():
