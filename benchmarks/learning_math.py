@@ -58,7 +58,8 @@ pooled comparison as if one run had trained every seed.
     python benchmarks/learning_math.py --merge /tmp/s0/learning_math.json /tmp/s1/learning_math.json
 
 ``PATH:VARIANT,VARIANT`` takes only those variants of a file, e.g. to rerun one variant after a
-change that cannot touch the others (``per_agent`` brings its ``role_swap``). Every seed of a
+change that cannot touch the others (``per_agent`` brings its ``role_swap``, a single agent its
+majority@K row). Every seed of a
 variant must have run the same config; the merged file records which variants came from which
 run and commit.
 """
@@ -72,7 +73,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,7 @@ from _common import finish, parse_learning_args, quick_overrides, run_facts
 from llm_zoo_train.config import Config, config_to_dict, eval_env_kwargs, load_config
 from llm_zoo_train.engines.base import Engine
 from llm_zoo_train.evaluation.evaluate import evaluate, wilson_interval
+from llm_zoo_train.evaluation.majority import evaluate_majority
 from llm_zoo_train.evaluation.paired import paired_comparison
 from llm_zoo_train.evaluation.plan import eval_sampling, local_engine
 from llm_zoo_train.evaluation.tasks import eval_tasks
@@ -106,6 +108,9 @@ class Task:
             trained with its partner frozen at the base model, the two adapters then evaluated
             together), ``independent`` (the team with independent GRPO episodes: no tree, no
             look-ahead credit).
+        majority: Single-agent variants also scored by majority@K at the team's sample budget: K
+            the team's model calls per episode over the single agent's
+            (:mod:`llm_zoo_train.evaluation.majority`); the row is ``{variant}_majority``.
     """
 
     config: Path
@@ -114,6 +119,7 @@ class Task:
     singles: tuple[str, ...]
     eval_overrides: tuple[str, ...]
     controls: tuple[str, ...] = ()
+    majority: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def variants(self) -> list[str]:
@@ -127,7 +133,9 @@ _GRID_SWAP = {"tool_agent": "plan_agent", "plan_agent": "tool_agent"}
 #: ``--task``: the config and the results' name. The grid tasks' boards are seeded (no finite
 #: list): every variant plays the config's ``eval.num_episodes`` boards of seeds ``eval.seed + i``.
 TASKS = {
-    "math": Task(CONFIG, NAME, _MATH_SWAP, ("tool_alone", "reasoner_alone"), _DISTINCT_PROBLEMS),
+    # The team makes two model calls a turn (tool agent, reasoner), one agent alone one.
+    "math": Task(CONFIG, NAME, _MATH_SWAP, ("tool_alone", "reasoner_alone"), _DISTINCT_PROBLEMS,
+                 majority={"tool_alone": 2}),
     "relay": Task(REPO / "examples" / "math_relay_smollm2_cpu.yaml", "learning_math_relay", _MATH_SWAP,
                   ("tool_alone", "reasoner_alone"), _DISTINCT_PROBLEMS),
     "plan_path": Task(REPO / "examples" / "plan_path_smollm2_learning.yaml", "learning_team_plan_path",
@@ -136,7 +144,8 @@ TASKS = {
                     ("plan_alone",), ()),
     "key_relay": Task(REPO / "examples" / "key_relay_smollm2_cpu.yaml", "learning_team_key_relay",
                       {"asker": "holder", "holder": "asker"}, ("asker_alone", "holder_alone", "oracle"), (),
-                      controls=("separate", "independent")),
+                      controls=("separate", "independent"),
+                      majority={"oracle": 3, "holder_alone": 3}),  # team: ask, reply, answer; these: one call
 }  # fmt: skip
 
 #: Config overrides of each trained variant, on top of CONFIG and the command line's.
@@ -168,13 +177,20 @@ LABELS = {
     "independent": "team, independent GRPO (no tree, no team credit)",
     "role_swap": "per-agent adapters, roles swapped",
 }
+#: A single agent at the team's sample count: ``{single}_majority`` (:attr:`Task.majority`).
+MAJORITY = {
+    f"{single}_majority": (single, k) for task in TASKS.values() for single, k in task.majority.items()
+}
+LABELS.update({name: f"{LABELS[single].split(' (')[0]}, majority@{k} of its samples (the team's calls)"
+               for name, (single, k) in MAJORITY.items()})  # fmt: skip
 #: Bar labels of the plot: the table's labels without their parenthesis.
 SHORT_LABELS = {variant: label.split(" (")[0] for variant, label in LABELS.items()}
 #: The env each variant plays, for its "before" (untrained adapters equal the base model).
 BEFORE = {"per_agent": "team", "shared": "team", "lookahead_0": "team", "role_swap": "team",
           "tool_alone": "tool_alone", "reasoner_alone": "reasoner_alone", "plan_alone": "plan_alone",
           "asker_alone": "asker_alone", "holder_alone": "holder_alone", "oracle": "oracle", "separate": "team",
-          "independent": "team"}  # fmt: skip
+          "independent": "team", **{name: name for name in MAJORITY}}  # fmt: skip
+# A majority@K row has no "before" of its own (its before is its single agent's, greedy).
 #: Paired comparisons reported (A, B), when both ran.
 COMPARISONS = [
     ("per_agent", "tool_alone"), ("per_agent", "lookahead_0"), ("per_agent", "shared"),
@@ -184,23 +200,30 @@ COMPARISONS = [
     ("lookahead_0", "plan_alone"), ("role_swap", "plan_alone"), ("per_agent", "separate"),
     ("per_agent", "independent"), ("per_agent", "asker_alone"), ("per_agent", "holder_alone"),
     ("per_agent", "oracle"), ("separate", "oracle"), ("role_swap", "separate"),
+    *(pair for name, (single, _) in MAJORITY.items() for pair in (("per_agent", name), (name, single))),
 ]  # fmt: skip
 #: The single-agent variants, the strongest of which is the bar the team must clear.
 SINGLES = ("tool_alone", "reasoner_alone", "plan_alone", "asker_alone", "holder_alone", "oracle")
 
 
 def evaluation(
-    trainer: Trainer | Engine, config: Config, agent_adapters: Mapping[str, str | None]
+    trainer: Trainer | Engine, config: Config, agent_adapters: Mapping[str, str | None], majority: int = 1
 ) -> dict[str, Any]:
     """Greedy success on the evaluation tasks (a trainer's engine, or an engine), per task and in
-    all (Wilson 95%)."""
+    all (Wilson 95%); with ``majority`` K > 1, majority@K at the rollout's temperature instead."""
     engine = trainer.engine if isinstance(trainer, Trainer) else trainer
     settings = config.eval
     kwargs = eval_env_kwargs(config)
     tasks = eval_tasks(config.env.id, kwargs, settings.num_episodes, settings.seed,
                        distinct=settings.distinct_problems)  # fmt: skip
-    result, episodes = evaluate(engine, config.env.id, kwargs, tasks.seeds, dict(agent_adapters),
-                                eval_sampling(config), tasks.problem_ids)  # fmt: skip
+    sampling = eval_sampling(config)
+    if majority > 1:
+        sampling = replace(sampling, temperature=config.rollout.temperature)
+        result, episodes, _ = evaluate_majority(engine, config.env.id, kwargs, tasks.seeds, dict(agent_adapters),
+                                                sampling, majority, tasks.problem_ids)  # fmt: skip
+    else:
+        result, episodes = evaluate(engine, config.env.id, kwargs, tasks.seeds, dict(agent_adapters), sampling,
+                                    tasks.problem_ids)  # fmt: skip
     return {
         "success_rate": result.success_rate,
         "successes": result.successes,
@@ -262,6 +285,11 @@ def run_variant(
     print(f"{LABELS[name]}, seed {seed}, after: {describe(after)}", flush=True)
     runs = {name: {"seed": seed, "config": config_to_dict(config), "agent_adapters": adapters, "after": after,
                    "history": trainer.history}}  # fmt: skip
+    if name in task.majority:  # the same adapters at the team's sample count
+        k, label = task.majority[name], f"{name}_majority"
+        runs[label] = {"seed": seed, "agent_adapters": adapters, "majority_k": k,
+                       "after": evaluation(trainer, config, adapters, majority=k)}  # fmt: skip
+        print(f"{LABELS[label]}, seed {seed}: {describe(runs[label]['after'])}", flush=True)
     if name == "per_agent":  # the trained adapters, roles swapped, same problems and sampling
         swapped = {agent: adapters[other] for agent, other in task.swap.items()}
         runs["role_swap"] = {
@@ -630,6 +658,7 @@ def merge_results(
             if missing:
                 raise ValueError(f"result {index} has no {missing}; it has {sorted(part['variants'])}")
             selection = selection | ({"role_swap"} if "per_agent" in selection else set())
+            selection = selection | {f"{name}_majority" for name in selection} & set(MAJORITY)
         kept.append(sorted(v for v in part["variants"] if selection is None or v in selection))
         for variant in kept[-1]:
             known = {run["seed"] for run in variants.get(variant, [])}

@@ -10,6 +10,7 @@ nonsense.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -413,3 +414,51 @@ def test_eval_never_needs_the_runs_trackers(tmp_path, capsys, trackers_not_insta
     document = json.loads((tmp_path / "run" / "eval" / "eval_results.json").read_text())
     assert document["results"][0]["result"]["success_rate"] == 1.0  # the oracle plays both roles
     assert document["settings"]["config"]["logging"]["log_with"] == ["wandb"]  # the run's config, as given
+
+
+# --------------------------------------------------------------------------- `eval --majority K`
+
+
+def test_eval_majority_scores_the_commonest_answer_of_k_episodes(tmp_path, capsys):
+    """KeyRelay-v0's oracle single agent, served: the first time a task is asked the server answers
+    wrong, then right twice on even tasks and a second wrong answer twice on odd ones. One episode per
+    task solves none; majority@3 solves the even half, as the env scores them."""
+    asked: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def answer(model: str, prompt: str, system: str | None) -> str:
+        table = dict(re.findall(r"^([a-z]+): (\d+)$", prompt, re.MULTILINE))
+        query = re.search(r"under the key ([a-z]+)\?", prompt).group(1)
+        with lock:
+            repetition = asked.get(prompt, 0)
+            asked[prompt] = repetition + 1
+        even = int(table[query]) % 2 == 0
+        if repetition == 0:
+            return "It is 1."
+        return f"It is {table[query]}." if even else "It is 3."
+
+    path = tmp_path / "kr.yaml"
+    path.write_text(yaml.safe_dump({
+        "env": {"id": "KeyRelay-v0", "kwargs": {"agents": ["oracle"]}},
+        "eval": {"num_episodes": 12},
+        "rollout": {"temperature": 0.7},
+        "training": {"output_dir": str(tmp_path / "run")},
+    }), encoding="utf-8")  # fmt: skip
+    with FakeOpenAI(answer, models=["oracle"]) as server:
+        endpoint = [str(path), "--endpoint", server.url, "--served-model", "oracle"]
+        assert main([*endpoint, "--output", str(tmp_path / "one.json")]) == 0
+        asked.clear()
+        assert main([*endpoint, "--majority", "3", "--output", str(tmp_path / "vote.json")]) == 0
+        for bad in ("0", "-2"):
+            assert main([*endpoint, "--majority", bad]) == 2
+    err = capsys.readouterr().err
+    assert "--majority needs K >= 1" in err
+    single = json.loads((tmp_path / "one.json").read_text())["results"][0]
+    voted = json.loads((tmp_path / "vote.json").read_text())
+    row = voted["results"][0]
+    assert single["result"]["successes"] == 0
+    even = sum(int(e["answer"]) % 2 == 0 and e["success"] for e in row["episodes"])
+    assert row["majority_k"] == 3 and row["result"]["successes"] == even > 0
+    assert all(e["answer"] in (None, "3") or e["success"] for e in row["episodes"])
+    assert voted["settings"]["sampling"]["temperature"] == 0.7  # eval is greedy: the rollout's
+    assert sum(asked.values()) == 3 * 12

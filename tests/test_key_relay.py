@@ -222,7 +222,12 @@ def test_team_benchmark_quick_run_with_every_control(tmp_path, monkeypatch):
     variants = "per_agent,separate,independent,asker_alone,holder_alone,oracle"
     benchmark.main(["--task", "key_relay", "--quick", "--output-dir", str(tmp_path), "--variants", variants])
     result = json.loads((tmp_path / "learning_team_key_relay.json").read_text())
-    assert set(result["variants"]) == {*variants.split(","), "role_swap"}
+    assert set(result["variants"]) == {
+        *variants.split(","),
+        "role_swap",
+        "oracle_majority",
+        "holder_alone_majority",
+    }
     separate = result["variants"]["separate"][0]
     assert set(separate["histories"]) == {"asker", "holder"}
     for agent, partner in (("asker", "holder"), ("holder", "asker")):
@@ -235,4 +240,9 @@ def test_team_benchmark_quick_run_with_every_control(tmp_path, monkeypatch):
     tasks = result["befores"]["team"]["solved"].keys()
     assert separate["after"]["solved"].keys() == tasks == result["befores"]["oracle"]["solved"].keys()
     assert "per_agent vs separate" in result["summary"]["comparisons"]
+    for single in ("oracle", "holder_alone"):  # the single agent at the team's 3 calls per task
+        voted = result["variants"][f"{single}_majority"][0]
+        assert voted["majority_k"] == 3 and voted["after"]["solved"].keys() == tasks
+        assert voted["agent_adapters"] == result["variants"][single][0]["agent_adapters"]
+        assert f"per_agent vs {single}_majority" in result["summary"]["comparisons"]
     assert "team better than the roles trained apart, paired p < 0.05" in result["summary"]["verdict"]

@@ -141,6 +141,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.reporting.tracking", "llm_zoo_train.reporting.tracking"),
     ("llm_zoo_train.reporting.progress", "llm_zoo_train.reporting.progress"),
     ("llm_zoo_train.evaluation.evaluate", "llm_zoo_train.evaluation.evaluate"),
+    ("llm_zoo_train.evaluation.majority", "llm_zoo_train.evaluation.majority"),
     ("llm_zoo_train.evaluation.cli", "llm_zoo_train.evaluation.cli"),
     ("llm_zoo_train.evaluation.plan", "llm_zoo_train.evaluation.plan"),
     ("llm_zoo_train.evaluation.tasks", "llm_zoo_train.evaluation.tasks"),

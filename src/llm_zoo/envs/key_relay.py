@@ -24,12 +24,15 @@ is 270.") still goes through whole.
 
 Observations (``{"prompt": text}``, short prompts for small models): the asker's first prompt asks
 it to ask its teammate for the number of its key; its last quotes the holder's latest reply and
-asks for the number. The holder's prompt is its table, the asker's latest message (or that there
-is none) and a request to reply with the number of the message's key. Prompts never say whether an
-answer is right. Measured with SmolLM2-135M-Instruct, greedy, the default 6 keys: on a 16-task
-probe the asker named its key 13 times and the team solved 2; on the 100 evaluation tasks of
-``examples/key_relay_smollm2_cpu.yaml`` the base team solves 30. Blander prompts ("Write a message
-to your teammate") gave 0 of 24: the asker never named its key.
+asks for the number. The holder's prompt is the asker's latest message (or that there is none),
+then its table and a request to reply with the number of the message's key. Prompts never say
+whether an answer is right. Measured with SmolLM2-135M-Instruct on the evaluation tasks of
+``examples/key_relay_smollm2_cpu.yaml`` (12 keys), greedy: the asker names its key 45 times in 48
+and the base team solves 43 of 100. The message goes *before* the table because with the table
+first the model mostly copies the table's last row: given a message naming the key (6 keys, 32
+tasks), its reply carried the value 3 times greedy and 22 of 256 at temperature 0.7; with the
+message first, 26 and 79. Blander asker prompts ("Write a message to your teammate") gave 0 of
+24: the asker never named its key.
 
 Actions: free text. A message with no word is unusable (``format_ok=False``). The asker's answer
 is the **last number** in its reply (``"It is 412."`` -> ``412``, leading zeros dropped); a last
@@ -88,7 +91,8 @@ holder sends the pair the message names).
 
 Version history:
 
-* v0: first version.
+* v0: first version (before its first release, the holder's prompt moved the message before the
+  table).
 """
 
 from __future__ import annotations

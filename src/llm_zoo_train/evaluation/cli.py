@@ -8,7 +8,10 @@ played on every split, one greedy (by default) episode per task seed, with
 
 Policies (``--policies``): ``base`` (no adapter), ``adapters`` (the saved adapters, each agent
 with its own: the default when there are any), ``swap`` (the paper's ablation: two agents trade
-adapters). Splits (``--splits``): ``eval`` (the trainer's evaluation tasks: ``eval.env_kwargs``,
+adapters). ``--majority K`` scores every policy by majority@K instead of one episode per task: the
+single-agent control at a team's sample budget (:mod:`llm_zoo_train.evaluation.majority`).
+
+Splits (``--splits``): ``eval`` (the trainer's evaluation tasks: ``eval.env_kwargs``,
 seeds ``eval.seed + i``), and ``train`` / ``test``: for envs with a ``split`` argument (Code,
 Math) that split's problems with the same seeds (with ``eval.distinct_problems``, distinct problems
 of the split, each once: :mod:`llm_zoo_train.evaluation.tasks`; an unlimited train split stays seeded);
@@ -39,6 +42,7 @@ from llm_zoo_train.config import Config, ConfigError, config_to_dict, validate
 from llm_zoo_train.config.aliases import CONFIG_ALIASES
 from llm_zoo_train.engines.base import Engine
 from llm_zoo_train.evaluation.evaluate import EvalResult, episode_to_dict, evaluate
+from llm_zoo_train.evaluation.majority import evaluate_majority
 from llm_zoo_train.evaluation.plan import (
     POLICIES,
     SPLITS,
@@ -82,6 +86,15 @@ def _parser() -> _Parser:
     parser.add_argument(
         "--splits",
         help="comma list of eval, train, test (default: train,test if the env has splits, else eval)",
+    )
+    parser.add_argument(
+        "--majority",
+        type=int,
+        default=1,
+        metavar="K",
+        help="score each policy by majority@K: K sampled episodes per task, the commonest answer counts "
+        "(at eval.temperature, or rollout.temperature when eval is greedy; envs that report an 'answer' "
+        "info: Math-v0, KeyRelay-v0)",
     )
     parser.add_argument("--output", help="JSON results file (default: OUTPUT_DIR/eval/eval_results.json)")
     parser.add_argument("--endpoint", help="OpenAI-compatible API root, e.g. http://localhost:8000/v1")
@@ -174,6 +187,12 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
     )
     splits = plan_splits(config, _names(options.splits, SPLITS, "split"))
     sampling = eval_sampling(config)
+    if options.majority < 1:
+        raise UsageError(f"--majority needs K >= 1, got {options.majority}")
+    if options.majority > 1 and sampling.greedy:
+        sampling = dataclasses.replace(sampling, temperature=config.rollout.temperature)
+        if sampling.greedy:
+            raise UsageError("--majority K > 1 needs a temperature above 0: set eval.temperature")
 
     if endpoint:
         engine: Engine = _endpoint_engine(options, config.model.system_prompt, maps)
@@ -210,23 +229,27 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
             for split in splits:
                 watched = progress.evaluation(
                     engine,
-                    len(split.seeds),
+                    len(split.seeds) * options.majority,
                     f"{policy} on {split.name}",
                     agents_per_turn=len(plan.agent_adapters),
                     max_turns=turn_limit(split.env_kwargs),
                 )
-                result, episodes = evaluate(
-                    watched,
-                    config.env.id,
-                    split.env_kwargs,
-                    split.seeds,
-                    mapping,
-                    sampling,
-                    split.problem_ids,
-                )
+                if options.majority > 1:
+                    result, episodes, _ = evaluate_majority(
+                        watched, config.env.id, split.env_kwargs, split.seeds, mapping, sampling,
+                        options.majority, split.problem_ids,
+                    )  # fmt: skip
+                else:
+                    result, episodes = evaluate(
+                        watched, config.env.id, split.env_kwargs, split.seeds, mapping, sampling,
+                        split.problem_ids,
+                    )  # fmt: skip
                 watched.close()
-                rows.append(_row(policy, split, mapping, result, [episode_to_dict(e) for e in episodes]))
-                progress.print(f"{policy:>8} on {split.name:<5}: {result.describe()}")
+                row = _row(policy, split, mapping, result, [episode_to_dict(e) for e in episodes])
+                row["majority_k"] = options.majority
+                rows.append(row)
+                voted = f", majority@{options.majority}" if options.majority > 1 else ""
+                progress.print(f"{policy:>8} on {split.name:<5}{voted}: {result.describe()}")
     finally:
         progress.close()
         close = getattr(engine, "close", None)

@@ -78,6 +78,9 @@ class EpisodeResult:
         role_rewards: Sum of each agent's role rewards.
         global_rewards: Sum of the global rewards each agent received after its actions.
         format_ok_rate: Fraction of actions the env could parse.
+        answer: The episode's final answer as the env read it: the ``answer`` info of the last action
+            that reported one (as text; ``None`` when no action did, or the env reports none).
+            :mod:`llm_zoo_train.evaluation.majority` votes on it.
     """
 
     env_index: int
@@ -88,6 +91,7 @@ class EpisodeResult:
     role_rewards: dict[str, float] = field(default_factory=dict)
     global_rewards: dict[str, float] = field(default_factory=dict)
     format_ok_rate: float = 1.0
+    answer: str | None = None
 
 
 # ---------------------------------------------------------------------- shared pieces
@@ -420,6 +424,8 @@ def evaluation_rollout(
             result.role_rewards[agent] += float(info.get("role_reward", 0.0))
             result.global_rewards[agent] += float(info.get("global_reward", 0.0))
             result.success = result.success or bool(info.get("success", False))
+            if info.get("answer") is not None:
+                result.answer = str(info["answer"])
             actions[i] += 1
             parsed[i] += bool(info.get("format_ok", True))
 
