@@ -85,6 +85,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.config.checks", "llm_zoo_train.config.checks"),
     ("llm_zoo_train.config.base_models", "llm_zoo_train.config.base_models"),
     ("llm_zoo_train.config.agent_plan", "llm_zoo_train.config.agent_plan"),
+    ("llm_zoo_train.config.agent_sampling", "llm_zoo_train.config.agent_sampling"),
     ("llm_zoo_train.runs.seeding", "llm_zoo_train.runs.seeding"),
     ("llm_zoo_train.runs.checkpoint", "llm_zoo_train.runs.checkpoint"),
     ("llm_zoo_train.runs.run_dir", "llm_zoo_train.runs.run_dir"),

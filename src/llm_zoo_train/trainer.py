@@ -44,10 +44,10 @@ from llm_zoo_train.config import (
     train_env_kwargs,
     validate,
 )
-from llm_zoo_train.engines.base import SamplingParams
+from llm_zoo_train.config.agent_sampling import rollout_overrides
 from llm_zoo_train.engines.hf import HFEngine
-from llm_zoo_train.evaluation.defaults import eval_temperature
 from llm_zoo_train.evaluation.evaluate import EvalResult, evaluate, summarize
+from llm_zoo_train.evaluation.plan import eval_sampling
 from llm_zoo_train.evaluation.tasks import eval_tasks
 from llm_zoo_train.models.policy import Policy, resolve_model_path
 from llm_zoo_train.reporting.model_card import write_model_cards
@@ -66,7 +66,7 @@ from llm_zoo_train.runs.finite import NonFiniteError, check_finite_metrics, chec
 from llm_zoo_train.runs.interrupts import InterruptGuard, RunInterrupted
 from llm_zoo_train.runs.memory import keep_freed_memory
 from llm_zoo_train.runs.run_dir import ResumePoint, begin_run, check_resume, save_final_adapters, start_run
-from llm_zoo_train.runs.seeding import Stream, derive_seed
+from llm_zoo_train.runs.seeding import derive_seed
 from llm_zoo_train.trainer_state import (
     capture_save_point,
     restore_trainer,
@@ -193,6 +193,11 @@ class Trainer:
             algorithm_settings(config),  # importance sampling on by default for async rollouts
             training,
             temperature=config.rollout.temperature,
+            agent_temperatures={
+                agent: float(o["temperature"])
+                for agent, o in rollout_overrides(config).items()
+                if "temperature" in o
+            },
             max_completion_length=config.rollout.max_completion_length,
             rng=self.rng,
         )
@@ -423,14 +428,7 @@ class Trainer:
         local = tasks.seeds[accelerator.process_index :: accelerator.num_processes]
         ids = tasks.problem_ids
         local_ids = None if ids is None else ids[accelerator.process_index :: accelerator.num_processes]
-        temperature = eval_temperature(config.env.id, settings.temperature)
-        sampling = SamplingParams(
-            max_tokens=settings.max_completion_length or config.rollout.max_completion_length,
-            temperature=temperature,
-            top_p=config.rollout.top_p if temperature > 0 else 1.0,
-            top_k=config.rollout.top_k if temperature > 0 else 0,
-            seed=derive_seed(config.training.seed, accelerator.process_index, Stream.EVAL),
-        )
+        sampling = eval_sampling(config, accelerator.process_index)
         watched = self.progress.evaluation(
             self.eval_engine,
             len(local),

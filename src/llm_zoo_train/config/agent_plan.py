@@ -1,7 +1,8 @@
 """The agents -> adapters -> base models plan of a config, resolved against an env's agents.
 
 :func:`plan_agents` turns the ``agents`` section (``adapters``: ``per_agent``, ``shared`` or a map;
-``frozen``; ``adapter_lora``; ``init_adapters``; ``models`` and ``base_models``) into an
+``frozen``; ``adapter_lora``; ``init_adapters``; ``models`` and ``base_models``; ``sampling`` is
+checked here too, :mod:`llm_zoo_train.config.agent_sampling`) into an
 :class:`AgentPlan`: which adapter acts for each agent, which adapters train, each adapter's LoRA
 settings, and which base model each agent and adapter runs on
 (:mod:`llm_zoo_train.config.base_models`). Every mismatch is a ``ConfigError`` naming the key and the
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from llm_zoo_train.config.agent_sampling import plan_agent_sampling
 from llm_zoo_train.config.base_models import plan_base_models
 from llm_zoo_train.config.typed import ConfigError, config_from_dict, config_to_dict
 
@@ -138,6 +140,7 @@ def plan_agents(config: Config, possible_agents: Sequence[str]) -> AgentPlan:
             {**base, **override}, type(config.lora), f"agents.adapter_lora.{adapter}."
         )
     models = plan_base_models(config, mapping, possible)
+    plan_agent_sampling(config, possible)  # checked here, read where each stage samples
     return AgentPlan(
         agent_adapters=mapping,
         adapters=adapters,

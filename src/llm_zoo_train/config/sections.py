@@ -132,6 +132,12 @@ class AgentsConfig:
     base_models: dict[str, str] = field(default_factory=dict)
     """Agent -> the base model it runs on: a name in `models`, or `model` (the model section, also
     where unlisted agents run). An adapter shared by agents must be on one base model."""
+    sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per-agent generation settings, e.g. {holder: {temperature: 0.5, max_completion_length: 16}}:
+    `temperature` and `max_completion_length` (training rollouts and the look-ahead),
+    `eval_temperature` and `eval_max_completion_length` (evaluation); unset ones use the `rollout`
+    and `eval` sections. The loss divides each sample's logits by its own agent's temperature.
+    See llm_zoo_train.config.agent_sampling."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 __all__ = [
@@ -91,6 +91,10 @@ class SamplingParams:
         top_p: Nucleus sampling mass (1.0 = off).
         top_k: Keep the k most likely tokens (0 or -1 = off).
         seed: Seed for this call's sampling, for reproducible rollouts (``None``: engine state).
+        per_agent: Per agent, ``temperature`` and/or ``max_tokens`` replacing the fields above for
+            that agent's prompts (the config's ``agents.sampling``). The rollout splits a call by
+            agent (:func:`llm_zoo_train.rollout.env_play.generate_checked`) and gives each engine
+            call :meth:`for_agent`'s parameters, so an engine never sees a non-empty map.
     """
 
     max_tokens: int = 256
@@ -98,10 +102,23 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    per_agent: Mapping[str, Mapping[str, float | int]] = field(default_factory=dict)
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    def for_agent(self, agent: str) -> SamplingParams:
+        """The parameters of ``agent``'s prompts: these with its overrides applied, and no map."""
+        overrides = self.per_agent.get(agent, {})
+        return replace(self, per_agent={}, **overrides)
+
+    def without_agent_temperatures(self) -> SamplingParams:
+        """These parameters with the per-agent temperatures dropped (greedy play must stay greedy)."""
+        per_agent = {
+            agent: {k: v for k, v in o.items() if k != "temperature"} for agent, o in self.per_agent.items()
+        }
+        return replace(self, per_agent={agent: o for agent, o in per_agent.items() if o})
 
 
 @dataclass

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_zoo_train.config import AgentPlan, Config, eval_env_kwargs, load_config, train_env_kwargs
+from llm_zoo_train.config.agent_sampling import eval_overrides
 from llm_zoo_train.config.base_models import base_model_label
 from llm_zoo_train.engines.base import Engine, SamplingParams
 from llm_zoo_train.evaluation.tasks import EvalTasks, eval_tasks
@@ -276,18 +277,20 @@ def _tasks(config: Config, env_kwargs: dict[str, Any], *, required: bool) -> Eva
         raise UsageError(str(err)) from None
 
 
-def eval_sampling(config: Config) -> SamplingParams:
-    """The sampling of the trainer's evaluation (``eval`` section; the seed of process 0)."""
+def eval_sampling(config: Config, process_index: int = 0) -> SamplingParams:
+    """The sampling of the trainer's evaluation on process ``process_index`` (``eval`` section, each
+    agent's ``agents.sampling`` evaluation overrides)."""
     from llm_zoo_train.evaluation.defaults import eval_temperature
 
     settings, rollout = config.eval, config.rollout
     temperature = eval_temperature(config.env.id, settings.temperature)
-    return SamplingParams(  # as Trainer.evaluate samples on process 0
+    return SamplingParams(
         max_tokens=settings.max_completion_length or rollout.max_completion_length,
         temperature=temperature,
         top_p=rollout.top_p if temperature > 0 else 1.0,
         top_k=rollout.top_k if temperature > 0 else 0,
-        seed=derive_seed(config.training.seed, 0, Stream.EVAL),
+        seed=derive_seed(config.training.seed, process_index, Stream.EVAL),
+        per_agent=eval_overrides(config),
     )
 
 

@@ -7,7 +7,7 @@ true while others still play must be stepped with ``None`` (never with text) whe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -77,9 +77,40 @@ def seeded_sampling(sampling: SamplingParams, *stream: int) -> SamplingParams:
 
 
 def generate_checked(
+    engine: Engine,
+    prompts: list[str],
+    adapters: list[str | None],
+    n: int,
+    sampling: SamplingParams,
+    agents: Sequence[str] | None = None,
+) -> list[list[Completion]]:
+    """``engine.generate``, raising ``RuntimeError`` when it does not return ``n`` per prompt.
+
+    With per-agent sampling (``sampling.per_agent``) ``agents[i]`` is the agent of ``prompts[i]``:
+    the prompts are generated in one call per distinct set of parameters (all of them at once when
+    their agents sample alike), each call with :meth:`SamplingParams.for_agent`'s parameters and the
+    call's seed, and the results come back in the prompts' order."""
+    if not sampling.per_agent:
+        return _generate_one_call(engine, prompts, adapters, n, sampling)
+    if agents is None or len(agents) != len(prompts):
+        raise ValueError("per-agent sampling needs the agent of every prompt")
+    calls: dict[tuple[float, int], tuple[SamplingParams, list[int]]] = {}
+    for row, agent in enumerate(agents):
+        params = sampling.for_agent(agent)
+        calls.setdefault((params.temperature, params.max_tokens), (params, []))[1].append(row)
+    results: list[list[Completion]] = [[] for _ in prompts]
+    for params, rows in calls.values():
+        outputs = _generate_one_call(
+            engine, [prompts[r] for r in rows], [adapters[r] for r in rows], n, params
+        )
+        for row, output in zip(rows, outputs, strict=True):
+            results[row] = output
+    return results
+
+
+def _generate_one_call(
     engine: Engine, prompts: list[str], adapters: list[str | None], n: int, sampling: SamplingParams
 ) -> list[list[Completion]]:
-    """``engine.generate``, raising ``RuntimeError`` when it does not return ``n`` per prompt."""
     results = engine.generate(prompts, adapters, n, sampling)
     if len(results) != len(prompts) or any(len(group) != n for group in results):
         shape = [len(group) for group in results]

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from llm_zoo_train.config import Config, train_env_kwargs
+from llm_zoo_train.config.agent_sampling import rollout_overrides
 from llm_zoo_train.engines.base import Completion, SamplingParams
 from llm_zoo_train.rollout.samples import Sample, write_jsonl
 from llm_zoo_train.rollout.tree import independent_rollout, tree_rollout
@@ -115,6 +116,7 @@ def play_step(
         top_p=rollout.top_p,
         top_k=rollout.top_k,
         seed=derive_seed(seed, step, rank, Stream.SAMPLING, *part),
+        per_agent=rollout_overrides(config),
     )
     timed = TimedEngine(engine)
     samples = ROLLOUTS[rollout.mode](

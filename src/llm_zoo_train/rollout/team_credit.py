@@ -172,7 +172,9 @@ def run_lookahead(
     lookahead = check_lookahead(lookahead)
     samples, teammate = check_team_credit(samples, teammate)
     if teammate == "greedy":
-        sampling = dataclasses.replace(sampling, temperature=0.0, top_p=1.0, top_k=0)
+        sampling = dataclasses.replace(
+            sampling, temperature=0.0, top_p=1.0, top_k=0
+        ).without_agent_temperatures()
     results = [Lookahead(credited_global=float(immediate)) for _, _, immediate in branches]
     finals: list[list[float]] = [[] for _ in branches]
     # (branch position, replicate, copy, acting agent, limit, steps played, last global)
@@ -200,7 +202,7 @@ def run_lookahead(
         prompts = [entry[2].observe(a)["prompt"] for entry, a in zip(ready, teammates, strict=True)]
         adapters = [agent_adapters[a] for a in teammates]
         call_sampling = seeded_sampling(sampling, call_index, _LOOKAHEAD_STREAM, step)
-        outputs = generate_checked(engine, prompts, adapters, 1, call_sampling)
+        outputs = generate_checked(engine, prompts, adapters, 1, call_sampling, teammates)
         for entry, mate, prompt, adapter, (completion,) in zip(
             ready, teammates, prompts, adapters, outputs, strict=True
         ):

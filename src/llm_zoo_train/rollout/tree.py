@@ -223,7 +223,7 @@ def tree_rollout(
         agents = [envs[i].agent_selection for i in live]
         prompts = [envs[i].observe(agent)["prompt"] for i, agent in zip(live, agents, strict=True)]
         adapters = [agent_adapters[agent] for agent in agents]
-        groups = generate_checked(engine, prompts, adapters, k, seeded_sampling(sampling, call_index))
+        groups = generate_checked(engine, prompts, adapters, k, seeded_sampling(sampling, call_index), agents)
 
         def branch_out(
             item: tuple[int, str, str, str | None, list[Completion]],
@@ -336,7 +336,9 @@ def independent_rollout(
         agents = [env.agent_selection for _, _, env in live]
         prompts = [env.observe(agent)["prompt"] for (_, _, env), agent in zip(live, agents, strict=True)]
         adapters = [agent_adapters[agent] for agent in agents]
-        outputs = generate_checked(engine, prompts, adapters, 1, seeded_sampling(sampling, call_index))
+        outputs = generate_checked(
+            engine, prompts, adapters, 1, seeded_sampling(sampling, call_index), agents
+        )
         call_index += 1
 
         def act(item: tuple[tuple[int, int, Any], str, str, str | None, list[Completion]]) -> None:
@@ -410,7 +412,9 @@ def evaluation_rollout(
         agents = [envs[i].agent_selection for i in live]
         prompts = [envs[i].observe(agent)["prompt"] for i, agent in zip(live, agents, strict=True)]
         adapters = [agent_adapters[agent] for agent in agents]
-        outputs = generate_checked(engine, prompts, adapters, 1, seeded_sampling(sampling, call_index))
+        outputs = generate_checked(
+            engine, prompts, adapters, 1, seeded_sampling(sampling, call_index), agents
+        )
         call_index += 1
 
         def act(item: tuple[int, str, list[Completion]]) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -139,7 +140,7 @@ def completion_logprobs(
     completion_ids: list[list[int]],
     *,
     pad_token_id: int,
-    temperature: float = 1.0,
+    temperature: float | Sequence[float] = 1.0,
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of each completion token given its prompt.
@@ -158,7 +159,8 @@ def completion_logprobs(
         completion_ids: Generated token ids per sequence (may be empty).
         pad_token_id: Token used for padding (masked out, never scored).
         temperature: Logits are divided by it before the softmax (the sampling temperature; a
-            value <= 0, i.e. greedy, scores at temperature 1, as the engines record it).
+            value <= 0, i.e. greedy, scores at temperature 1, as the engines record it); one per
+            sequence when the rows were sampled at different temperatures (per-agent sampling).
         with_entropy: Also return the entropy of the (tempered) next-token distribution at
             each completion position (computed without gradient: it is a metric).
 
@@ -218,11 +220,12 @@ def completion_logprobs(
     # Every position is scored on its own (gather - logsumexp, softmax for the entropy; the same
     # bits as over the whole tensor), so each piece of logits is scored where it is and only the
     # [B, T] results are joined.
+    divisor = _temperature_divisor(temperature, batch, device)
     scored, entropies, start = [], [], 0
     for logits in pieces:
         logits = logits.float()
-        if temperature > 0 and temperature != 1:
-            logits = logits / float(temperature)
+        if divisor is not None:
+            logits = logits / divisor
         stop = start + logits.shape[1]
         piece_logprobs, log_normalizer = token_logprobs(logits.contiguous(), targets[:, start:stop])
         scored.append(piece_logprobs)
@@ -233,6 +236,23 @@ def completion_logprobs(
     logprobs = _joined(scored) * mask
     entropy = _joined(entropies) * mask if with_entropy else None
     return logprobs, mask, entropy
+
+
+def _temperature_divisor(
+    temperature: float | Sequence[float], batch: int, device: Any
+) -> float | torch.Tensor | None:
+    """What the logits are divided by: ``None`` (temperature 1 or greedy), one number, or a
+    ``[B, 1, 1]`` tensor of per-row temperatures (greedy rows at 1)."""
+    if isinstance(temperature, int | float):
+        return float(temperature) if temperature > 0 and temperature != 1 else None
+    rows = [float(t) if t > 0 else 1.0 for t in temperature]
+    if len(rows) != batch:
+        raise ValueError(f"got {len(rows)} temperatures for {batch} sequences")
+    if all(t == 1.0 for t in rows):
+        return None
+    if len(set(rows)) == 1:
+        return rows[0]
+    return torch.tensor(rows, dtype=torch.float32, device=device).view(batch, 1, 1)
 
 
 def _joined(pieces: list[torch.Tensor]) -> torch.Tensor:

@@ -54,6 +54,8 @@ class AdapterUpdater:
         algorithm: Loss settings.
         training: Batch sizes, accumulation, clipping.
         temperature: The rollout's sampling temperature (divides the logits, as in TRL).
+        agent_temperatures: Agents sampled at another temperature (``agents.sampling``): their
+            samples' logits are divided by it instead.
         max_completion_length: The ``dr_grpo`` normaliser.
         rng: Shuffles micro-batches (the trainer's generator, saved in checkpoints).
     """
@@ -67,6 +69,7 @@ class AdapterUpdater:
         training: TrainingConfig,
         *,
         temperature: float,
+        agent_temperatures: Mapping[str, float] | None = None,
         max_completion_length: int,
         rng: np.random.Generator,
     ):
@@ -76,6 +79,7 @@ class AdapterUpdater:
         self.algorithm = algorithm
         self.training = training
         self.temperature = temperature
+        self.agent_temperatures = dict(agent_temperatures or {})
         self.max_completion_length = max_completion_length
         self.rng = rng
         self.pad_token_id = int(policy.tokenizer.pad_token_id)
@@ -169,7 +173,7 @@ class AdapterUpdater:
                     prompts,
                     completions,
                     pad_token_id=self.pad_token_id,
-                    temperature=self.temperature,
+                    temperature=self._temperatures(batch),
                     with_entropy=True,
                 )
             reference = None
@@ -180,7 +184,7 @@ class AdapterUpdater:
                         prompts,
                         completions,
                         pad_token_id=self.pad_token_id,
-                        temperature=self.temperature,
+                        temperature=self._temperatures(batch),
                     )
         device, width = logprobs.device, logprobs.shape[1]
         old_logprobs = (
@@ -234,11 +238,17 @@ class AdapterUpdater:
                     [s.prompt_token_ids for s in batch],
                     [s.completion_token_ids for s in batch],
                     pad_token_id=self.pad_token_id,
-                    temperature=self.temperature,
+                    temperature=self._temperatures(batch),
                 )
             for position, (row, sample) in enumerate(zip(chunk, batch, strict=True)):
                 out[row] = logprobs[position, : len(sample.completion_token_ids)].float().cpu()
         return [logprobs for logprobs in out if logprobs is not None]
+
+    def _temperatures(self, batch: list[Sample]) -> float | list[float]:
+        """The temperature that sampled each row: one number when they all share the rollout's."""
+        if not self.agent_temperatures:
+            return self.temperature
+        return [self.agent_temperatures.get(s.agent, self.temperature) for s in batch]
 
     def _optimizer_step(self, adapter: str) -> float:
         parameters = self.policy.adapter_parameters(adapter)
