@@ -292,6 +292,29 @@ def test_programs_do_not_see_their_server_or_zygote(setup, monkeypatch):
         assert hidden, result
 
 
+@pytest.mark.parametrize("setup", SETUPS)
+def test_the_hosts_fork_counter_says_nothing_of_what_earlier_runs_forked(setup, monkeypatch):
+    """/proc/stat counts every fork on the host since boot (an outside corpus sent 4 bits a run
+    through it, to other servers too): programs cannot open it where the sandbox says the channel
+    is closed (namespaces as root), and the standard library still counts the CPUs."""
+    program = (
+        "import os\ndef size(path):\n    try:\n        return len(open(path).read())\n"
+        "    except PermissionError:\n        return 'refused'\n"
+        "print([size(p) for p in ('/proc/stat', '/proc/vmstat')], (os.cpu_count() or 0) >= 1)"
+    )
+    with make_box(setup, monkeypatch, workers=1) as box:
+        result = box.run(program)
+        channels = box.isolation_info()["channels_between_runs"]
+    assert result.ok and result.stdout.endswith(" True\n"), result
+    masked = result.stdout.startswith("['refused', 'refused']")
+    assert channels.get("host_event_counters", "open").startswith("closed") == masked, (channels, result)
+    if _isolated_as_root(box):
+        assert masked, result
+        assert channels["page_cache"].startswith("open") and channels["socket_inode_numbers"].startswith(
+            "open"
+        )
+
+
 @pytest.mark.parametrize("run_tmp", ["0", "1"])
 @pytest.mark.parametrize("setup", SETUPS)
 def test_inode_numbers_say_nothing_of_what_earlier_runs_made(setup, run_tmp, monkeypatch):

@@ -131,8 +131,11 @@ bound paths (the interpreter, its standard library, ``/usr``, a few ``/etc`` fil
 host path it has inside), the host's disk device and its mount options, and, under bubblewrap,
 its staging directory ``/newroot``; nothing of the project, the envs' data or the host's scratch
 directories. What a program can learn of *earlier runs* on its server is listed, with bits per
-run, under ``isolation_info()["channels_between_runs"]``; with namespaces as root every channel
-measured so far is closed. Each run gets a new tmpfs as its work dir (``disk_mb``, at most 16384
+run, under ``isolation_info()["channels_between_runs"]``. With namespaces as root every channel of
+one server is closed; two host-wide ones stay open between any two programs on the host, runs of
+other servers included: the page cache of the shared read-only files (16 bits a run measured) and
+socket inode numbers (under 1.1 bits); ``/proc/stat`` and ``/proc/vmstat``, whose fork and page
+counters carried 4 bits a run, cannot be opened. Each run gets a new tmpfs as its work dir (``disk_mb``, at most 16384
 files; inode numbers and free space start afresh: a shared ``/tmp`` carried about 18 bits a run),
 unmounted once the run's processes are gone, so the server removes nothing file by file. It costs
 0.1 ms a run on an idle 2-core Xeon (a trivial program 2.84 -> 2.93 ms) and about 6 ms under load

@@ -46,6 +46,27 @@ def hide_other_processes() -> None:
     _mount(None, "/proc", None, MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC, PROC_OPTIONS)
 
 
+# Host-wide event counters a program can advance by exact amounts and a later program (of any
+# server) reads back: /proc/stat's count of forks since boot carried 4 bits a run to an outside
+# corpus (more with a larger modulus), /proc/vmstat counts pages and faults the same way. Programs
+# cannot open them (EACCES: a device node on a nodev mount); the CPU count does not need them.
+MASKED_HOST_COUNTERS = ("/proc/stat", "/proc/vmstat")
+
+
+def mask_host_counters() -> None:
+    """Bind ``/dev/null`` over :data:`MASKED_HOST_COUNTERS` in this mount namespace, read-only and
+    ``nodev``: opening one fails with ``EACCES``.
+
+    Best effort: where the kernel refuses, the files stay readable, the layer's probe sees it and
+    ``isolation_info()`` states the channel open."""
+    for path in MASKED_HOST_COUNTERS:
+        try:
+            _mount("/dev/null", path, None, MS_BIND)
+            _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        except OSError:
+            continue
+
+
 #: Files (hard links included) a run may make in its own work dir: removing them all when the
 #: run's last process exits is then bounded (a hundred thousand links would take the kernel
 #: about a second), and no program of the kind run here makes more.
@@ -126,6 +147,7 @@ def enter(ops: Sequence[Sequence[str]], mountpoint: str, info_fd: int, keep_fds:
     os.close(read_end)
     _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
     _build_root(ops, mountpoint)
+    mask_host_counters()
     _check(_libc.sethostname(b"sandbox", 7), "sethostname")
 
 

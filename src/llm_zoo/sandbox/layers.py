@@ -172,6 +172,7 @@ def _make_plan(name: str) -> LayerPlan:
                 fixed_pids=report.get("next_pid") == report.get("pid"),
                 hidden_servers=report.get("parent_visible") is False,
                 private_run_tmp=report.get("next_workdir_inode") == report.get("workdir_inode"),
+                masked_host_counters=report.get("host_counters_masked") is True,
             )
             if not problems:
                 notes = [f"probe: {json.dumps(report, sort_keys=True)}", memory_note, *failures]
@@ -197,6 +198,13 @@ child = os.fork()  # advances the pid counter: the next run's pid shows whether 
 if child == 0:
     os._exit(0)
 os.waitpid(child, 0)
+try:
+    with open("/proc/stat") as counters:  # host-wide fork and CPU counters: masked when unreadable
+        report["host_counters_masked"] = counters.read() == ""
+except PermissionError:
+    report["host_counters_masked"] = True
+except OSError as exc:
+    report["host_counters_masked"] = repr(exc)
 try:
     import calendar  # not preloaded: needs the standard library to be readable
     report["stdlib_import"] = True
@@ -293,6 +301,22 @@ def channels_between_runs(plan: LayerPlan) -> dict[str, str]:
         if plan.hidden_servers
         else "open: /proc/<zygote>/stat counts the page faults and CPU time of every run it reaped, "
         "about 12 bits per run (page faults modulo 2**14, read back within 2 pages)"
+    )
+    channels["host_event_counters"] = (
+        "closed: programs cannot open /proc/stat and /proc/vmstat (the host's count of forks since boot, "
+        "pages and faults)"
+        if plan.masked_host_counters
+        else "open: /proc/stat counts every fork on the host since boot; a run that forks until the count "
+        "is its secret modulo 16 carried 4 bits to a later run (any server's; more with a larger modulus)"
+    )
+    channels["page_cache"] = (
+        "open, host-wide: which pages of the shared read-only files (the interpreter, its standard "
+        "library, /usr) are cached; a run that reads chosen pages carried 16 bits to a later run of "
+        "another server (read back with preadv2(RWF_NOWAIT); timing reads would do the same, slower)"
+    )
+    channels["socket_inode_numbers"] = (
+        "open, host-wide: a new socket's inode number counts the sockets made on the host, "
+        "0.2-1 bit per run measured (noisy: every process on the host advances it)"
     )
     channels["tmp_inode_numbers"] = (
         "closed: every run has a tmpfs work dir of its own (inode numbers and free space start afresh; "

@@ -392,6 +392,7 @@ def main(options: dict) -> int:
         jail.enter(config.jail["ops"], config.jail["mountpoint"], config.jail["info_fd"], kept)
     elif config.cleanup == "pidns" and config.uid is not None:  # bubblewrap, as root
         jail.hide_other_processes()
+        jail.mask_host_counters()
     # The protocol owns private copies of fds 0 and 1; a stray print can no longer corrupt it.
     channel_in, channel_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)

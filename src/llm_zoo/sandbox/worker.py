@@ -133,6 +133,8 @@ class LayerPlan:
             is 0).
         private_run_tmp: Every run has a tmpfs work dir of its own (the probe saw it); set by the
             probe.
+        masked_host_counters: Programs cannot open ``/proc/stat`` and ``/proc/vmstat`` (the probe
+            saw it); set by the probe.
         notes: What was checked and decided, for :func:`llm_zoo.sandbox.isolation_info`.
     """
 
@@ -147,6 +149,7 @@ class LayerPlan:
     hidden_servers: bool = False
     run_tmp: bool = False
     private_run_tmp: bool = False
+    masked_host_counters: bool = False
     notes: tuple[str, ...] = ()
 
     @property
