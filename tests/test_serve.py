@@ -398,6 +398,44 @@ def test_slow_steps_of_others_do_not_delay_a_cheap_step():
                 conn.close()
 
 
+def test_one_clients_slow_steps_leave_threads_for_the_others():
+    """Issue 52: one client with more slow steps than the server has env threads held another
+    client's cheap step 14.7 s (outside load test). With several tokens a client runs at most half
+    the threads at once: here 2 of 4, so its 4 slow steps take two rounds and the other's cheap step
+    runs at once."""
+    import threading
+
+    tokens = ["client-a-token-0123456789abcdef", "client-b-token-0123456789abcdef"]
+
+    def ws_as(url: str, path: str, token: str):
+        connection = websockets_client.connect(
+            url.replace("http://", "ws://") + path, open_timeout=10, max_size=None,
+            additional_headers={"Authorization": f"Bearer {token}"},
+        )  # fmt: skip
+        return connection.__enter__()
+
+    with ServerThread(token=tokens, env_threads=4) as url:
+        slow = [ws_as(url, "/envs/test/ServeSlow-v0/ws", tokens[0]) for _ in range(4)]
+        cheap = ws_as(url, "/envs/test/ServeKeyword-v0/ws", tokens[1])
+        try:
+            for conn in [*slow, cheap]:
+                assert ask(conn, "reset", {"seed": 0})["type"] == "observation"
+            started = time.monotonic()
+            threads = [threading.Thread(target=ask, args=(conn, "step", {"text": "slow"})) for conn in slow]
+            for thread in threads:
+                thread.start()
+            time.sleep(0.3)  # client A's first two slow steps run, two wait without a thread
+            start = time.monotonic()
+            assert ask(cheap, "step", {"text": "apple"})["type"] == "observation"
+            assert time.monotonic() - start < 1.5  # all 4 threads held by A: about 1.7 s more
+            for thread in threads:
+                thread.join()
+            assert time.monotonic() - started > 3.9  # A's steps ran two at a time (2 s each)
+        finally:
+            for conn in [*slow, cheap]:
+                conn.close()
+
+
 def test_a_retried_reset_with_the_same_episode_id_is_the_same_episode(thread_server):
     """OpenEnv's reset(seed, episode_id): a client that lost a reset's answer and sends it again gets
     the same episode (no second reset); a new episode id, or a reset after a step, starts anew."""

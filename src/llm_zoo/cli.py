@@ -191,8 +191,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         tokens = read_tokens(args.token_file)
-        if args.max_sessions_per_client is not None and not args.max_sessions_per_client > 0:
-            raise ValueError("--max-sessions-per-client must be > 0")
+        for flag, value in (("--max-sessions-per-client", args.max_sessions_per_client),
+                            ("--max-calls-per-client", args.max_calls_per_client)):  # fmt: skip
+            if value is not None and not value > 0:
+                raise ValueError(f"{flag} must be > 0")
         serve(
             args.host,
             args.port,
@@ -202,6 +204,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             token=tokens,
             allow_no_token=args.allow_no_token,
             max_sessions_per_client=args.max_sessions_per_client,
+            max_calls_per_client=args.max_calls_per_client,
             env_ids=args.env or None,
             allowed_arguments=args.allow_arg,
         )
@@ -248,6 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="sessions one client (one token) may hold, clones included (default: half of "
         "--max-sessions with several tokens, else --max-sessions)",
+    )
+    serve.add_argument(
+        "--max-calls-per-client",
+        type=int,
+        default=None,
+        metavar="N",
+        help="env calls of one client (one token) running at once, of the server's 64 env threads; "
+        "its further calls wait without a thread (default: 32 with several tokens, else 64)",
     )
     serve.add_argument(
         "--allow-no-token",

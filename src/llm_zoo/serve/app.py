@@ -133,6 +133,7 @@ class _Server:
         env_ids: Collection[str] | None = None,
         allowed_arguments: Collection[str] = (),
         env_threads: int = 64,
+        max_calls_per_client: int | None = None,
     ):
         self.store = store
         self.max_message_bytes = max_message_bytes
@@ -145,17 +146,27 @@ class _Server:
         #: (on sandboxed programs), so one thread per session that may be stepping keeps a cheap
         #: step from queueing behind slow ones.
         self.workers = ThreadPoolExecutor(max_workers=env_threads, thread_name_prefix="llm-zoo-env")
+        #: Env calls one client may have on those threads at once; its further calls wait in the
+        #: event loop, holding no thread (an outside load test held a cheap step 14.7 s behind 68
+        #: slow Code-v0 steps of another client, one past the 64 threads).
+        self.max_calls_per_client = min(env_threads, max_calls_per_client or env_threads)
+        self._client_calls: dict[str, asyncio.Semaphore] = {}
         #: Clones one connection may hold before anyone attaches to them (one connection made 963
         #: in 0.6 s and filled every slot of the server).
         self.max_detached_clones = MAX_DETACHED_CLONES
 
     # ------------------------------------------------------------------ env calls
 
+    async def _on_thread(self, client: str, call: Any) -> Any:
+        """Run ``call`` on an env thread once ``client`` has fewer than its maximum running there."""
+        slots = self._client_calls.setdefault(client, asyncio.Semaphore(self.max_calls_per_client))
+        async with slots:
+            return await asyncio.get_running_loop().run_in_executor(self.workers, call)
+
     async def _call(self, session: Session, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         session.busy += 1
         try:
-            call = functools.partial(fn, *args, **kwargs)
-            return await asyncio.get_running_loop().run_in_executor(self.workers, call)
+            return await self._on_thread(session.client, functools.partial(fn, *args, **kwargs))
         except ProtocolError:
             raise
         except Exception as err:
@@ -183,9 +194,7 @@ class _Server:
             if problem:
                 raise ProtocolError("FACTORY_ERROR", problem, "PermissionError")
         try:
-            env = await asyncio.get_running_loop().run_in_executor(
-                self.workers, functools.partial(make, env_id, **kwargs)
-            )
+            env = await self._on_thread(client, functools.partial(make, env_id, **kwargs))
         except UnknownEnvError as err:
             raise ProtocolError("FACTORY_ERROR", str(err), "UnknownEnvError") from None
         except Exception as err:
@@ -400,6 +409,7 @@ class _Server:
                     "sessions_made": self.store.created,
                     "max_sessions": self.store.max_sessions,
                     "max_sessions_per_client": self.store.max_per_client,
+                    "max_calls_per_client": self.max_calls_per_client,
                     "sessions_of_this_client": self.store.held_by(client_of(request.scope)),
                 }
             )
@@ -511,6 +521,7 @@ def create_app(
     allowed_arguments: Collection[str] = (),
     env_threads: int = 64,
     max_sessions_per_client: int | None = None,
+    max_calls_per_client: int | None = None,
 ) -> Starlette:
     """The ASGI app. Serve it with uvicorn's ``ws_max_size`` equal to ``max_message_bytes``
     (:func:`llm_zoo.serve.run` does).
@@ -531,12 +542,20 @@ def create_app(
         max_sessions_per_client: Sessions (clones included) one client, that is one token, may hold
             at once. Default: with several tokens, half of ``max_sessions``, so no client can take
             every session from the others; with one token or none, ``max_sessions``.
+        max_calls_per_client: Env calls (make, reset, step, clone...) of one client running at once;
+            its further calls wait without holding a thread. Default: with several tokens, half of
+            ``env_threads``, so one client's slow steps leave the other half to everyone else's
+            cheap ones; with one token or none, ``env_threads``.
     """
     tokens = (token,) if isinstance(token, str) else tuple(token or ())
     if max_sessions_per_client is None:
         max_sessions_per_client = max(1, max_sessions // 2) if len(tokens) > 1 else max_sessions
+    if max_calls_per_client is None:
+        max_calls_per_client = max(1, env_threads // 2) if len(tokens) > 1 else env_threads
     store = SessionStore(session_ttl_s, max_sessions, max_per_client=max_sessions_per_client)
-    server = _Server(store, int(max_message_bytes), env_ids, allowed_arguments, env_threads)
+    server = _Server(
+        store, int(max_message_bytes), env_ids, allowed_arguments, env_threads, max_calls_per_client
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
