@@ -343,3 +343,19 @@ def test_many_runs_stay_correct_under_load():
             assert result.exit_code == i % 7 and not result.timed_out
         else:
             assert result.timed_out
+
+
+def test_runs_of_a_cancelled_caller_are_not_started():
+    """llm_zoo.sandbox.cancel_when: once the caller's event is set, jobs not yet sent to a server
+    get the CANCELLED error at once; the mark is the calling thread's only."""
+    event = threading.Event()
+    with sandbox.Sandbox(workers=1) as box:
+        with sandbox.cancel_when(event):
+            assert box.run("print(1)").stdout == "1\n"
+            event.set()
+            started = time.monotonic()
+            results = box.run_many([sandbox.Job("import time\ntime.sleep(5)")] * 4)
+            single = box.run("print(2)")
+            assert time.monotonic() - started < 2
+        assert {r.error for r in results} == {sandbox.CANCELLED} and single.error == sandbox.CANCELLED
+        assert box.run("print(3)").stdout == "3\n"  # outside the block the event means nothing

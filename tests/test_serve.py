@@ -436,6 +436,48 @@ def test_one_clients_slow_steps_leave_threads_for_the_others():
                 conn.close()
 
 
+class ProgramsStepEnv(KeywordEnv):
+    """KeywordEnv whose "programs" step runs 12 half-second sandboxed programs on 2 servers (a
+    Code-v0 step running a program once per test), recording their results in RAN."""
+
+    RAN: list = []
+
+    def _act(self, agent, action):
+        if action == "programs":
+            from llm_zoo import sandbox
+
+            with sandbox.Sandbox(workers=2) as box:
+                ProgramsStepEnv.RAN.extend(box.run_many([sandbox.Job("import time\ntime.sleep(0.5)")] * 12))
+        return super()._act(agent, action)
+
+
+llm_zoo.register(
+    "test/ServePrograms-v0", ProgramsStepEnv, description="a step that runs programs", override=True
+)
+
+
+def test_a_client_gone_mid_step_starts_no_more_programs():
+    """Issue 52: a client that disconnected mid-step left its step starting sandboxed programs for
+    8 s. Here the step's 12 programs go to 2 servers in 4 chunks of 3; the client leaves while the
+    first two chunks run, so the other two are never started."""
+    from llm_zoo.sandbox import CANCELLED
+
+    ProgramsStepEnv.RAN.clear()
+    with ServerThread() as url:
+        conn = ws(url, "/envs/test/ServePrograms-v0/ws")
+        assert ask(conn, "reset", {"seed": 0})["type"] == "observation"
+        conn.send(json.dumps({"type": "step", "data": {"text": "programs"}}))
+        time.sleep(0.3)
+        conn.close()
+        deadline = time.monotonic() + 30
+        while len(ProgramsStepEnv.RAN) < 12 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    errors = [result.error for result in ProgramsStepEnv.RAN]
+    assert len(errors) == 12
+    assert errors.count(CANCELLED) >= 3, errors  # at least one chunk never started
+    assert all(error in (None, CANCELLED) for error in errors), errors
+
+
 def test_a_retried_reset_with_the_same_episode_id_is_the_same_episode(thread_server):
     """OpenEnv's reset(seed, episode_id): a client that lost a reset's answer and sends it again gets
     the same episode (no second reset); a new episode id, or a reset after a step, starts anew."""

@@ -172,6 +172,7 @@ API_EXCLUDED: dict[str, str] = {
     "llm_zoo_train.evaluation": "stage package: its docstring names the stage (docs/training/architecture.md)",
     "llm_zoo.checkers": "package marker",
     "llm_zoo.sandbox.cgroup": "the sandbox's internals; llm_zoo.sandbox documents how it isolates programs",
+    "llm_zoo.sandbox.cancel": "the sandbox's internals; llm_zoo.sandbox documents how it isolates programs",
     "llm_zoo.sandbox.cleanup": "the sandbox's internals; llm_zoo.sandbox documents how it isolates programs",
     "llm_zoo.sandbox.jail": "the sandbox's internals; llm_zoo.sandbox documents how it isolates programs",
     "llm_zoo.sandbox.layers": "the sandbox's internals; llm_zoo.sandbox documents how it isolates programs",

@@ -153,6 +153,7 @@ import threading
 import weakref
 from collections.abc import Iterable, Sequence
 
+from llm_zoo.sandbox.cancel import CANCELLED, cancel_when, current_cancel_event
 from llm_zoo.sandbox.layers import (
     LAYER_ENV_VAR,
     LAYERS,
@@ -164,6 +165,7 @@ from llm_zoo.sandbox.layers import (
 from llm_zoo.sandbox.worker import SandboxError, Worker, WorkerDied, join_reapers
 
 __all__ = [
+    "CANCELLED",
     "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_MAX_PROCESSES",
     "DEFAULT_MEMORY_MB",
@@ -175,6 +177,7 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "SandboxWarning",
+    "cancel_when",
     "default_sandbox",
     "isolation_info",
     "isolation_layer",
@@ -352,6 +355,9 @@ class Sandbox:
         for job in jobs:
             if not isinstance(job, Job):
                 raise TypeError(f"run_many takes Job objects, got {type(job).__name__}")
+        cancel = (
+            current_cancel_event()
+        )  # the caller's (llm_zoo.sandbox.cancel): the drains run on other threads
         chunk_size = max(1, min(MAX_CHUNK, len(jobs) // (2 * self.workers)))
         chunk_count = -(-len(jobs) // chunk_size)
         chunks = [list(range(first, len(jobs), chunk_count)) for first in range(chunk_count)]
@@ -361,7 +367,7 @@ class Sandbox:
         failures: list[BaseException] = []
 
         def drain() -> None:
-            while not failures:
+            while not failures and not (cancel is not None and cancel.is_set()):
                 with lock:
                     chunk = next(pending, None)
                 if chunk is None:
@@ -386,7 +392,7 @@ class Sandbox:
                 runner.join()
         if failures:
             raise failures[0]
-        return results  # type: ignore[return-value]
+        return [self._failed(CANCELLED) if result is None else result for result in results]
 
     def close(self) -> None:
         """Stop every server (idle ones now; busy ones when their run ends)."""
@@ -405,6 +411,9 @@ class Sandbox:
 
     # ----------------------------------------------------------------------------------- internals
     def _run_job(self, job: Job) -> RunResult:
+        cancel = current_cancel_event()
+        if cancel is not None and cancel.is_set():
+            return self._failed(CANCELLED)
         return self._run_chunk([job])[0]
 
     def _run_chunk(self, jobs: list[Job]) -> list[RunResult]:

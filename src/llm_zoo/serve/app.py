@@ -29,18 +29,20 @@ import asyncio
 import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
+from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from llm_zoo.registry import UnknownEnvError, make, registry
+from llm_zoo.sandbox.cancel import cancel_when
 from llm_zoo.serve.arguments import argument_problem
 from llm_zoo.serve.auth import TokenMiddleware, client_of
 from llm_zoo.serve.protocol import (
@@ -53,6 +55,8 @@ from llm_zoo.serve.protocol import (
     parse_json,
 )
 from llm_zoo.serve.sessions import Session, SessionStore
+
+T = TypeVar("T")
 
 __all__ = ["ACTION_SCHEMA", "create_app"]
 
@@ -166,7 +170,8 @@ class _Server:
     async def _call(self, session: Session, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         session.busy += 1
         try:
-            return await self._on_thread(session.client, functools.partial(fn, *args, **kwargs))
+            call = functools.partial(_until_gone, session, functools.partial(fn, *args, **kwargs))
+            return await self._on_thread(session.client, call)
         except ProtocolError:
             raise
         except Exception as err:
@@ -213,9 +218,10 @@ class _Server:
         await websocket.accept()
         session: Session | None = None
         clones: set[str] = set()  # detached clones this connection made: they end with it
+        waiting: Message | None = None  # a frame that came while a step ran
         try:
             while True:
-                message = await websocket.receive()
+                message, waiting = waiting or await websocket.receive(), None
                 if message["type"] == "websocket.disconnect":
                     return
                 raw = message.get("text")
@@ -231,9 +237,15 @@ class _Server:
                             "SESSION_ERROR",
                             f"the session expired after {self.store.ttl_s:g} s without a message; make a new one",
                         )
-                    reply, session = await self._handle(kind, data, session, path_env_id, clones, client)
+                    handling = self._handle(kind, data, session, path_env_id, clones, client)
+                    if kind == "step" and session is not None:  # steps may run programs for long
+                        (reply, session), waiting = await _while_listening(websocket, session, handling)
+                    else:
+                        reply, session = await handling
                 except ProtocolError as err:
                     reply = error_frame(err)
+                if waiting is not None and waiting["type"] == "websocket.disconnect":
+                    return
                 await websocket.send_text(reply)
         except WebSocketDisconnect:
             return
@@ -505,6 +517,33 @@ def _state(session: Session) -> dict[str, Any]:
         "turn": getattr(env, "turn", None),
         "success": bool(getattr(env, "success", False)),
     }
+
+
+async def _while_listening(
+    websocket: WebSocket, session: Session, handling: Awaitable[T]
+) -> tuple[T, Message | None]:
+    """Await ``handling`` while reading the connection's next frame; returns its result and the
+    frame that came meanwhile, if one did. A disconnect meanwhile marks ``session`` gone, so the
+    call stops starting sandboxed programs (``llm_zoo.sandbox.cancel_when``): an outside test saw
+    a step start programs for 8 s after its client was gone."""
+    work = asyncio.ensure_future(handling)
+    listening = asyncio.ensure_future(websocket.receive())
+    done, _ = await asyncio.wait({work, listening}, return_when=asyncio.FIRST_COMPLETED)
+    if listening not in done:
+        listening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listening
+        return work.result(), None
+    message = listening.result()
+    if message["type"] == "websocket.disconnect":
+        session.gone.set()
+    return await work, message
+
+
+def _until_gone(session: Session, call: Callable[[], T]) -> T:
+    """``call()`` on an env thread, its sandboxed programs left unstarted once ``session`` is gone."""
+    with cancel_when(session.gone):
+        return call()
 
 
 #: Detached clones one connection may hold at once (a trainer clones K per env and attaches at once).

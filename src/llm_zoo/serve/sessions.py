@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ class Session:
         last_reset: ``(episode_id, seed, options)`` of the last reset and the observation it
             answered: the same reset again, before any step, answers it again without a new
             episode (a client that retries a reset whose answer it lost gets the same episode).
+        gone: Set when the client that owns it is gone: the sandboxed programs its running call
+            has not started yet are not started (:func:`llm_zoo.sandbox.cancel_when`).
     """
 
     id: str
@@ -58,6 +61,7 @@ class Session:
     client: str = "anyone"
     episode_id: str | None = None
     last_reset: tuple[str, Any] | None = None
+    gone: threading.Event = field(default_factory=threading.Event)
 
 
 class SessionStore:
@@ -157,6 +161,7 @@ class SessionStore:
         """Close a session's env and forget it (no-op when it is already gone)."""
         session = self._sessions.pop(session_id, None)
         if session is not None:
+            session.gone.set()
             session.closed = True
             with contextlib.suppress(Exception):  # a failing close must not take the server down
                 session.env.close()
