@@ -424,7 +424,12 @@ def test_the_run_summary_names_the_processes_and_the_env_servers(monkeypatch):
     assert f"of {2 * per_process} envs (2 processes x {per_process}) x K=" in line
     assert "envs on 2 remote env servers (http://127.0.0.1:8001, http://127.0.0.1:8002)" in line
     monkeypatch.delenv("WORLD_SIZE")
-    assert f"of {per_process} envs x K=" in run_summary(config) and "processes" not in run_summary(config)
+    assert (
+        f"of {per_process} envs x K={config.rollout.num_generations} tree rollouts on 1 trainer process, "
+        in run_summary(config)
+    )
+    config.env.servers = []
+    assert "trainer process, envs played in the trainer, " in run_summary(config)
 
 
 def test_the_rollout_bar_moves_a_move_at_a_time():

@@ -88,10 +88,15 @@ def run_summary(config: Config, processes: int | None = None) -> str:
     if processes > 1:  # envs_per_step is per process
         envs = f"{processes * r.envs_per_step} envs ({processes} processes x {r.envs_per_step})"
     servers = config.env.servers
-    where = f", envs on {plural(len(servers), 'remote env server')} ({', '.join(servers)})" if servers else ""
+    where = (
+        f", envs on {plural(len(servers), 'remote env server')} ({', '.join(servers)})"
+        if servers
+        else ", envs played in the trainer"
+    )
     return (
         f"llm-zoo-train: {config.env.id} with {models} ({r.engine} engine), "
-        f"{plural(t.max_steps, 'step')} of {envs} x K={r.num_generations} {r.mode} rollouts{where}, "
+        f"{plural(t.max_steps, 'step')} of {envs} x K={r.num_generations} {r.mode} rollouts"
+        f"{' on 1 trainer process' if processes == 1 else ''}{where}, "
         f"{evaluation}; output {t.output_dir}"
     )
 
