@@ -145,6 +145,31 @@ def test_role_swap_plays_each_adapter_in_the_other_role(trained_run, tmp_path, m
     assert "swap" in out and "100.0%" in out
 
 
+def test_adapters_of_another_run_play_beside_the_inputs(trained_run, tmp_path, monkeypatch, capsys):
+    """The "trained apart, then combined" control: --adapter NAME=DIR replaces one of the input's
+    adapters by a directory from elsewhere (here a copy of the input's own bob, standing in for a
+    bob trained in another run), and the policies load it under that name."""
+    import shutil
+
+    run, _ = trained_run
+    elsewhere = tmp_path / "other_run" / "adapters" / "bob"
+    shutil.copytree(run / "adapters" / "bob", elsewhere)
+    loaded: list[dict] = []
+    monkeypatch.setattr(eval_cli, "local_engine", _scripted_engine(loaded))
+    output = tmp_path / "combined.json"
+    assert main([str(run), "--adapter", f"bob={elsewhere}", "--output", str(output)]) == 0
+    assert loaded[0] == {"alice": run / "adapters" / "alice", "bob": elsewhere}
+    document = _results(output)
+    assert document["settings"]["adapters"] == {
+        "alice": str(run / "adapters" / "alice"),
+        "bob": str(elsewhere),
+    }
+    assert document["results"][0]["result"]["success_rate"] == 1.0
+    for bad, message in (("bob", "expected NAME=DIR"), (f"bob={tmp_path}", "holds no PEFT adapter")):
+        assert main([str(run), "--adapter", bad]) == 2
+        assert message in capsys.readouterr().err
+
+
 @pytest.fixture
 def no_model_loading(monkeypatch):
     def forbidden(*args, **kwargs):

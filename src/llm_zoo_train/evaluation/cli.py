@@ -8,7 +8,8 @@ played on every split, one greedy (by default) episode per task seed, with
 
 Policies (``--policies``): ``base`` (no adapter), ``adapters`` (the saved adapters, each agent
 with its own: the default when there are any), ``swap`` (the paper's ablation: two agents trade
-adapters). ``--majority K`` scores every policy by majority@K instead of one episode per task: the
+adapters). ``--adapter NAME=DIR`` plays another saved adapter as adapter ``NAME``: roles trained in
+separate runs, evaluated together (the "trained apart, then combined" control). ``--majority K`` scores every policy by majority@K instead of one episode per task: the
 single-agent control at a team's sample budget (:mod:`llm_zoo_train.evaluation.majority`).
 
 Splits (``--splits``): ``eval`` (the trainer's evaluation tasks: ``eval.env_kwargs``,
@@ -86,6 +87,14 @@ def _parser() -> _Parser:
     parser.add_argument(
         "--splits",
         help="comma list of eval, train, test (default: train,test if the env has splits, else eval)",
+    )
+    parser.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="play the saved PEFT adapter in DIR as adapter NAME, instead of the input's own (repeat per "
+        "adapter): e.g. roles trained in separate runs, evaluated together",
     )
     parser.add_argument(
         "--majority",
@@ -178,6 +187,10 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
     if not endpoint and (options.served_model or options.agent_model):
         raise UsageError("--served-model and --agent-model need --endpoint URL")
     source = resolve_source(options.input, overrides, endpoint=bool(endpoint))
+    if options.adapter:
+        if endpoint:
+            raise UsageError("--adapter loads adapters locally; with --endpoint use --agent-model AGENT=NAME")
+        source.adapters.update(adapters_given(options.adapter))
     config = source.config
     plan = validate(evaluation_view(config, endpoint=bool(endpoint)))
     configure_env_servers(config.env.servers)
@@ -362,6 +375,25 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
             rest.append(arg)
         index += 1
     return rest, overrides
+
+
+def adapters_given(specs: Sequence[str]) -> dict[str, Path]:
+    """``NAME=DIR`` options as {adapter name: directory}; UsageError for a malformed one or a
+    directory that holds no PEFT adapter (``adapter_config.json``)."""
+    given: dict[str, Path] = {}
+    for spec in specs:
+        name, equals, directory = spec.partition("=")
+        if not equals or not name or not directory:
+            raise UsageError(
+                f"--adapter {spec!r}: expected NAME=DIR, e.g. holder=runs/holder/adapters/holder"
+            )
+        path = Path(directory)
+        if not (path / "adapter_config.json").is_file():
+            raise UsageError(
+                f"--adapter {spec!r}: {directory} holds no PEFT adapter (no adapter_config.json)"
+            )
+        given[name] = path
+    return given
 
 
 def _names(value: str | None, choices: Sequence[str], what: str) -> list[str]:
