@@ -12,13 +12,16 @@ from llm_zoo_train.rollout.env_play import generate_checked
 from toy_envs_trainer import ScriptedEngine
 from train_helpers import toy_config
 
-SAMPLING = "{alice: {temperature: 0.5, max_completion_length: 3, eval_temperature: 0.0}, bob: {eval_max_completion_length: 5}}"
+SAMPLING = "{alice: {temperature: 0.5, max_completion_length: 3, eval_temperature: 0.0}, bob: {eval_max_completion_length: 5, stop: ['.']}}"
 
 
 def test_overrides_take_only_the_fields_set(tmp_path):
     config = toy_config("unused-model", tmp_path / "run", ["--agents.sampling", SAMPLING])
-    assert rollout_overrides(config) == {"alice": {"temperature": 0.5, "max_tokens": 3}}
-    assert eval_overrides(config) == {"alice": {"temperature": 0.0}, "bob": {"max_tokens": 5}}
+    assert rollout_overrides(config) == {
+        "alice": {"temperature": 0.5, "max_tokens": 3},
+        "bob": {"stop": (".",)},
+    }
+    assert eval_overrides(config) == {"alice": {"temperature": 0.0}, "bob": {"max_tokens": 5, "stop": (".",)}}
 
 
 @pytest.mark.parametrize(
@@ -30,6 +33,7 @@ def test_overrides_take_only_the_fields_set(tmp_path):
         ("{alice: {eval_temperature: .nan}}", r"agents.sampling.alice.eval_temperature: expected a finite number"),
         ("{alice: {max_completion_length: 0}}", r"agents.sampling.alice.max_completion_length must be at least 1"),
         ("{alice: 0.5}", r"agents.sampling: expected dict\[str, dict\[str, any\]\]"),
+        ("{alice: {stop: ['']}}", r"agents.sampling.alice.stop must be a list of non-empty texts"),
     ],
 )  # fmt: skip
 def test_bad_per_agent_sampling_is_a_config_error_naming_the_key(tmp_path, sampling, message):
@@ -40,16 +44,18 @@ def test_bad_per_agent_sampling_is_a_config_error_naming_the_key(tmp_path, sampl
 def test_a_call_is_split_by_the_agents_sampling_and_answers_keep_the_prompts_order():
     engine = ScriptedEngine(script=lambda prompt, adapter, index: f"{prompt}:{index}")
     sampling = SamplingParams(max_tokens=8, temperature=1.0, seed=3,
-                              per_agent={"alice": {"temperature": 0.5, "max_tokens": 2}, "carol": {}})  # fmt: skip
-    agents = ["alice", "bob", "alice", "carol", "bob"]
-    prompts = [f"p{i}" for i in range(5)]
-    results = generate_checked(engine, prompts, [None] * 5, 2, sampling, agents)
-    assert [[c.text for c in group] for group in results] == [[f"p{i}:0", f"p{i}:1"] for i in range(5)]
-    calls = [(call.prompts, call.sampling.temperature, call.sampling.max_tokens) for call in engine.calls]
-    assert calls == [(["p0", "p2"], 0.5, 2), (["p1", "p3", "p4"], 1.0, 8)]  # carol samples as bob does
+                              per_agent={"alice": {"temperature": 0.5, "max_tokens": 2}, "carol": {},
+                                         "dave": {"stop": ("!",)}})  # fmt: skip
+    agents = ["alice", "bob", "alice", "carol", "bob", "dave"]
+    prompts = [f"p{i}" for i in range(6)]
+    results = generate_checked(engine, prompts, [None] * 6, 2, sampling, agents)
+    assert [[c.text for c in group] for group in results] == [[f"p{i}:0", f"p{i}:1"] for i in range(6)]
+    calls = [(call.prompts, call.sampling.temperature, call.sampling.max_tokens, call.sampling.stop)
+             for call in engine.calls]  # fmt: skip
+    assert calls == [(["p0", "p2"], 0.5, 2, ()), (["p1", "p3", "p4"], 1.0, 8, ()), (["p5"], 1.0, 8, ("!",))]
     assert all(not call.sampling.per_agent and call.sampling.seed == 3 for call in engine.calls)
     with pytest.raises(ValueError, match="needs the agent of every prompt"):
-        generate_checked(engine, prompts, [None] * 5, 1, sampling)
+        generate_checked(engine, prompts, [None] * 6, 1, sampling)
 
 
 def test_without_per_agent_sampling_a_call_is_one_engine_call():

@@ -8,6 +8,7 @@ answer differently per adapter.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -332,3 +333,24 @@ def test_shared_prefill_gives_the_same_samples(peft_model, tokenizer):
     assert shared.share_prefill
     # Rows 0-2 answer prompt 0 (one prefill), rows 3-4 prompt 3; the next batch starts mid-prompt.
     assert prefills[0] == [0, 0, 0, 1, 1] and len(prefills) == 2 * 3  # 3 batches per call
+
+
+def test_a_stop_text_ends_a_completion_at_the_token_that_completes_it(engine, tokenizer):
+    """The same seeded draw with and without ``stop``: with it, the completion is the shortest prefix
+    whose text holds the stop text (kept), its logprobs those of the prefix, finish_reason "stop"."""
+    sampling = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
+    ((full,),) = engine.generate(PROMPTS[:1], ["one"], 1, sampling)
+    text = full.text
+    assert len(full.token_ids) >= 6, full
+    middle = tokenizer.decode(full.token_ids[:4], skip_special_tokens=True)[-2:]  # ends inside token 4
+    assert middle and middle in text
+    ((cut,),) = engine.generate(
+        PROMPTS[:1], ["one"], 1, dataclasses.replace(sampling, stop=("zzz-never", middle))
+    )
+    length = next(n for n in range(1, len(full.token_ids) + 1)
+                  if middle in tokenizer.decode(full.token_ids[:n], skip_special_tokens=True))  # fmt: skip
+    assert cut.token_ids == full.token_ids[:length] and cut.logprobs == full.logprobs[:length]
+    assert cut.finish_reason == "stop" and middle in cut.text
+    assert middle not in tokenizer.decode(cut.token_ids[:-1], skip_special_tokens=True)
+    ((same,),) = engine.generate(PROMPTS[:1], ["one"], 1, dataclasses.replace(sampling, stop=("zzz-never",)))
+    assert same.token_ids == full.token_ids and same.finish_reason == full.finish_reason

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llm_zoo_train.config.typed import ConfigError, config_from_dict
 
@@ -46,6 +46,9 @@ class AgentSampling:
     """Evaluation temperature for this agent (null: the `eval` section's)."""
     eval_max_completion_length: int | None = None
     """Most new tokens per completion of this agent in evaluation (null: the `eval` section's)."""
+    stop: list[str] | None = None
+    """Texts that end this agent's completions, in training and evaluation: a completion ends with
+    the token that completes one of them, the text kept (e.g. ["</answer>"]; null: none)."""
 
 
 def plan_agent_sampling(config: Config, possible_agents: Sequence[str]) -> dict[str, AgentSampling]:
@@ -73,29 +76,33 @@ def plan_agent_sampling(config: Config, possible_agents: Sequence[str]) -> dict[
             value = getattr(settings, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{where}.{name} must be at least 1, got {value!r}")
+        if settings.stop is not None and not all(isinstance(text, str) and text for text in settings.stop):
+            raise ConfigError(f"{where}.stop must be a list of non-empty texts, got {settings.stop!r}")
         planned[agent] = settings
     return planned
 
 
-def rollout_overrides(config: Config) -> dict[str, dict[str, float | int]]:
-    """Per agent, the training rollout's ``temperature`` / ``max_tokens`` overrides (only the
-    fields set), in the shape of ``SamplingParams.per_agent``."""
+def rollout_overrides(config: Config) -> dict[str, dict[str, Any]]:
+    """Per agent, the training rollout's ``temperature`` / ``max_tokens`` / ``stop`` overrides (only
+    the fields set), in the shape of ``SamplingParams.per_agent``."""
     return _overrides(config, "temperature", "max_completion_length")
 
 
-def eval_overrides(config: Config) -> dict[str, dict[str, float | int]]:
+def eval_overrides(config: Config) -> dict[str, dict[str, Any]]:
     """Per agent, evaluation's ``temperature`` / ``max_tokens`` overrides, as :func:`rollout_overrides`."""
     return _overrides(config, "eval_temperature", "eval_max_completion_length")
 
 
-def _overrides(config: Config, temperature: str, length: str) -> dict[str, dict[str, float | int]]:
-    overrides: dict[str, dict[str, float | int]] = {}
+def _overrides(config: Config, temperature: str, length: str) -> dict[str, dict[str, Any]]:
+    overrides: dict[str, dict[str, Any]] = {}
     for agent, fields in config.agents.sampling.items():
-        chosen: dict[str, float | int] = {}
+        chosen: dict[str, Any] = {}
         if fields.get(temperature) is not None:
             chosen["temperature"] = float(fields[temperature])
         if fields.get(length) is not None:
             chosen["max_tokens"] = int(fields[length])
+        if fields.get("stop"):
+            chosen["stop"] = tuple(fields["stop"])
         if chosen:
             overrides[agent] = chosen
     return overrides

@@ -135,8 +135,8 @@ class AgentsConfig:
     sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-agent generation settings, e.g. {holder: {temperature: 0.5, max_completion_length: 16}}:
     `temperature` and `max_completion_length` (training rollouts and the look-ahead),
-    `eval_temperature` and `eval_max_completion_length` (evaluation); unset ones use the `rollout`
-    and `eval` sections. The loss divides each sample's logits by its own agent's temperature.
+    `eval_temperature` and `eval_max_completion_length` (evaluation), `stop` (texts that end the
+    agent's completions, in both); unset ones use the `rollout` and `eval` sections. The loss divides each sample's logits by its own agent's temperature.
     See llm_zoo_train.config.agent_sampling."""
 
 

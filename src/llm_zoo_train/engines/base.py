@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
     "Completion",
@@ -91,10 +91,13 @@ class SamplingParams:
         top_p: Nucleus sampling mass (1.0 = off).
         top_k: Keep the k most likely tokens (0 or -1 = off).
         seed: Seed for this call's sampling, for reproducible rollouts (``None``: engine state).
+        stop: Texts that end a completion: it ends with the first token that completes one of them
+            (the text is kept, as vLLM's ``include_stop_str_in_output``; ``finish_reason`` "stop").
         per_agent: Per agent, ``temperature`` and/or ``max_tokens`` replacing the fields above for
             that agent's prompts (the config's ``agents.sampling``). The rollout splits a call by
             agent (:func:`llm_zoo_train.rollout.env_play.generate_checked`) and gives each engine
-            call :meth:`for_agent`'s parameters, so an engine never sees a non-empty map.
+            call :meth:`for_agent`'s parameters, so an engine never sees a non-empty map. ``stop``
+            may be overridden too.
     """
 
     max_tokens: int = 256
@@ -102,7 +105,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
-    per_agent: Mapping[str, Mapping[str, float | int]] = field(default_factory=dict)
+    stop: tuple[str, ...] = ()
+    per_agent: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def greedy(self) -> bool:

@@ -506,6 +506,10 @@ class HFEngine:
                 if token in self.eos_token_ids:
                     tokens, finish_reason = tokens[: position + 1], "stop"
                     break
+            if sampling.stop:
+                stopped = self._stop_length(tokens, sampling.stop)
+                if stopped is not None:
+                    tokens, finish_reason = tokens[:stopped], "stop"
             completions.append(
                 Completion(
                     text=self.tokenizer.decode(tokens, skip_special_tokens=True),
@@ -523,6 +527,25 @@ class HFEngine:
         )
         report_generated(0, len(unreported))
         return completions
+
+    def _stop_length(self, tokens: list[int], stops: tuple[str, ...]) -> int | None:
+        """The length of the shortest prefix of ``tokens`` whose text holds one of ``stops`` (a
+        prefix that holds one, every longer one does too: found by bisection), or ``None``."""
+
+        def holds(length: int) -> bool:
+            text = self.tokenizer.decode(tokens[:length], skip_special_tokens=True)
+            return any(stop in text for stop in stops)
+
+        if not holds(len(tokens)):
+            return None
+        low, high = 1, len(tokens)
+        while low < high:
+            middle = (low + high) // 2
+            if holds(middle):
+                high = middle
+            else:
+                low = middle + 1
+        return low
 
     def _prefill(
         self,

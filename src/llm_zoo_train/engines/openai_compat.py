@@ -168,6 +168,8 @@ class OpenAICompatEngine:
             body["top_k"] = int(sampling.top_k)  # vLLM/SGLang extension; only sent when set
         if sampling.seed is not None:
             body["seed"] = int(sampling.seed)
+        if sampling.stop:  # the OpenAI API leaves the stop text out of the reply (local engines keep it)
+            body["stop"] = list(sampling.stop)
         return body
 
     def _complete(self, body: dict[str, Any], n: int) -> list[Completion]:

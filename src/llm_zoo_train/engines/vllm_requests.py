@@ -118,6 +118,7 @@ def request_sampling_fields(sampling: SamplingParams, n: int, index: int) -> dic
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
         "min_p": 0.0,
+        **({"stop": list(sampling.stop), "include_stop_str_in_output": True} if sampling.stop else {}),
     }
 
 

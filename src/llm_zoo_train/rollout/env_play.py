@@ -94,10 +94,10 @@ def generate_checked(
         return _generate_one_call(engine, prompts, adapters, n, sampling)
     if agents is None or len(agents) != len(prompts):
         raise ValueError("per-agent sampling needs the agent of every prompt")
-    calls: dict[tuple[float, int], tuple[SamplingParams, list[int]]] = {}
+    calls: dict[tuple[float, int, tuple[str, ...]], tuple[SamplingParams, list[int]]] = {}
     for row, agent in enumerate(agents):
         params = sampling.for_agent(agent)
-        calls.setdefault((params.temperature, params.max_tokens), (params, []))[1].append(row)
+        calls.setdefault((params.temperature, params.max_tokens, params.stop), (params, []))[1].append(row)
     results: list[list[Completion]] = [[] for _ in prompts]
     for params, rows in calls.values():
         outputs = _generate_one_call(
