@@ -478,6 +478,24 @@ def test_a_client_gone_mid_step_starts_no_more_programs():
     assert all(error in (None, CANCELLED) for error in errors), errors
 
 
+def test_frames_sent_while_a_step_runs_are_answered_after_it_in_order():
+    """The server reads the next frame while a step runs (to notice a client that leaves); a frame
+    that comes meanwhile is answered after the step, none is lost, a failing step included."""
+    with ServerThread() as url:
+        conn = ws(url, "/envs/test/ServeSlow-v0/ws")
+        try:
+            assert ask(conn, "reset", {"seed": 0})["type"] == "observation"
+            conn.send(json.dumps({"type": "step", "data": {"text": "slow"}}))
+            conn.send(json.dumps({"type": "state", "data": {}}))
+            conn.send(json.dumps({"type": "step", "data": {"text": 7}}))  # not a string: an error frame
+            conn.send(json.dumps({"type": "state", "data": {}}))
+            replies = [json.loads(conn.recv(timeout=30)) for _ in range(4)]
+            assert [r["type"] for r in replies] == ["observation", "state", "error", "state"], replies
+            assert replies[1]["data"]["step_count"] == 1 == replies[3]["data"]["step_count"]
+        finally:
+            conn.close()
+
+
 def test_a_retried_reset_with_the_same_episode_id_is_the_same_episode(thread_server):
     """OpenEnv's reset(seed, episode_id): a client that lost a reset's answer and sends it again gets
     the same episode (no second reset); a new episode id, or a reset after a step, starts anew."""

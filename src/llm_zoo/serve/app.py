@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -237,11 +237,12 @@ class _Server:
                             "SESSION_ERROR",
                             f"the session expired after {self.store.ttl_s:g} s without a message; make a new one",
                         )
-                    handling = self._handle(kind, data, session, path_env_id, clones, client)
+                    work = asyncio.ensure_future(
+                        self._handle(kind, data, session, path_env_id, clones, client)
+                    )
                     if kind == "step" and session is not None:  # steps may run programs for long
-                        (reply, session), waiting = await _while_listening(websocket, session, handling)
-                    else:
-                        reply, session = await handling
+                        waiting = await _listen_until_done(websocket, session, work)
+                    reply, session = await work
                 except ProtocolError as err:
                     reply = error_frame(err)
                 if waiting is not None and waiting["type"] == "websocket.disconnect":
@@ -519,25 +520,24 @@ def _state(session: Session) -> dict[str, Any]:
     }
 
 
-async def _while_listening(
-    websocket: WebSocket, session: Session, handling: Awaitable[T]
-) -> tuple[T, Message | None]:
-    """Await ``handling`` while reading the connection's next frame; returns its result and the
-    frame that came meanwhile, if one did. A disconnect meanwhile marks ``session`` gone, so the
-    call stops starting sandboxed programs (``llm_zoo.sandbox.cancel_when``): an outside test saw
-    a step start programs for 8 s after its client was gone."""
-    work = asyncio.ensure_future(handling)
+async def _listen_until_done(
+    websocket: WebSocket, session: Session, work: asyncio.Future[Any]
+) -> Message | None:
+    """Read the connection's next frame until ``work`` is done; returns the frame if one came first
+    (to be handled after ``work``). A disconnect meanwhile marks ``session`` gone, so the call
+    stops starting sandboxed programs (``llm_zoo.sandbox.cancel_when``): an outside test saw a
+    step start programs for 8 s after its client was gone."""
     listening = asyncio.ensure_future(websocket.receive())
     done, _ = await asyncio.wait({work, listening}, return_when=asyncio.FIRST_COMPLETED)
     if listening not in done:
         listening.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await listening
-        return work.result(), None
+        return None
     message = listening.result()
     if message["type"] == "websocket.disconnect":
         session.gone.set()
-    return await work, message
+    return message
 
 
 def _until_gone(session: Session, call: Callable[[], T]) -> T:
