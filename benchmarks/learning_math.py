@@ -135,7 +135,7 @@ _GRID_SWAP = {"tool_agent": "plan_agent", "plan_agent": "tool_agent"}
 TASKS = {
     # The team makes two model calls a turn (tool agent, reasoner), one agent alone one.
     "math": Task(CONFIG, NAME, _MATH_SWAP, ("tool_alone", "reasoner_alone"), _DISTINCT_PROBLEMS,
-                 majority={"tool_alone": 2}),
+                 controls=("separate",), majority={"tool_alone": 2}),
     "relay": Task(REPO / "examples" / "math_relay_smollm2_cpu.yaml", "learning_math_relay", _MATH_SWAP,
                   ("tool_alone", "reasoner_alone"), _DISTINCT_PROBLEMS),
     "plan_path": Task(REPO / "examples" / "plan_path_smollm2_learning.yaml", "learning_team_plan_path",
