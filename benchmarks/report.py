@@ -650,10 +650,13 @@ NEW_MATH_HEADER = [
 
 def _budget(runs: list[dict[str, Any]]) -> tuple[str, str]:
     """Mean generated tokens (every agent's sampled completions, look-ahead included) and trained
-    samples per run, from each run's per-step history (absent from runs that kept none)."""
+    samples per run, from each run's per-step history (absent from runs that kept none); the roles
+    trained apart (``separate``) count both of their training runs (``histories``)."""
     tokens, trained = [], []
     for run in runs:
-        history = run.get("history") or []
+        history = run.get("history") or [
+            step for part in (run.get("histories") or {}).values() for step in part
+        ]
         if not history:
             continue
         total = 0.0
