@@ -184,7 +184,10 @@ MAJORITY = {
 LABELS.update({name: f"{LABELS[single].split(' (')[0]}, majority@{k} of its samples (the team's calls)"
                for name, (single, k) in MAJORITY.items()})  # fmt: skip
 #: Bar labels of the plot: the table's labels without their parenthesis.
-SHORT_LABELS = {variant: label.split(" (")[0] for variant, label in LABELS.items()}
+SHORT_LABELS = {variant: label.split(" (")[0].split(":")[0] for variant, label in LABELS.items()}
+SHORT_LABELS.update(
+    {name: f"{SHORT_LABELS[single].split(',')[0]}, majority@{k}" for name, (single, k) in MAJORITY.items()}
+)
 #: The env each variant plays, for its "before" (untrained adapters equal the base model).
 BEFORE = {"per_agent": "team", "shared": "team", "lookahead_0": "team", "role_swap": "team",
           "tool_alone": "tool_alone", "reasoner_alone": "reasoner_alone", "plan_alone": "plan_alone",
@@ -436,6 +439,8 @@ def plot(results: Mapping[str, Any], path: Path) -> None:
     for name, runs in results["variants"].items():
         for run in runs:
             history = [r for r in run.get("history", []) if "train/success_rate" in r]
+            if not history:  # evaluations of trained adapters (role swap, majority@K) and separate runs
+                continue
             curve.plot([r["step"] for r in history], [r["train/success_rate"] for r in history], marker=".",
                        label=f"{LABELS[name]} s{run['seed']}")  # fmt: skip
     curve.set(
