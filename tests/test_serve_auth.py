@@ -3,7 +3,9 @@ reachable from other machines needs one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -16,6 +18,7 @@ from llm_zoo import remote
 from llm_zoo.cli import main
 from llm_zoo.serve import ServerThread
 from llm_zoo.serve.auth import TOKEN_ENV, bind_problem, read_token, read_tokens
+from llm_zoo.serve.limits import CONNECTIONS_BEYOND_SESSIONS
 
 TOKEN = "s3cret-token-for-tests-0123456789"
 
@@ -142,3 +145,48 @@ def test_one_client_cannot_take_every_session_from_the_others(monkeypatch):
         finally:
             for env in held:
                 env.close()
+
+
+def test_one_client_cannot_hold_more_connections_than_its_sessions(monkeypatch):
+    """Connections that hold no session count too: a client with its sessions' share of connections
+    open, plus the room for connections being made or closed, is refused the next handshake with
+    HTTP 429 (an outside test held 3,000 idle connections, 160 MB of the server's memory); another
+    client still connects, and closing frees the share."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    other = "another-clients-token-0123456789"
+
+    def open_connection(url: str, token: str):
+        ws_url = url.replace("http://", "ws://") + "/envs/PlanPath-v0/ws"
+        return connect(ws_url, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=10)
+
+    def reset(connection) -> dict:
+        connection.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+        return json.loads(connection.recv(timeout=10))
+
+    with ServerThread(token=[TOKEN, other], max_sessions=8) as url, contextlib.ExitStack() as idle:
+        allowed = 4 + CONNECTIONS_BEYOND_SESSIONS  # its share of the 8 sessions, plus the room
+        for _ in range(allowed):
+            idle.enter_context(open_connection(url, TOKEN))
+        with pytest.raises(InvalidStatus) as refused, open_connection(url, TOKEN):
+            pass
+        assert refused.value.response.status_code == 429
+        detail = json.loads(refused.value.response.body)
+        assert detail["code"] == "CAPACITY_REACHED", detail
+        assert f"maximum of {allowed} connections open" in detail["detail"]
+        with pytest.raises(remote.RemoteEnvError, match=r"refused the connection \(HTTP 429\): this client"):
+            remote.make(url, "PlanPath-v0", token=TOKEN)
+        with open_connection(url, other) as theirs:
+            assert reset(theirs)["type"] == "observation"
+        idle.close()  # every idle connection: the count falls back below the cap
+        deadline = time.monotonic() + 10
+        while True:  # the server counts a connection out once it has seen it close
+            try:
+                with open_connection(url, TOKEN) as again:
+                    assert reset(again)["type"] == "observation"
+                break
+            except InvalidStatus:
+                assert time.monotonic() < deadline, "closed connections were never counted out"
+                time.sleep(0.05)

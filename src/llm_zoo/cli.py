@@ -192,7 +192,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         tokens = read_tokens(args.token_file)
         for flag, value in (("--max-sessions-per-client", args.max_sessions_per_client),
-                            ("--max-calls-per-client", args.max_calls_per_client)):  # fmt: skip
+                            ("--max-calls-per-client", args.max_calls_per_client),
+                            ("--max-connections-per-client", args.max_connections_per_client)):  # fmt: skip
             if value is not None and not value > 0:
                 raise ValueError(f"{flag} must be > 0")
         serve(
@@ -205,6 +206,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             allow_no_token=args.allow_no_token,
             max_sessions_per_client=args.max_sessions_per_client,
             max_calls_per_client=args.max_calls_per_client,
+            max_connections_per_client=args.max_connections_per_client,
             env_ids=args.env or None,
             allowed_arguments=args.allow_arg,
         )
@@ -259,6 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="env calls of one client (one token) running at once, of the server's 64 env threads; "
         "its further calls wait without a thread (default: 32 with several tokens, else 64)",
+    )
+    serve.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=None,
+        metavar="N",
+        help="WebSocket connections one client (one token) may have open; more are refused with "
+        "HTTP 429 (default: its sessions plus 64)",
     )
     serve.add_argument(
         "--allow-no-token",

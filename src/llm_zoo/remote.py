@@ -76,6 +76,16 @@ def _ws_url(url: str) -> str:
     return base + "/ws"
 
 
+def _detail_of(body: bytes | None) -> str:
+    """The ``detail`` of a JSON refusal body, else its first 200 characters of text."""
+    text = (body or b"").decode("utf-8", "replace")
+    try:
+        detail = json.loads(text).get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return str(detail) if detail else text.strip()[:200]
+
+
 class _Connection:
     """One WebSocket session: send a frame, wait for its answer, turn error frames into exceptions."""
 
@@ -101,10 +111,14 @@ class _Connection:
         except InvalidStatus as err:
             status = err.response.status_code
             why = "refused the bearer token sent" if bearer_header(token) else "wants a bearer token"
+            if status in (401, 403):
+                raise RemoteEnvError(
+                    f"the env server at {url} {why} (HTTP {status}): pass token= or set {TOKEN_ENV}"
+                ) from None
+            detail = _detail_of(err.response.body)
             raise RemoteEnvError(
-                f"the env server at {url} {why} (HTTP {status}): pass token= or set {TOKEN_ENV}"
-                if status in (401, 403)
-                else f"cannot reach the env server at {url}: HTTP {status}"
+                f"the env server at {url} refused the connection (HTTP {status})"
+                + (f": {detail}" if detail else "")
             ) from None
         except Exception as err:
             raise RemoteEnvError(

@@ -30,7 +30,6 @@ import contextlib
 import functools
 import json
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from starlette.applications import Starlette
@@ -45,56 +44,26 @@ from llm_zoo.registry import UnknownEnvError, make, registry
 from llm_zoo.sandbox.cancel import cancel_when
 from llm_zoo.serve.arguments import argument_problem
 from llm_zoo.serve.auth import TokenMiddleware, client_of
+from llm_zoo.serve.limits import CONNECTIONS_BEYOND_SESSIONS, ClientLimits, refuse_connection
 from llm_zoo.serve.protocol import (
+    ACTION_SCHEMA,
+    OBSERVATION_SCHEMA,
+    STATE_SCHEMA,
     ProtocolError,
     decode,
     encode,
+    episode_id_of,
     error_frame,
-    is_done,
     observation_payload,
     parse_json,
+    reset_arguments,
+    step_text,
 )
 from llm_zoo.serve.sessions import Session, SessionStore
 
 T = TypeVar("T")
 
-__all__ = ["ACTION_SCHEMA", "create_app"]
-
-#: JSON schema of a ``step`` frame's data (OpenEnv's ``/schema`` "action").
-ACTION_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "text": {
-            "type": ["string", "null"],
-            "description": "the selected agent's answer; null for a dead agent",
-        },
-        "agent": {"type": "string", "description": "optional: the agent you believe is selected (checked)"},
-        "metadata": {"type": "object"},
-    },
-    "required": ["text"],
-}
-_OBSERVATION_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "agent": {"type": ["string", "null"]},
-        "prompt": {"type": ["string", "null"]},
-        "agents": {"type": "array", "items": {"type": "string"}},
-        "rewards": {"type": "object"},
-        "cumulative_rewards": {"type": "object"},
-        "terminations": {"type": "object"},
-        "truncations": {"type": "object"},
-        "infos": {"type": "object"},
-        "turn": {"type": ["integer", "null"]},
-        "task_id": {"type": ["string", "null"]},
-        "success": {"type": "boolean"},
-    },
-}
-_STATE_SCHEMA = {
-    "type": "object",
-    "properties": {"episode_id": {"type": ["string", "null"]}, "step_count": {"type": "integer"}},
-}
-_RESET_KEYS = ("seed", "options", "episode_id", "env_kwargs")
-_STEP_KEYS = ("text", "agent", "metadata")
+__all__ = ["create_app"]
 
 
 def _execution_error(err: Exception, what: str) -> ProtocolError:
@@ -138,6 +107,7 @@ class _Server:
         allowed_arguments: Collection[str] = (),
         env_threads: int = 64,
         max_calls_per_client: int | None = None,
+        max_connections_per_client: int | None = None,
     ):
         self.store = store
         self.max_message_bytes = max_message_bytes
@@ -145,33 +115,22 @@ class _Server:
         self.env_ids = set(env_ids) if env_ids is not None else None
         #: Argument names clients may set freely (llm_zoo.serve.arguments).
         self.allowed_arguments = set(allowed_arguments)
-        #: The threads env calls run on. Asyncio's default pool has cpu_count + 4 threads (6 on 2
-        #: CPUs): six slow Code-v0 steps held a cheap Plan-Path step for 95 s. Env steps mostly wait
-        #: (on sandboxed programs), so one thread per session that may be stepping keeps a cheap
-        #: step from queueing behind slow ones.
-        self.workers = ThreadPoolExecutor(max_workers=env_threads, thread_name_prefix="llm-zoo-env")
-        #: Env calls one client may have on those threads at once; its further calls wait in the
-        #: event loop, holding no thread (an outside load test held a cheap step 14.7 s behind 68
-        #: slow Code-v0 steps of another client, one past the 64 threads).
-        self.max_calls_per_client = min(env_threads, max_calls_per_client or env_threads)
-        self._client_calls: dict[str, asyncio.Semaphore] = {}
+        self.limits = ClientLimits(
+            env_threads,
+            max_calls_per_client or env_threads,
+            max_connections_per_client or store.max_per_client + CONNECTIONS_BEYOND_SESSIONS,
+        )
         #: Clones one connection may hold before anyone attaches to them (one connection made 963
         #: in 0.6 s and filled every slot of the server).
         self.max_detached_clones = MAX_DETACHED_CLONES
 
     # ------------------------------------------------------------------ env calls
 
-    async def _on_thread(self, client: str, call: Any) -> Any:
-        """Run ``call`` on an env thread once ``client`` has fewer than its maximum running there."""
-        slots = self._client_calls.setdefault(client, asyncio.Semaphore(self.max_calls_per_client))
-        async with slots:
-            return await asyncio.get_running_loop().run_in_executor(self.workers, call)
-
     async def _call(self, session: Session, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         session.busy += 1
         try:
             call = functools.partial(_until_gone, session, functools.partial(fn, *args, **kwargs))
-            return await self._on_thread(session.client, call)
+            return await self.limits.on_thread(session.client, call)
         except ProtocolError:
             raise
         except Exception as err:
@@ -199,7 +158,7 @@ class _Server:
             if problem:
                 raise ProtocolError("FACTORY_ERROR", problem, "PermissionError")
         try:
-            env = await self._on_thread(client, functools.partial(make, env_id, **kwargs))
+            env = await self.limits.on_thread(client, functools.partial(make, env_id, **kwargs))
         except UnknownEnvError as err:
             raise ProtocolError("FACTORY_ERROR", str(err), "UnknownEnvError") from None
         except Exception as err:
@@ -215,7 +174,20 @@ class _Server:
     async def websocket(self, websocket: WebSocket) -> None:
         path_env_id = websocket.path_params.get("env_id")
         client = client_of(websocket.scope)
-        await websocket.accept()
+        if not self.limits.open_connection(client):
+            await refuse_connection(
+                websocket,
+                f"this client ({client}) has its maximum of {self.limits.max_connections_per_client} "
+                "connections open; close one or retry later",
+            )
+            return
+        try:
+            await websocket.accept()
+            await self._serve_connection(websocket, client, path_env_id)
+        finally:
+            self.limits.close_connection(client)
+
+    async def _serve_connection(self, websocket: WebSocket, client: str, path_env_id: str | None) -> None:
         session: Session | None = None
         clones: set[str] = set()  # detached clones this connection made: they end with it
         waiting: Message | None = None  # a frame that came while a step ran
@@ -303,8 +275,8 @@ class _Server:
         self.store.touch(session)
         env = session.env
         if kind == "reset":
-            seed, options = _reset_arguments(data)
-            episode_id = _episode_id(data)
+            seed, options = reset_arguments(data)
+            episode_id = episode_id_of(data)
             key = json.dumps([episode_id, seed, options], sort_keys=True, default=str)
             retried = session.last_reset is not None and session.last_reset[0] == key
             if episode_id is not None and session.steps == 0 and retried:  # the same episode again
@@ -315,7 +287,7 @@ class _Server:
             session.last_reset = (key, payload)
             return encode("observation", payload), session
         if kind == "step":
-            text = _step_text(data, env)
+            text = step_text(data, env)
             acting = getattr(env, "agent_selection", None)
             await self._call(session, "step", env.step, text)
             session.steps += 1
@@ -387,8 +359,8 @@ class _Server:
                 env_id, data.get("env_kwargs", {}), attached=True, client=client_of(request.scope)
             )
             try:
-                seed, options = _reset_arguments(data)
-                _episode_id(data)
+                seed, options = reset_arguments(data)
+                episode_id_of(data)
                 await self._call(session, "reset", session.env.reset, seed=seed, options=options)
                 payload = observation_payload(session.env, None)
             finally:
@@ -422,7 +394,8 @@ class _Server:
                     "sessions_made": self.store.created,
                     "max_sessions": self.store.max_sessions,
                     "max_sessions_per_client": self.store.max_per_client,
-                    "max_calls_per_client": self.max_calls_per_client,
+                    "max_calls_per_client": self.limits.max_calls_per_client,
+                    "max_connections_per_client": self.limits.max_connections_per_client,
                     "sessions_of_this_client": self.store.held_by(client_of(request.scope)),
                 }
             )
@@ -430,80 +403,13 @@ class _Server:
             return JSONResponse({"envs": list(registry)})
         if what == "schema":
             return JSONResponse(
-                {"action": ACTION_SCHEMA, "observation": _OBSERVATION_SCHEMA, "state": _STATE_SCHEMA}
+                {"action": ACTION_SCHEMA, "observation": OBSERVATION_SCHEMA, "state": STATE_SCHEMA}
             )
         if what == "metadata":
             name = env_id or "llm-zoo"
             description = registry[env_id].description if env_id else "llm-zoo text multi-agent envs"
             return JSONResponse({"name": name, "description": description, "version": "llm-zoo"})
         return JSONResponse({"episode_id": None, "step_count": 0})  # /state: stateless, as in OpenEnv
-
-
-def _reset_arguments(data: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
-    unknown = sorted(set(data) - set(_RESET_KEYS))
-    if unknown:
-        raise ProtocolError(
-            "VALIDATION_ERROR", f"reset got unknown fields {unknown}; valid: {list(_RESET_KEYS)}"
-        )
-    seed = data.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ProtocolError("VALIDATION_ERROR", f"reset's seed must be an integer or null, got {seed!r}")
-    options = data.get("options")
-    if options is not None and not isinstance(options, dict):
-        raise ProtocolError("VALIDATION_ERROR", f"reset's options must be an object or null, got {options!r}")
-    return seed, options
-
-
-MAX_EPISODE_ID_CHARS = 256
-
-
-def _episode_id(data: dict[str, Any]) -> str | None:
-    episode_id = data.get("episode_id")
-    if episode_id is not None and (
-        not isinstance(episode_id, str) or not 0 < len(episode_id) <= MAX_EPISODE_ID_CHARS
-    ):
-        raise ProtocolError(
-            "VALIDATION_ERROR",
-            f"reset's episode_id must be a string of 1 to {MAX_EPISODE_ID_CHARS} characters or null, "
-            f"got {str(episode_id)[:40]!r}",
-        )
-    return episode_id
-
-
-def _step_text(data: dict[str, Any], env: Any) -> str | None:
-    unknown = sorted(set(data) - set(_STEP_KEYS))
-    if unknown or "text" not in data:
-        raise ProtocolError(
-            "VALIDATION_ERROR",
-            f'step needs {{"text": str or null}}; got fields {sorted(data)} (valid: {list(_STEP_KEYS)})',
-        )
-    text = data["text"]
-    if text is not None and not isinstance(text, str):
-        raise ProtocolError(
-            "VALIDATION_ERROR", f"step's text must be a string or null, got {type(text).__name__}"
-        )
-    if not getattr(env, "_has_reset", True) or not hasattr(env, "agent_selection"):
-        raise ProtocolError("EXECUTION_ERROR", "step before reset: send a reset frame first", "RuntimeError")
-    selected = env.agent_selection
-    claimed = data.get("agent")
-    if claimed is not None and claimed != selected:
-        raise ProtocolError(
-            "VALIDATION_ERROR", f"step for {claimed!r}, but the selected agent is {selected!r}"
-        )
-    if not env.agents:
-        raise ProtocolError(
-            "EXECUTION_ERROR",
-            "step after the end: the episode is over (no agent left); send reset",
-            "RuntimeError",
-        )
-    if text is not None and (env.terminations[selected] or env.truncations[selected]):
-        over = "the episode is over" if is_done(env) else f"{selected} is done"
-        raise ProtocolError(
-            "EXECUTION_ERROR",
-            f"step after the end: {over}; a done agent's step takes text null (send reset for a new episode)",
-            "ValueError",
-        )
-    return text
 
 
 def _state(session: Session) -> dict[str, Any]:
@@ -561,6 +467,7 @@ def create_app(
     env_threads: int = 64,
     max_sessions_per_client: int | None = None,
     max_calls_per_client: int | None = None,
+    max_connections_per_client: int | None = None,
 ) -> Starlette:
     """The ASGI app. Serve it with uvicorn's ``ws_max_size`` equal to ``max_message_bytes``
     (:func:`llm_zoo.serve.run` does).
@@ -585,6 +492,9 @@ def create_app(
             its further calls wait without holding a thread. Default: with several tokens, half of
             ``env_threads``, so one client's slow steps leave the other half to everyone else's
             cheap ones; with one token or none, ``env_threads``.
+        max_connections_per_client: WebSocket connections one client may have open; the next
+            handshake is refused with HTTP 429. Default: its sessions plus
+            :data:`llm_zoo.serve.limits.CONNECTIONS_BEYOND_SESSIONS`.
     """
     tokens = (token,) if isinstance(token, str) else tuple(token or ())
     if max_sessions_per_client is None:
@@ -593,7 +503,13 @@ def create_app(
         max_calls_per_client = max(1, env_threads // 2) if len(tokens) > 1 else env_threads
     store = SessionStore(session_ttl_s, max_sessions, max_per_client=max_sessions_per_client)
     server = _Server(
-        store, int(max_message_bytes), env_ids, allowed_arguments, env_threads, max_calls_per_client
+        store,
+        int(max_message_bytes),
+        env_ids,
+        allowed_arguments,
+        env_threads,
+        max_calls_per_client,
+        max_connections_per_client,
     )
 
     @contextlib.asynccontextmanager
@@ -609,7 +525,7 @@ def create_app(
         finally:
             task.cancel()
             store.close_all()
-            server.workers.shutdown(wait=False, cancel_futures=True)
+            server.limits.shutdown()
 
     routes: list[Any] = [
         WebSocketRoute("/ws", server.websocket),

@@ -17,16 +17,25 @@ import math
 from typing import Any
 
 __all__ = [
+    "ACTION_SCHEMA",
     "CLIENT_TYPES",
     "ERROR_CODES",
+    "MAX_EPISODE_ID_CHARS",
     "MAX_JSON_DEPTH",
+    "OBSERVATION_SCHEMA",
+    "RESET_KEYS",
+    "STATE_SCHEMA",
+    "STEP_KEYS",
     "ProtocolError",
     "decode",
     "encode",
+    "episode_id_of",
     "error_frame",
     "is_done",
     "observation_payload",
     "parse_json",
+    "reset_arguments",
+    "step_text",
 ]
 
 #: Message types a client may send.
@@ -192,3 +201,111 @@ def observation_payload(env: Any, acting: str | None) -> dict[str, Any]:
     if acting is not None and acting in env.rewards:
         reward = _finite_or_none(env.rewards[acting])
     return {"observation": observation, "reward": reward, "done": is_done(env)}
+
+
+#: JSON schema of a ``step`` frame's data (OpenEnv's ``/schema`` "action").
+ACTION_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "text": {
+            "type": ["string", "null"],
+            "description": "the selected agent's answer; null for a dead agent",
+        },
+        "agent": {"type": "string", "description": "optional: the agent you believe is selected (checked)"},
+        "metadata": {"type": "object"},
+    },
+    "required": ["text"],
+}
+OBSERVATION_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "agent": {"type": ["string", "null"]},
+        "prompt": {"type": ["string", "null"]},
+        "agents": {"type": "array", "items": {"type": "string"}},
+        "rewards": {"type": "object"},
+        "cumulative_rewards": {"type": "object"},
+        "terminations": {"type": "object"},
+        "truncations": {"type": "object"},
+        "infos": {"type": "object"},
+        "turn": {"type": ["integer", "null"]},
+        "task_id": {"type": ["string", "null"]},
+        "success": {"type": "boolean"},
+    },
+}
+STATE_SCHEMA = {
+    "type": "object",
+    "properties": {"episode_id": {"type": ["string", "null"]}, "step_count": {"type": "integer"}},
+}
+RESET_KEYS = ("seed", "options", "episode_id", "env_kwargs")
+STEP_KEYS = ("text", "agent", "metadata")
+
+
+def reset_arguments(data: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
+    """A ``reset`` frame's seed and options, checked."""
+    unknown = sorted(set(data) - set(RESET_KEYS))
+    if unknown:
+        raise ProtocolError(
+            "VALIDATION_ERROR", f"reset got unknown fields {unknown}; valid: {list(RESET_KEYS)}"
+        )
+    seed = data.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ProtocolError("VALIDATION_ERROR", f"reset's seed must be an integer or null, got {seed!r}")
+    options = data.get("options")
+    if options is not None and not isinstance(options, dict):
+        raise ProtocolError("VALIDATION_ERROR", f"reset's options must be an object or null, got {options!r}")
+    return seed, options
+
+
+MAX_EPISODE_ID_CHARS = 256
+
+
+def episode_id_of(data: dict[str, Any]) -> str | None:
+    """A ``reset`` frame's OpenEnv ``episode_id``, checked (``None`` when absent)."""
+    episode_id = data.get("episode_id")
+    if episode_id is not None and (
+        not isinstance(episode_id, str) or not 0 < len(episode_id) <= MAX_EPISODE_ID_CHARS
+    ):
+        raise ProtocolError(
+            "VALIDATION_ERROR",
+            f"reset's episode_id must be a string of 1 to {MAX_EPISODE_ID_CHARS} characters or null, "
+            f"got {str(episode_id)[:40]!r}",
+        )
+    return episode_id
+
+
+def step_text(data: dict[str, Any], env: Any) -> str | None:
+    """A ``step`` frame's text, checked against ``env``: reset, the claimed agent selected, the
+    episode not over for it."""
+    unknown = sorted(set(data) - set(STEP_KEYS))
+    if unknown or "text" not in data:
+        raise ProtocolError(
+            "VALIDATION_ERROR",
+            f'step needs {{"text": str or null}}; got fields {sorted(data)} (valid: {list(STEP_KEYS)})',
+        )
+    text = data["text"]
+    if text is not None and not isinstance(text, str):
+        raise ProtocolError(
+            "VALIDATION_ERROR", f"step's text must be a string or null, got {type(text).__name__}"
+        )
+    if not getattr(env, "_has_reset", True) or not hasattr(env, "agent_selection"):
+        raise ProtocolError("EXECUTION_ERROR", "step before reset: send a reset frame first", "RuntimeError")
+    selected = env.agent_selection
+    claimed = data.get("agent")
+    if claimed is not None and claimed != selected:
+        raise ProtocolError(
+            "VALIDATION_ERROR", f"step for {claimed!r}, but the selected agent is {selected!r}"
+        )
+    if not env.agents:
+        raise ProtocolError(
+            "EXECUTION_ERROR",
+            "step after the end: the episode is over (no agent left); send reset",
+            "RuntimeError",
+        )
+    if text is not None and (env.terminations[selected] or env.truncations[selected]):
+        over = "the episode is over" if is_done(env) else f"{selected} is done"
+        raise ProtocolError(
+            "EXECUTION_ERROR",
+            f"step after the end: {over}; a done agent's step takes text null (send reset for a new episode)",
+            "ValueError",
+        )
+    return text

@@ -64,6 +64,7 @@ def serve(
     allowed_arguments: Sequence[str] = (),
     max_sessions_per_client: int | None = None,
     max_calls_per_client: int | None = None,
+    max_connections_per_client: int | None = None,
 ) -> None:
     """Serve until interrupted; print :data:`READY_PREFIX` and the URL once listening (port 0
     picks a free port). ``token``: serve only requests carrying it, or one of them, one per client
@@ -82,6 +83,7 @@ def serve(
         allowed_arguments=allowed_arguments,
         max_sessions_per_client=max_sessions_per_client,
         max_calls_per_client=max_calls_per_client,
+        max_connections_per_client=max_connections_per_client,
     )
     sock = _bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
