@@ -190,3 +190,44 @@ def test_one_client_cannot_hold_more_connections_than_its_sessions(monkeypatch):
             except InvalidStatus:
                 assert time.monotonic() < deadline, "closed connections were never counted out"
                 time.sleep(0.05)
+
+
+def test_the_stock_openenv_client_plays_with_the_token_as_the_url_s_password(guarded, monkeypatch):
+    """OpenEnv's GenericEnvClient sends no headers; a URL's credentials travel as HTTP Basic, whose
+    password the server takes as the token. A wrong password is refused like a wrong token."""
+    generic = pytest.importorskip("openenv.core.generic_client")
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    host = guarded.removeprefix("http://")
+    with generic.GenericEnvClient(base_url=f"http://llm-zoo:{TOKEN}@{host}/envs/PlanPath-v0").sync() as env:
+        result = env.reset(seed=0)
+        assert result.observation["agent"] == "tool_agent" and result.observation["prompt"]
+        result = env.step({"text": "#### []"})
+        assert result.observation["agent"] == "plan_agent"
+    wrong = f"http://llm-zoo:not-the-token-0123456789@{host}/envs/PlanPath-v0"
+    with (
+        pytest.raises(ConnectionError, match="HTTP 403"),
+        generic.GenericEnvClient(base_url=wrong).sync() as env,
+    ):
+        env.reset(seed=0)
+
+
+def test_http_basic_credentials_carry_the_token_and_nothing_else_passes(guarded):
+    import base64
+
+    def health(authorization: str) -> int:
+        request = urllib.request.Request(f"{guarded}/health", headers={"Authorization": authorization})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status
+        except urllib.error.HTTPError as refused:
+            return refused.code
+
+    def basic(credentials: bytes) -> str:
+        return "Basic " + base64.b64encode(credentials).decode()
+
+    assert health(basic(b"anyone:" + TOKEN.encode())) == 200
+    assert health(basic(b":" + TOKEN.encode())) == 200
+    assert health(basic(TOKEN.encode())) == 401  # no colon: no password
+    assert health(basic(TOKEN.encode() + b":x")) == 401  # the token as the user name is not the password
+    assert health("Basic %%%not-base64") == 401
+    assert health(f"Basic {TOKEN}") == 401

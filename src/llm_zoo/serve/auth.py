@@ -6,6 +6,11 @@ that carry ``Authorization: Bearer TOKEN``: a WebSocket without it is closed bef
 whatever the token sent. Clients (:func:`llm_zoo.remote.make`, and the trainer's ``env.servers``
 through it) send the token given to them, else ``LLM_ZOO_SERVE_TOKEN`` from their environment.
 
+Clients that cannot set a header (OpenEnv's stock ``GenericEnvClient`` sends none) may put the
+token in the URL as its password, ``http://llm-zoo:TOKEN@HOST:PORT/envs/ENV_ID``: HTTP and
+WebSocket clients send a URL's credentials as ``Authorization: Basic``, which is accepted when its
+password is a token (any user name).
+
 A token file may hold several tokens, one per line: one per client (a trainer, a team). Each token
 is then its own client for the server's per-client limits (``llm_zoo.serve.app``), so no client can
 take every session from the others.
@@ -16,6 +21,8 @@ non-loopback address without one unless the operator says ``--allow-no-token``.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import ipaddress
 import json
@@ -139,5 +146,20 @@ class TokenMiddleware:
         """``"token-N"`` for the N-th token, ``None`` for a missing or wrong one. Every token is
         compared, in constant time each, so the time taken says nothing of which matched."""
         sent = next((value for name, value in scope.get("headers", []) if name == b"authorization"), b"")
+        sent = _basic_password_as_bearer(sent)
         matched = [hmac.compare_digest(sent, expected) for expected in self._expected]
         return f"token-{matched.index(True) + 1}" if any(matched) else None
+
+
+def _basic_password_as_bearer(header: bytes) -> bytes:
+    """``Basic base64(USER:TOKEN)`` (a URL's credentials) as ``Bearer TOKEN``; any other header
+    as it is."""
+    scheme, _, credentials = header.partition(b" ")
+    if scheme.lower() != b"basic":
+        return header
+    try:
+        decoded = base64.b64decode(credentials.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return header
+    _, colon, password = decoded.partition(b":")
+    return b"Bearer " + password if colon else header
