@@ -56,6 +56,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.serve.auth", "llm_zoo.serve.auth"),
     ("llm_zoo.serve.arguments", "llm_zoo.serve.arguments"),
     ("llm_zoo.serve.limits", "llm_zoo.serve.limits"),
+    ("llm_zoo.safe_ast", "llm_zoo.safe_ast"),
     ("llm_zoo.remote", "llm_zoo.remote"),
     ("llm_zoo.envs.plan_path", "llm_zoo.envs.plan_path"),
     ("llm_zoo.envs.sokoban", "llm_zoo.envs.sokoban"),

@@ -10,9 +10,10 @@ position): a policy can write megabytes.
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Iterable, Iterator
+
+from llm_zoo import safe_ast
 
 __all__ = [
     "ParseError",
@@ -120,7 +121,7 @@ def extract_marked_list(text: str, marker: str) -> list[object]:
         raise ParseError(f"the list after `{marker}` is not closed with ]")
     literal = rest[: end + 1]
     try:
-        value = ast.literal_eval(literal)
+        value = safe_ast.literal_eval(literal)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as err:
         raise ParseError(
             f"the list after `{marker}` is not a valid list literal ({type(err).__name__}): "

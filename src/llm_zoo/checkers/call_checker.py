@@ -55,6 +55,7 @@ import functools
 import marshal
 from typing import Any
 
+from llm_zoo import safe_ast
 from llm_zoo.checkers.call_harness import PRELUDE, literal, literal_writer_source, small_index
 
 __all__ = [
@@ -277,7 +278,7 @@ def speculative_source(source: str) -> str:
     failing or raising assertion is ignored (otherwise it fails as before); ``ValueError`` if the
     source is not valid Python."""
     try:
-        tree = ast.parse(source)
+        tree = safe_ast.parse(source)
     except SyntaxError as err:
         raise ValueError(f"the test source is not valid Python ({err.msg}, line {err.lineno})") from None
     return ast.unparse(ast.fix_missing_locations(_SpeculativeAsserts().visit(tree)))

@@ -43,7 +43,6 @@ bytes compare exactly.
 
 from __future__ import annotations
 
-import ast
 import binascii
 import collections
 import contextlib
@@ -53,6 +52,8 @@ import marshal
 import math
 import threading
 from typing import Any
+
+from llm_zoo import safe_ast
 
 __all__ = [
     "BATCH_PREFIX",
@@ -269,7 +270,7 @@ def literal(text: str) -> Any:
 
 def _read_literal(text: str) -> Any:
     try:
-        value = ast.literal_eval(text)
+        value = safe_ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as error:
         raise ValueError(f"not a Python literal: {type(error).__name__}: {error}") from None
     try:

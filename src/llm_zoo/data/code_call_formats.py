@@ -45,6 +45,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from llm_zoo import safe_ast
 from llm_zoo.checkers.call_harness import TOLERANCE
 from llm_zoo.data.code_problem import (
     CHECK_TEST,
@@ -250,7 +251,7 @@ def bind(target: ast.AST, value: Any, scope: dict[str, Any]) -> None:
 def static_value(source: str, env: Mapping[str, Any] | None = None) -> Any:
     """Evaluate one static expression (see the module docstring); ``ValueError`` if it is not one."""
     try:
-        return _Evaluator()(ast.parse(source, mode="eval").body, env or {})
+        return _Evaluator()(safe_ast.parse(source, mode="eval").body, env or {})
     except (_Unconvertible, SyntaxError) as err:
         raise ValueError(f"not a static expression: {err}") from None
 
@@ -380,7 +381,7 @@ def convert_asserts(statements: list[ast.stmt], function: str) -> tuple[list[Tes
 
 def _parse(source: str, what: str) -> ast.Module:
     try:
-        return ast.parse(source)
+        return safe_ast.parse(source)
     except SyntaxError as err:
         raise CodeDatasetError(f"{what} is not valid Python ({err.msg}, line {err.lineno})") from None
 

@@ -34,6 +34,8 @@ import ast
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 
+from llm_zoo import safe_ast
+
 __all__ = ["MAX_CANDIDATES", "known_wrong_mutants", "mutant_sources"]
 
 #: Most candidate mutants run on the hidden tests per problem (spread over the program's sites).
@@ -164,7 +166,7 @@ def mutant_sources(reference: str, limit: int = MAX_CANDIDATES) -> list[str]:
     sites, each different from the reference and from the others. ``[]`` for a source that does
     not parse."""
     try:
-        tree = ast.parse(reference)
+        tree = safe_ast.parse(reference)
         original = ast.unparse(tree)
     except (SyntaxError, ValueError, RecursionError):
         return []
@@ -173,7 +175,7 @@ def mutant_sources(reference: str, limit: int = MAX_CANDIDATES) -> list[str]:
         sites = [sites[i * len(sites) // limit] for i in range(limit)]
     sources: list[str] = []
     for index, mutate in sites:
-        copy: ast.AST = ast.parse(reference)
+        copy: ast.AST = safe_ast.parse(reference)
         node = next(n for i, n in enumerate(ast.walk(copy)) if i == index)
         if mutate is _UNWRAP:
             copy = _Unwrap(node).visit(copy)
