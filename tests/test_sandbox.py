@@ -345,6 +345,62 @@ def test_many_runs_stay_correct_under_load():
             assert result.timed_out
 
 
+def test_a_run_cancelled_while_it_waits_for_a_server_stops_waiting():
+    """Jobs queued behind other callers' runs give up when their caller cancels, rather than
+    waiting their turn: an env server's abandoned steps held their client's next make 157 s."""
+    event = threading.Event()
+    with sandbox.Sandbox(workers=1) as box:
+        box.run("print(0)")  # the server is up
+        busy = threading.Thread(target=box.run, args=("import time\ntime.sleep(4)",), kwargs={"timeout": 10})
+        busy.start()
+        time.sleep(0.5)  # the only server now runs the sleeper
+        outcome: dict = {}
+
+        def queued() -> None:
+            with sandbox.cancel_when(event):
+                outcome["results"] = box.run_many([sandbox.Job("print(1)")] * 4)
+                outcome["single"] = box.run("print(2)")
+            outcome["at"] = time.monotonic()
+
+        waiter = threading.Thread(target=queued)
+        waiter.start()
+        time.sleep(0.5)
+        cancelled_at = time.monotonic()
+        event.set()
+        waiter.join(timeout=10)
+        assert time.monotonic() - cancelled_at < 2 and busy.is_alive()  # the sleeper still runs
+        assert outcome["at"] - cancelled_at < 1.5
+        assert {r.error for r in outcome["results"]} == {sandbox.CANCELLED}
+        assert outcome["single"].error == sandbox.CANCELLED
+        busy.join()
+        assert box.run("print(3)").stdout == "3\n"
+
+
+def test_a_cancelled_caller_s_running_programs_are_killed():
+    """A program already running for a caller that cancels is killed with its server, rather than
+    left to its limits (under load, minutes of wall time); the pool goes on with a new server."""
+    event = threading.Event()
+    outcome: dict = {}
+    with sandbox.Sandbox(workers=1) as box:
+
+        def cancelled() -> None:
+            with sandbox.cancel_when(event):
+                outcome["result"] = box.run(
+                    "import time\nprint('started', flush=True)\ntime.sleep(30)", timeout=60
+                )
+            outcome["at"] = time.monotonic()
+
+        runner = threading.Thread(target=cancelled)
+        runner.start()
+        time.sleep(1.0)
+        cancelled_at = time.monotonic()
+        event.set()
+        runner.join(timeout=20)
+        assert outcome["at"] - cancelled_at < 2, outcome
+        assert outcome["result"].error == sandbox.CANCELLED
+        assert box.run("print(3)").stdout == "3\n"
+
+
 def test_runs_of_a_cancelled_caller_are_not_started():
     """llm_zoo.sandbox.cancel_when: once the caller's event is set, jobs not yet sent to a server
     get the CANCELLED error at once; the mark is the calling thread's only."""

@@ -3,12 +3,14 @@ naming the problem and leaves no session behind."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +23,7 @@ pytest.importorskip("uvicorn")
 websockets_client = pytest.importorskip("websockets.sync.client")
 
 import llm_zoo  # noqa: E402
+from llm_zoo import remote  # noqa: E402
 from llm_zoo.serve import ServerProcess, ServerThread  # noqa: E402
 from toy_envs import KeywordEnv  # noqa: E402
 
@@ -448,6 +451,11 @@ class ProgramsStepEnv(KeywordEnv):
 
             with sandbox.Sandbox(workers=2) as box:
                 ProgramsStepEnv.RAN.extend(box.run_many([sandbox.Job("import time\ntime.sleep(0.5)")] * 12))
+        if action == "long program":
+            from llm_zoo import sandbox
+
+            with sandbox.Sandbox(workers=1) as box:
+                ProgramsStepEnv.RAN.append(box.run("import time\ntime.sleep(60)", timeout=120))
         return super()._act(agent, action)
 
 
@@ -476,6 +484,37 @@ def test_a_client_gone_mid_step_starts_no_more_programs():
     assert len(errors) == 12
     assert errors.count(CANCELLED) >= 3, errors  # at least one chunk never started
     assert all(error in (None, CANCELLED) for error in errors), errors
+
+
+def test_a_remote_env_closed_mid_step_stops_its_running_program_and_its_session():
+    """``RemoteEnv.close()`` says "close" before it disconnects; the server took that frame for one
+    to answer after the step, never noticed the client had left, and let the step's programs run to
+    their limits (an abandoned client's next make waited 157 s). Now the running program is killed
+    and the session ends within seconds."""
+    from llm_zoo.sandbox import CANCELLED
+
+    ProgramsStepEnv.RAN.clear()
+    thread = ServerThread()
+    with thread as url:
+        env = remote.make(url, "test/ServePrograms-v0")
+        env.reset(seed=0)
+
+        def step() -> None:
+            with contextlib.suppress(remote.RemoteEnvError):  # its connection was closed under it
+                env.step("long program")
+
+        stepping = threading.Thread(target=step)
+        stepping.start()
+        time.sleep(1.0)  # the program runs
+        closed_at = time.monotonic()
+        env.close()
+        deadline = closed_at + 10
+        while not ProgramsStepEnv.RAN and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ProgramsStepEnv.RAN and ProgramsStepEnv.RAN[0].error == CANCELLED, ProgramsStepEnv.RAN
+        assert time.monotonic() - closed_at < 5
+        assert wait_for_no_sessions(thread) == 0
+        stepping.join(timeout=10)
 
 
 def test_frames_sent_while_a_step_runs_are_answered_after_it_in_order():

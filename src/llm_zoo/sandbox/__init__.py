@@ -279,6 +279,14 @@ class Job:
 _live_sandboxes: weakref.WeakSet[Sandbox] = weakref.WeakSet()
 
 
+#: How often a run that may be cancelled checks, while it waits for a free server.
+CANCEL_POLL_S = 0.1
+
+
+class _Cancelled(Exception):
+    """The caller cancelled (``llm_zoo.sandbox.cancel``) while its jobs waited for a server."""
+
+
 class Sandbox:
     """A pool of fork servers under one isolation layer; safe to share between threads.
 
@@ -373,7 +381,8 @@ class Sandbox:
                 if chunk is None:
                     return
                 try:
-                    for index, result in zip(chunk, self._run_chunk([jobs[i] for i in chunk]), strict=True):
+                    chunk_results = self._run_chunk([jobs[i] for i in chunk], cancel)
+                    for index, result in zip(chunk, chunk_results, strict=True):
                         results[index] = result
                 except BaseException as exc:
                     failures.append(exc)
@@ -414,9 +423,9 @@ class Sandbox:
         cancel = current_cancel_event()
         if cancel is not None and cancel.is_set():
             return self._failed(CANCELLED)
-        return self._run_chunk([job])[0]
+        return self._run_chunk([job], cancel)[0]
 
-    def _run_chunk(self, jobs: list[Job]) -> list[RunResult]:
+    def _run_chunk(self, jobs: list[Job], cancel: threading.Event | None = None) -> list[RunResult]:
         """Run ``jobs`` on one server, one after the other; on others if servers die.
 
         A server that dies loses only the job it was running (its progress pipe says which): the
@@ -426,7 +435,8 @@ class Sandbox:
         A job whose server missed its deadline is not rerun (a rerun would cost the whole timeout
         again): it is reported ``timed_out`` with ``error`` set. The rerun gets a server that has run
         nothing else (a server other jobs used may carry what they left), and a server that retires
-        before a job (its cgroup refused the job's memory limit) costs that job nothing.
+        before a job (its cgroup refused the job's memory limit) costs that job nothing. Once
+        ``cancel`` is set, jobs still waiting for a server get :data:`CANCELLED` instead.
         """
         payloads = [
             (
@@ -442,7 +452,11 @@ class Sandbox:
         barren = 0  # servers in a row that died before starting any job
         while todo:
             try:
-                replies = self._execute([payloads[i] for i in todo])
+                replies = self._execute([payloads[i] for i in todo], cancel=cancel)
+            except _Cancelled:
+                for index in todo + suspects:
+                    results[index] = self._failed(CANCELLED)
+                return results  # type: ignore[return-value]
             except WorkerDied as exc:
                 if exc.started == 0:
                     barren += 1
@@ -464,7 +478,9 @@ class Sandbox:
             todo = todo[len(replies) :]
         for culprit in suspects:
             try:
-                (reply,) = self._execute([payloads[culprit]], fresh=True)
+                (reply,) = self._execute([payloads[culprit]], fresh=True, cancel=cancel)
+            except _Cancelled:
+                results[culprit] = self._failed(CANCELLED)
             except WorkerDied as exc:
                 message = f"the program's sandbox server died twice while running it: {exc}"
                 results[culprit] = self._failed(message, exc.missed_deadline)
@@ -473,18 +489,34 @@ class Sandbox:
         return results  # type: ignore[return-value]
 
     def _execute(
-        self, payloads: list[tuple[dict, bytes, bytes]], *, fresh: bool = False
+        self,
+        payloads: list[tuple[dict, bytes, bytes]],
+        *,
+        fresh: bool = False,
+        cancel: threading.Event | None = None,
     ) -> list[tuple[dict, bytes, bytes]]:
         """Run ``payloads`` on an idle (or new; with ``fresh``, always new) server; a server that
         dies or retires is let go. Fewer replies than payloads: the server retired first; none:
         it retired before the first job (its cgroup refused the job's memory limit), which raises
-        :class:`WorkerDied` with no job started, so the job is not blamed."""
-        worker = self._acquire(fresh=fresh)
+        :class:`WorkerDied` with no job started, so the job is not blamed. ``cancel`` set while
+        waiting for a server, or while it runs the payloads (the server and its programs are then
+        killed), raises :class:`_Cancelled`."""
+        worker = self._acquire(fresh=fresh, cancel=cancel)
+        finished = threading.Event()
+        if cancel is not None:
+            threading.Thread(
+                target=_kill_when_cancelled, args=(worker, cancel, finished), name="llm_zoo-sandbox-cancel",
+                daemon=True,
+            ).start()  # fmt: skip
         try:
             replies, retired = worker.execute(payloads)
         except BaseException:
             self._release(worker, broken=True)
+            if cancel is not None and cancel.is_set():
+                raise _Cancelled from None
             raise
+        finally:
+            finished.set()
         self._release(worker, broken=retired)
         if not replies:
             raise WorkerDied(f"the sandbox server retired before a run: {worker.refused}")
@@ -508,7 +540,7 @@ class Sandbox:
             left_behind=header.get("left_behind"),
         )
 
-    def _acquire(self, *, fresh: bool = False) -> Worker:
+    def _acquire(self, *, fresh: bool = False, cancel: threading.Event | None = None) -> Worker:
         stale = None
         with self._cond:
             if self._owner_pid != os.getpid():
@@ -516,6 +548,8 @@ class Sandbox:
             while True:
                 if self._closed:
                     raise SandboxError("this Sandbox is closed")
+                if cancel is not None and cancel.is_set():
+                    raise _Cancelled
                 if self._idle and not fresh:
                     return self._idle.pop()
                 if self._idle:  # its slot goes to a new server
@@ -525,7 +559,9 @@ class Sandbox:
                 if self._started < self.workers:
                     self._started += 1
                     break
-                self._cond.wait()
+                # A cancelled caller must not wait its turn: a client that left 40 slow Code-v0
+                # steps held its next make 157 s while their chunks queued for the servers.
+                self._cond.wait(timeout=CANCEL_POLL_S if cancel is not None else None)
         if stale is not None:
             stale.close()
         try:
@@ -556,6 +592,17 @@ class Sandbox:
         for worker in self._workers:
             worker.abandon()
         self._reset_state()
+
+
+def _kill_when_cancelled(worker: Worker, cancel: threading.Event, finished: threading.Event) -> None:
+    """Kill ``worker`` (the server and its running programs) if ``cancel`` is set before
+    ``finished``: programs of a caller that left ran on to their limits, and under load (64 busy
+    programs on 2 cores) those limits took minutes of wall time."""
+    while not finished.is_set():
+        if cancel.wait(CANCEL_POLL_S):
+            if not finished.is_set():
+                worker.kill(background=True)
+            return
 
 
 def _close_all_at_exit() -> None:

@@ -6,8 +6,10 @@ the step went on starting programs until the end (an outside test saw sandboxed 
 for 8 s after its client was gone). :func:`cancel_when` marks the calling thread with an event:
 once the event is set, runs the thread starts (:meth:`llm_zoo.sandbox.Sandbox.run`,
 ``run_tests``, ``run_many``) start no program they have not yet sent to a server, and those jobs
-get a result at once with ``error`` = :data:`CANCELLED`. A chunk of jobs a server already holds
-finishes, each job within its timeout, so cancelling costs at most one chunk's time.
+get a result at once with ``error`` = :data:`CANCELLED`; jobs waiting for a free server stop
+waiting, and a server running the thread's jobs is killed with its programs. Jobs cut short get
+:data:`CANCELLED` too. (Programs left to run to their limits kept a client's abandoned Code-v0
+steps busy for minutes: 64 spinning programs on 2 cores need 32x their CPU limit in wall time.)
 """
 
 from __future__ import annotations

@@ -430,9 +430,10 @@ async def _listen_until_done(
     websocket: WebSocket, session: Session, work: asyncio.Future[Any]
 ) -> Message | None:
     """Read the connection's next frame until ``work`` is done; returns the frame if one came first
-    (to be handled after ``work``). A disconnect meanwhile marks ``session`` gone, so the call
-    stops starting sandboxed programs (``llm_zoo.sandbox.cancel_when``): an outside test saw a
-    step start programs for 8 s after its client was gone."""
+    (to be handled after ``work``). A disconnect or a ``close`` frame meanwhile marks ``session``
+    gone, so the call's sandboxed programs are stopped (``llm_zoo.sandbox.cancel_when``): an
+    outside test saw a step start programs for 8 s after its client was gone, and a client's
+    abandoned Code-v0 steps held its next make for minutes."""
     listening = asyncio.ensure_future(websocket.receive())
     done, _ = await asyncio.wait({work, listening}, return_when=asyncio.FIRST_COMPLETED)
     if listening not in done:
@@ -441,13 +442,23 @@ async def _listen_until_done(
             await listening
         return None
     message = listening.result()
-    if message["type"] == "websocket.disconnect":
-        session.gone.set()
+    if message["type"] == "websocket.disconnect" or _is_close_frame(message):
+        session.gone.set()  # a client that says close before it leaves (llm_zoo.remote does) is gone too
     return message
 
 
+def _is_close_frame(message: Message) -> bool:
+    raw = message.get("text")
+    if raw is None:
+        raw = message.get("bytes") or b""
+    try:
+        return decode(raw)[0] == "close"
+    except ProtocolError:
+        return False
+
+
 def _until_gone(session: Session, call: Callable[[], T]) -> T:
-    """``call()`` on an env thread, its sandboxed programs left unstarted once ``session`` is gone."""
+    """``call()`` on an env thread, its sandboxed programs stopped once ``session`` is gone."""
     with cancel_when(session.gone):
         return call()
 
