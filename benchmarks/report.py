@@ -135,6 +135,39 @@ def env_server_speed(result: dict[str, Any]) -> str:
     return text
 
 
+def env_server_load(result: dict[str, Any]) -> str:
+    def latency_cells(entry: dict[str, Any]) -> list[Any]:
+        return [entry.get("steps", 0), entry.get("p50_ms"), entry.get("p99_ms"), entry.get("max_ms"),
+                entry.get("over_2_s")]  # fmt: skip
+
+    many, mix, kill = result["many_clients"], result["slow_mix"], result["server_killed"]
+    rows = [
+        [f"{many['clients']} clients stepping PlanPath-v0 for {many['seconds']} s", *latency_cells(many["latency"]),
+         many["errors"]],
+        [f"{mix['cheap_clients']} cheap clients beside {mix['slow_sessions']} spinning Code-v0 steps of another client",
+         *latency_cells(mix["cheap"]), mix["cheap_errors"]],
+    ]  # fmt: skip
+    text = _table(["phase", "steps", "p50 ms", "p99 ms", "max ms", "over 2 s", "errors"], rows)
+    text += (
+        f"\n\nMany clients: {many['steps_per_s']} steps/s in all; the server's resident memory "
+        f"{many['server_mib_before']} MiB before, {many['server_mib_after']} MiB after; "
+        f"{many['sessions_left']} sessions left once the clients closed. Slow-env mix: "
+        f"{mix['slow_steps_done']} slow steps finished in the window (mean {mix['slow_step_mean_s']} s), "
+        f"{mix['slow_errors']} errors; the ones still running were abandoned by their client. "
+        f"Server killed: {kill['clients_that_got_an_error']} of the {kill['clients_on_the_killed_server']} clients "
+        f"on the killed server got a `RemoteEnvError` (at most {kill['seconds_to_error_max']} s after the kill), "
+        f"made their env again on the other server and played {kill['steps_after_kill_on_the_other_server']} "
+        f"steps there; {kill['unexpected_errors']} unexpected errors, {kill['clients_hung']} clients hung."
+    )
+    machine = result.get("machine", {})
+    start, end = machine.get("load_average_at_start"), machine.get("load_average_at_end")
+    if start and end:
+        text += (
+            f" Load average {', '.join(map(str, start))} at the start, {', '.join(map(str, end))} at the end."
+        )
+    return text
+
+
 def sandbox_speed(result: dict[str, Any]) -> str:
     cores = result.get("cores")  # absent from runs before it was recorded
 
@@ -1031,6 +1064,11 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
         "env_server_speed",
         "Env servers: Code-v0 scale-out over `llm-zoo serve` processes, and the protocol's cost",
         env_server_speed,
+    ),
+    (
+        "env_server_load",
+        "Env server under load and faults: many clients, one client's slow steps, a server killed",
+        env_server_load,
     ),
     ("threads", "Torch threads on a CPU: the command's choice against one thread and all cores", threads),
 ]
