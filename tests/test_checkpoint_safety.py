@@ -209,3 +209,18 @@ def test_overwrite_waits_until_the_model_has_loaded(run, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "model.name_or_path" in err and "Traceback" not in err
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
+def test_final_adapters_of_an_older_step_are_replaced_by_the_last_checkpoint_s(run, capsys):
+    """A run extended past an earlier end and stopped before its final save kept the earlier end's
+    adapters in output_dir/adapters; --resume of the finished run now replaces them."""
+    shutil.rmtree(run / "adapters")
+    shutil.copytree(run / "checkpoint-1" / "adapters", run / "adapters")
+    assert main(["--resume", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "is finished" in out and "the final adapters were an older step's" in out
+    for name in ("alice", "bob"):
+        saved = run / "checkpoint-2" / "adapters" / name / "adapter_model.safetensors"
+        assert (run / "adapters" / name / "adapter_model.safetensors").read_bytes() == saved.read_bytes()
+    assert main(["--resume", str(run)]) == 0
+    assert "final adapters" not in capsys.readouterr().out  # the same weights: nothing rewritten

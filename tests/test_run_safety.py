@@ -203,6 +203,48 @@ def test_an_evaluation_stopped_by_sigterm_is_run_again_on_resume(
     assert evaluated == [0, 1, 2]  # before training, the interrupted step 1 (run again), step 2
 
 
+def test_a_final_evaluation_stopped_by_sigterm_is_run_again_and_the_final_adapters_written(
+    tiny_model_dir, tmp_path, capsys, monkeypatch
+):
+    """An outside fault matrix: a run extended past an earlier end (1 -> 2 steps) and stopped by
+    SIGTERM during its final evaluation wrote checkpoint-2, so the next --resume called the run
+    finished: the final evaluation was never run and output_dir/adapters kept step 1's weights,
+    without a word."""
+    from llm_zoo_train.trainer import Trainer as RealTrainer
+
+    config = write_toy_config(tiny_model_dir, tmp_path / "run", tmp_path / "c.yaml")
+    argv = [str(config), "--eval.num_episodes", "2", "--training.max_steps", "1"]
+    assert main(argv) == 0
+    calls = []
+    real = RealTrainer._evaluation_metrics
+
+    def stopped_once(self):
+        calls.append(self.step)
+        if calls == [2]:
+            os.kill(os.getpid(), signal.SIGTERM)  # the trainer's own handler stops the run here
+        return real(self)
+
+    monkeypatch.setattr(RealTrainer, "_evaluation_metrics", stopped_once)
+    extended = [*argv[:-1], "2", "--resume"]
+    assert main(extended) == 143
+    capsys.readouterr()
+    final = tmp_path / "run" / "adapters"
+    checkpoint = tmp_path / "run" / "checkpoint-2" / "adapters"
+    weights = "adapter_model.safetensors"
+    assert (final / "alice" / weights).read_bytes() != (checkpoint / "alice" / weights).read_bytes()
+
+    assert main(extended) == 0
+    out = capsys.readouterr().out
+    assert "the evaluation of step 2 was interrupted: running it again" in out
+    for name in ("alice", "bob"):
+        assert (final / name / weights).read_bytes() == (checkpoint / name / weights).read_bytes()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert 2 in {r["step"] for r in records if "eval/success_rate" in r}
+    assert main(extended) == 0  # now finished, said before any model loads
+    assert "is finished" in capsys.readouterr().out
+    assert calls == [2, 2]
+
+
 def test_the_finishing_resume_of_an_interrupted_final_save_leaves_nothing_behind(
     tiny_model_dir, tmp_path, capsys
 ):

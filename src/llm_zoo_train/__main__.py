@@ -196,7 +196,11 @@ def _main(argv: list[str]) -> int:
     if print_config:
         print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
         return 0
-    if resume_point is not None and resume_point.finished(config.training.max_steps):
+    if (
+        resume_point is not None
+        and resume_point.finished(config.training.max_steps)
+        and not resume_point.final_evaluation_missing(config.eval.num_episodes)
+    ):
         print(resume_point.describe(config.training.max_steps))  # before any model loads
         try:
             notes = complete_finished_run(resume_point)  # killed during the final save

@@ -222,14 +222,10 @@ class Trainer:
     def _interrupted_evaluation(self) -> bool:
         """Whether the resumed checkpoint's step was due an evaluation its record lacks."""
         evaluation = self.config.eval
-        if (
-            self.resume_point is None
-            or self.step == 0
-            or not evaluation.num_episodes
-            or not evaluation.eval_steps
-        ):
+        if self.resume_point is None or self.step == 0 or not evaluation.num_episodes:
             return False
-        if self.step % evaluation.eval_steps:
+        final = self.step >= self.config.training.max_steps  # a run ends with an evaluation
+        if not final and (not evaluation.eval_steps or self.step % evaluation.eval_steps):
             return False
         record = next((r for r in reversed(self.history) if r.get("step") == self.step), {})
         return "eval/success_rate" not in record
@@ -241,7 +237,8 @@ class Trainer:
         """
         config, accelerator = self.config, self.accelerator
         max_steps = config.training.max_steps
-        if self.resume_point is not None and self.resume_point.finished(max_steps):
+        finishing = self.resume_point is not None and self.resume_point.finished(max_steps)
+        if finishing and not self._interrupted_evaluation():
             # Said so at start; nothing to do: no evaluation, no rewritten outputs, no before/after.
             return {"before": None, "after": None, "history": self.history, "finished": True}
         if config.logging.log_with:
@@ -272,6 +269,8 @@ class Trainer:
                 metrics = self._evaluation_metrics()
                 logger.log(self.step, metrics)
                 logger.print(f"eval success rate at step {self.step}: {_describe(metrics)}")
+                if finishing:  # its checkpoint keeps the record: a later resume finds the run finished
+                    self.save_checkpoint()
             while self.step < max_steps:
                 step = self.step + 1
                 metrics = self.train_step(step)

@@ -21,6 +21,7 @@ only the run that wrote the checkpoint.
 
 from __future__ import annotations
 
+import filecmp
 import os
 import shutil
 import sys
@@ -208,6 +209,15 @@ class ResumePoint:
     def finished(self, max_steps: int) -> bool:
         return self.step >= max_steps
 
+    def final_evaluation_missing(self, eval_episodes: int) -> bool:
+        """Whether the checkpoint's last step lacks the evaluation a run with ``eval_episodes``
+        ends with (a signal stopped it after the checkpoint was written)."""
+        if not eval_episodes or self.step == 0:
+            return False
+        history = read_trainer_state(self.checkpoint).get("history", [])
+        record = next((r for r in reversed(history) if r.get("step") == self.step), {})
+        return "eval/success_rate" not in record
+
     def describe(self, max_steps: int) -> str:
         """One line: what is resumed, or that the run is already finished."""
         if self.finished(max_steps):
@@ -363,9 +373,23 @@ def restore_final_adapters(point: ResumePoint) -> str | None:
     Returns a note saying so (None: they were there)."""
     final = point.checkpoint.parent / "adapters"
     names = read_trainer_state(point.checkpoint).get("adapters", [])
-    if final.is_dir() and all((final / name / "adapter_config.json").is_file() for name in names):
+    if not (final.is_dir() and all((final / name / "adapter_config.json").is_file() for name in names)):
+        why = "missing"
+    elif not _same_weights(point.checkpoint / "adapters", final, names):
+        why = "an older step's"  # a run extended past an earlier end, stopped before its final save
+    else:
         return None
     write_checkpoint(
         final, lambda d: shutil.copytree(point.checkpoint / "adapters", d, dirs_exist_ok=True), manifest=False
     )
-    return f"the final adapters were missing: wrote {final} from {point.checkpoint.name}"
+    return f"the final adapters were {why}: wrote {final} from {point.checkpoint.name}"
+
+
+def _same_weights(checkpoint_adapters: Path, final: Path, names: list[str]) -> bool:
+    """Whether every adapter's weights in ``final`` are byte for byte the checkpoint's."""
+    for name in names:
+        for weights in (checkpoint_adapters / name).glob("*.safetensors"):
+            copy = final / name / weights.name
+            if not copy.is_file() or not filecmp.cmp(weights, copy, shallow=False):
+                return False
+    return True
