@@ -379,3 +379,28 @@ def test_accelerate_launch_cpu_with_two_processes_says_it_started_one(tiny_model
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "accelerate launch was asked for 2 processes but this run has 1" in result.stderr
     assert "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 -m llm_zoo_train" in result.stderr
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_not_sent_round_in_circles(
+    tiny_model_dir, tmp_path, capsys
+):
+    """An outside fault matrix: a run killed before its first checkpoint left config.yaml and
+    metrics.jsonl; the same command said "continue that run with --resume", and --resume said "no
+    checkpoint to resume from". Both now name the way out, which works."""
+    import toy_envs_trainer  # noqa: F401
+
+    output = tmp_path / "run"
+    config = write_toy_config(tiny_model_dir, output, tmp_path / "c.yaml")
+    quick = ["--eval.num_episodes", "0", "--training.max_steps", "1"]
+    output.mkdir()
+    (output / "config.yaml").write_text("training: {}\n")
+    (output / "metrics.jsonl").write_text('{"step": 0}\n')
+    assert main([str(config), *quick]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "stopped before its first checkpoint" in line and "--training.overwrite_output_dir true" in line
+    assert "--resume" not in line
+    assert main([str(config), *quick, "--resume"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "no checkpoint to resume from" in line and "without --resume" in line
+    assert main([str(config), *quick, "--training.overwrite_output_dir", "true"]) == 0
+    assert (output / "checkpoint-1").is_dir()

@@ -127,12 +127,18 @@ def test_command_line_overrides_win_and_are_typed(tmp_path):
         (TOY, ["--rollout.mode"], r"--rollout.mode needs a value"),
         (TOY, ["rollout.mode", "tree"], r"expected an option like --section.field VALUE"),
         ("- just\n- a list\n", [], r"expected a mapping of sections"),
+        ("", [], r"holds no settings \(empty, or only comments\)"),  # it started a 100-step run of defaults
+        ("# only a comment\n", ["--training.max_steps", "1"], r"holds no settings"),
         ("rollout: {mode: [\n", [], r"not valid YAML"),
     ],
 )
 def test_bad_keys_and_types_are_named(tmp_path, text, overrides, message):
     with pytest.raises(ConfigError, match=message):
         _config(tmp_path, text, overrides)
+
+
+def test_an_explicitly_empty_mapping_takes_every_default(tmp_path):
+    assert _config(tmp_path, "{}\n", []) == load_config(None)
 
 
 def test_missing_config_file(tmp_path):

@@ -480,9 +480,14 @@ def load_dataclass(
             ) from None
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
-        if loaded is not None and not isinstance(loaded, dict):
+        if loaded is None:  # an empty or truncated file is a mistake, not a request for every default
+            raise ConfigError(
+                f"{path}: the file holds no settings (empty, or only comments): give the sections to set, "
+                "or {} on purpose to take every default"
+            )
+        if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top, got {loaded!r}")
-        raw = loaded or {}
+        raw = loaded
         _resolve_file_aliases(root, raw, aliases, f"{path}: ")
     from_file = copy.deepcopy(raw)
     for key, value, text in _resolve_override_aliases(root, parse_overrides(overrides), aliases):

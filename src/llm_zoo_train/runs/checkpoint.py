@@ -203,7 +203,9 @@ def find_checkpoint(path: str | Path, warn: Callable[[str], None] = warn_line) -
         candidates = list(reversed(list_checkpoints(path)))
     if not candidates:
         raise FileNotFoundError(
-            f"no checkpoint to resume from in {path} (expected {path}/{CHECKPOINT_PREFIX}STEP/{TRAINER_STATE})"
+            f"no checkpoint to resume from in {path} (expected {path}/{CHECKPOINT_PREFIX}STEP/{TRAINER_STATE}); "
+            "a run that stopped before its first checkpoint starts again without --resume, with "
+            "--training.overwrite_output_dir true"
         )
     damaged = []
     for candidate in candidates:

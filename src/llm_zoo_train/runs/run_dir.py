@@ -174,6 +174,13 @@ def prepare_output_dir(config: Config, *, resuming: bool, remove: bool = True) -
         return notes
     if not config.training.overwrite_output_dir:
         shown = ", ".join(present[:4]) + (", ..." if len(present) > 4 else "")
+        if not any(name.startswith(CHECKPOINT_PREFIX) for name in present):
+            # --resume would find nothing to continue from: never send the user there
+            raise ConfigError(
+                f"training.output_dir {output_dir} holds an earlier run that stopped before its first "
+                f"checkpoint ({shown}): start again there with --training.overwrite_output_dir true, "
+                "or choose another --training.output_dir"
+            )
         raise ConfigError(
             f"training.output_dir {output_dir} is not empty ({shown}): continue that run with --resume, "
             "choose another --training.output_dir, or replace it with --training.overwrite_output_dir true"
