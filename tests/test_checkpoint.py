@@ -54,6 +54,22 @@ def test_write_is_atomic_and_replaces(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3"]
 
 
+@pytest.mark.parametrize("occupant", ["file", "link"])
+def test_a_file_where_the_checkpoint_goes_is_replaced_and_leaves_nothing(tmp_path, occupant):
+    """An outside fault matrix: with a plain file where checkpoint-2 was, the write left
+    `.old-checkpoint-2-PID` behind (rmtree does not remove a file)."""
+    target = tmp_path / "checkpoint-2"
+    if occupant == "file":
+        target.write_text("not a checkpoint")
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        target.symlink_to(tmp_path / "elsewhere")
+    write_checkpoint(target, lambda tmp: (tmp / "trainer_state.json").write_text('{"step": 2}'))
+    assert target.is_dir() and not target.is_symlink()
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == (["checkpoint-2"] if occupant == "file" else ["checkpoint-2", "elsewhere"])
+
+
 def test_find_list_and_rotate(tmp_path):
     for step in (2, 10, 4):
         _fake_checkpoint(tmp_path, step)

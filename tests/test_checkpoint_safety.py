@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -98,6 +99,12 @@ VERIFIED_BUT_WRONG = {
     "trainer state not an object": ("trainer_state.json", lambda p: p.write_text("[2]")),
     "config.yaml not YAML": ("config.yaml", lambda p: p.write_text("model: [unclosed\n")),
     "config.yaml a list": ("config.yaml", lambda p: p.write_text("- a\n- b\n")),
+    # an outside fault matrix: this one stopped the resume (rc 2) although checkpoint-1 was intact
+    "config.yaml with an unknown key": ("config.yaml", lambda p: p.write_text(p.read_text() + "bogus: 1\n")),
+    "config.yaml with a wrong type": (
+        "config.yaml",
+        lambda p: p.write_text(re.sub(r"max_steps: \d+", "max_steps: many", p.read_text())),
+    ),
 }
 
 

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import yaml
 
+from llm_zoo_train.config import Config, ConfigError, config_from_dict
 from llm_zoo_train.runs.manifest import (
     MANIFEST,
     TRAINER_STATE,
@@ -136,6 +137,10 @@ def verify_checkpoint(checkpoint: str | Path) -> dict[str, Any]:
             raise CheckpointDamagedError(
                 f"{config_file} holds no config (a {type(config).__name__})", config_file
             )
+        try:
+            config_from_dict(config, Config)
+        except ConfigError as err:  # an unknown key or a wrong type: a resume could not load it
+            raise CheckpointDamagedError(f"{config_file} is not a run's config: {err}", config_file) from None
     return dict(state)
 
 
@@ -244,7 +249,10 @@ def write_checkpoint(
             old = directory.with_name(f".old-{directory.name}-{os.getpid()}")
             os.rename(directory, old)
             os.rename(tmp, directory)
-            shutil.rmtree(old, ignore_errors=True)
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:  # a file or a link where the checkpoint was: rmtree left it behind
+                old.unlink(missing_ok=True)
         else:
             os.rename(tmp, directory)
     finally:
