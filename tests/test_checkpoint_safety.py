@@ -97,6 +97,8 @@ VERIFIED_BUT_WRONG = {
     "adapters not names": ("trainer_state.json", _edited_state(adapters=[1, 2])),
     "kernel choices not a list": ("trainer_state.json", _edited_state(kernel_choices="auto")),
     "trainer state not an object": ("trainer_state.json", lambda p: p.write_text("[2]")),
+    # an outside fault matrix: a cut history resumed silently and rewrote metrics.jsonl without steps 1-2
+    "history missing steps": ("trainer_state.json", _edited_state(history=[{"step": 2, "loss": 0.5}])),
     "config.yaml not YAML": ("config.yaml", lambda p: p.write_text("model: [unclosed\n")),
     "config.yaml a list": ("config.yaml", lambda p: p.write_text("- a\n- b\n")),
     # an outside fault matrix: this one stopped the resume (rc 2) although checkpoint-1 was intact

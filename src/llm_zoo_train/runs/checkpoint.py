@@ -174,6 +174,15 @@ def trainer_state_problem(state: Any) -> str | None:
         for record in history
     ):
         return "history is not a list of metric records (name -> number)"
+    if "history" in state:  # a training step records its metrics every step, evaluated or not
+        recorded = {record.get("step") for record in history} - {0}
+        if recorded != set(range(1, state["step"] + 1)):
+            missing = sorted(set(range(1, state["step"] + 1)) - recorded)
+            return (
+                f"history lacks steps {missing[:5]}{' ...' if len(missing) > 5 else ''} of step {state['step']}"
+                if missing
+                else f"history holds steps past step {state['step']}"
+            )
     for key, kind in (("kernel_choices", list), ("base_models", dict), ("async_rollout_steps", list)):
         if key in state and not isinstance(state[key], kind):
             return f"{key} is a {type(state[key]).__name__}, not a {kind.__name__}"
