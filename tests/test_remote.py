@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import warnings
 
 import pytest
@@ -269,6 +270,29 @@ def test_env_servers_skip_a_dead_server_and_name_them_all_when_none_answers(serv
         env.close()
     with pytest.raises(remote.RemoteEnvError, match=r"no env server could make .*127\.0\.0\.1"):
         env_servers.EnvServers([dead], retries=1, backoff_s=0.0).make("test/RemoteKeyword-v0")
+
+
+def test_a_server_that_never_opens_a_connection_is_named_once_and_tried_last(server, capsys):
+    """An outside fault matrix: with one of two servers stopped (SIGSTOP: the port accepts, nothing
+    answers), each env of a rollout waited its 30 s connect timeout on it in turn without a word
+    (123 s for a step of 8 envs). Now it is named once and the others go first while it is silent."""
+    from llm_zoo_train.rollout import env_servers
+
+    _, url = server
+    with socket.socket() as hung:  # listens, never accepts: the handshake is never answered
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        silent = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        servers = env_servers.EnvServers([silent, url], retries=0, connect_timeout_s=0.5)
+        started = time.monotonic()
+        for _ in range(4):
+            env = servers.make("test/RemoteKeyword-v0")
+            assert env.url == url
+            env.close()
+        assert time.monotonic() - started < 0.5 + 3  # one connect timeout in all, not one per env
+        warnings = [line for line in capsys.readouterr().err.splitlines() if silent in line]
+        assert len(warnings) == 1 and warnings[0].startswith("llm-zoo-train: warning: env server")
+        assert "did not open a connection" in warnings[0]
 
 
 def test_env_servers_config_is_checked():

@@ -50,6 +50,11 @@ _OPEN: weakref.WeakSet[_Connection] = weakref.WeakSet()
 #: A server silent this long on one request is named in a warning line (then waited for until the
 #: request's timeout): a hung server must not stall a run without a word.
 SLOW_ANSWER_S = 10.0
+#: websockets' own log of each connection. Its keepalive thread logs a server that stopped
+#: answering pings as an error with a traceback (a stopped server printed them into a training
+#: run); this client reports that connection itself, in one line, when it is next used.
+_WEBSOCKETS_LOG = logging.getLogger("llm_zoo.remote.websockets")
+_WEBSOCKETS_LOG.setLevel(logging.CRITICAL)
 
 __all__ = ["RemoteEnv", "RemoteEnvError", "make"]
 
@@ -105,6 +110,7 @@ class _Connection:
                 max_size=None,
                 close_timeout=2,
                 additional_headers=bearer_header(token),
+                logger=_WEBSOCKETS_LOG,
             ).__enter__()
         except ValueError:
             raise
