@@ -405,7 +405,7 @@ def test_a_base_model_replaced_under_its_path_is_refused_on_resume(tiny_model_di
     assert set(state["base_models"]["model"]) >= {"config.json"}
     weights = next(p for p in base.iterdir() if p.suffix in (".safetensors", ".bin"))
     data = bytearray(weights.read_bytes())
-    data[-8:] = bytes(8)  # another base: its last weights differ
+    data[len(data) // 2] ^= 0xFF  # one byte in the middle (an outside fault matrix: it resumed silently)
     weights.write_bytes(bytes(data))
     capsys.readouterr()
     argv = [str(tmp_path / "run.yaml"), *common, "--training.max_steps", "2", "--resume"]
@@ -413,3 +413,36 @@ def test_a_base_model_replaced_under_its_path_is_refused_on_resume(tiny_model_di
     line = one_line_error(capsys.readouterr().err)
     assert f"is not the one the checkpoint was trained on: {weights.name} changed (content)" in line
     assert not (tmp_path / "run" / ".llm-zoo-train.lock").exists()
+
+
+def test_base_fingerprints_read_what_their_record_says(tmp_path, monkeypatch):
+    """Small models are hashed whole; larger ones sampled; records of older checkpoints (size and
+    the first and last 64 KiB) still compare, so their resumes are not refused."""
+    from llm_zoo_train.runs import base_fingerprint as bf
+
+    model = tmp_path / "model"
+    model.mkdir()
+    weights = model / "model.safetensors"
+    weights.write_bytes(bytes(range(256)) * 4096)  # 1 MiB
+    (model / "config.json").write_text("{}")
+    paths = {"model": str(model)}
+    recorded = bf.fingerprint(model)
+    assert {entry[2] for entry in recorded.values()} == {"whole"}
+    assert bf.base_model_problem({"model": recorded}, {"model": bf.fingerprint(model)}, paths) is None
+
+    older = {name: entry[:2] for name, entry in recorded.items()}  # an older checkpoint's record
+    for name in older:
+        older[name][1] = bf._digest(model / name, "edges")
+    assert bf.base_model_problem({"model": older}, {"model": bf.fingerprint(model)}, paths) is None
+
+    monkeypatch.setattr(bf, "WHOLE_BYTES", 1024)  # as for a model larger than the whole-hash budget
+    sampled = bf.fingerprint(model)
+    assert sampled["model.safetensors"][2] == "sampled"
+    assert bf.base_model_problem({"model": recorded}, {"model": sampled}, paths) is None  # same bytes
+
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2 + 7] ^= 1
+    weights.write_bytes(bytes(data))
+    for record in (recorded, sampled):
+        problem = bf.base_model_problem({"model": record}, {"model": bf.fingerprint(model)}, paths)
+        assert problem and "model.safetensors changed (content)" in problem
