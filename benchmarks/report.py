@@ -982,6 +982,11 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
         learning_math,
     ),
     (
+        "learning_team_key_relay_no_dense_rewards",
+        "KeyRelay-v0 without the dense role rewards: the team alone pays (SmolLM2-135M, CPU)",
+        learning_math,
+    ),
+    (
         "relay_reasoner_ceiling",
         "MathRelay-v0: can the base reasoner do its half? (SmolLM2-135M, oracle tool agent)",
         relay_reasoner_ceiling,
