@@ -174,6 +174,22 @@ def test_sigterm_while_the_model_loads_or_eval_runs_is_one_line(
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored after each command
 
 
+def test_the_command_ignores_ctrl_c_once_its_work_is_done(monkeypatch, capsys):
+    """An outside fault matrix: Ctrl-C while `llm-zoo-train eval` exited, its results written,
+    printed a KeyboardInterrupt traceback from an atexit hook. The command (argv from sys.argv)
+    ignores SIGINT once main returns; a caller passing argv (a test, a script) keeps its own."""
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        assert main(["--help"]) == 0
+        assert signal.getsignal(signal.SIGINT) is previous
+        monkeypatch.setattr(sys, "argv", ["llm-zoo-train", "--help"])
+        assert main() == 0
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    capsys.readouterr()
+
+
 def test_an_evaluation_stopped_by_sigterm_is_run_again_on_resume(
     tiny_model_dir, tmp_path, capsys, monkeypatch
 ):

@@ -145,6 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+            if argv is None:  # the command itself: nothing is left to interrupt but the exit
+                # Ctrl-C while the interpreter exits printed a traceback from an atexit hook
+                # (torch's) after the results were written, and the exit status stayed 0.
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _main(argv: list[str]) -> int:
