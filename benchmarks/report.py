@@ -152,8 +152,12 @@ def env_server_load(result: dict[str, Any]) -> str:
         f"\n\nMany clients: {many['steps_per_s']} steps/s in all; the server's resident memory "
         f"{many['server_mib_before']} MiB before, {many['server_mib_after']} MiB after; "
         f"{many['sessions_left']} sessions left once the clients closed. Slow-env mix: "
-        f"{mix['slow_steps_done']} slow steps finished in the window (mean {mix['slow_step_mean_s']} s), "
-        f"{mix['slow_errors']} errors; the ones still running were abandoned by their client. "
+        + (
+            f"{mix['slow_steps_done']} slow steps finished in the window (mean {mix['slow_step_mean_s']} s), "
+            if mix["slow_steps_done"]
+            else "no slow step finished in the window (each runs a spinning program per test to its timeout), "
+        )
+        + f"{mix['slow_errors']} errors; the steps still running were abandoned by their client. "
         f"Server killed: {kill['clients_that_got_an_error']} of the {kill['clients_on_the_killed_server']} clients "
         f"on the killed server got a `RemoteEnvError` (at most {kill['seconds_to_error_max']} s after the kill), "
         f"made their env again on the other server and played {kill['steps_after_kill_on_the_other_server']} "
