@@ -458,13 +458,11 @@ def test_the_math_search_passes_the_strict_judge_quickly():
 
 def test_a_long_literal_is_parsed_once_and_read_back_as_a_fresh_copy(monkeypatch):
     # The reward-hack search on Code-v0 spent half its time parsing the same test inputs again.
-    import ast
-
-    from llm_zoo.checkers import call_harness
+    from llm_zoo import safe_ast
 
     calls = []
-    real = ast.literal_eval
-    monkeypatch.setattr(call_harness.ast, "literal_eval", lambda text: calls.append(text) or real(text))
+    real = safe_ast.literal_eval
+    monkeypatch.setattr(safe_ast, "literal_eval", lambda text: calls.append(text) or real(text))
     text = repr([[index, str(index)] for index in range(500)])
     first = literal(text)
     first[0].append("changed by a caller")
