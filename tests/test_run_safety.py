@@ -408,6 +408,23 @@ def test_every_env_server_lost_mid_run_is_one_line(tiny_model_dir, tmp_path, cap
     assert list(run.glob("checkpoint-*")), list(run.iterdir())  # the last checkpoint is kept
 
 
+def test_a_run_stopped_without_servers_says_how_to_go_on_from_what_was_written(tmp_path):
+    """An outside fault matrix: an async run whose servers were both stopped ended "the last
+    checkpoint is kept: continue with --resume" with no checkpoint written (the first one waits
+    for rollouts a lost server never sends); --resume then found none."""
+    from llm_zoo_train.__main__ import _how_to_continue
+
+    when = "once a server in env.servers answers"
+    line = _how_to_continue(str(tmp_path), when)
+    assert "no checkpoint was written yet" in line and "--training.overwrite_output_dir true" in line
+    assert "--resume" not in line
+    for step in (1, 2):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"step": step}))
+    assert _how_to_continue(str(tmp_path), when) == f"checkpoint-2 is kept: continue with --resume {when}"
+    assert "no checkpoint" in _how_to_continue(str(tmp_path / "absent"), when)
+
+
 # --------------------------------------------------------------------------- full disks
 
 

@@ -265,7 +265,7 @@ def _main(argv: list[str]) -> int:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         print(
             f"llm-zoo-train: error: stopped after step {trainer.step}, no env server left to play on: {first}; "
-            "the last checkpoint is kept: continue with --resume once a server in env.servers answers",
+            + _how_to_continue(config.training.output_dir, "once a server in env.servers answers"),
             file=sys.stderr,
         )
         return 2
@@ -280,6 +280,20 @@ def _main(argv: list[str]) -> int:
     finally:
         trainer.close()
     return 0
+
+
+def _how_to_continue(output_dir: str, when: str) -> str:
+    """How a stopped run goes on: from its last checkpoint, or, with none written yet (an async
+    run's first checkpoint waits for rollouts a lost server never sent), from the start."""
+    from llm_zoo_train.runs.checkpoint import list_checkpoints
+
+    try:
+        checkpoints = list_checkpoints(Path(output_dir))
+    except OSError:
+        checkpoints = []
+    if checkpoints:
+        return f"{checkpoints[-1].name} is kept: continue with --resume {when}"
+    return f"no checkpoint was written yet: start again {when}, with --training.overwrite_output_dir true"
 
 
 def interrupted_line(interrupted: BaseException, step: int) -> str:
