@@ -124,7 +124,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     SIGTERM is handled as Ctrl-C is, wherever it comes (a job scheduler's stop during the model
     load, the final save or ``eval`` killed the process with no line: issue 53 D11): one line, and
     exit status 143. The training loop's own handler (:mod:`llm_zoo_train.runs.interrupts`) takes
-    over while it runs and saves a checkpoint."""
+    over while it runs and saves a checkpoint. Run as the command (``argv`` None), Ctrl-C is
+    ignored once the work is done: one that came as ``eval`` exited, its results written, printed a
+    traceback (from torch's atexit hook, or from restoring the signal handlers)."""
+    try:
+        return _main_with_handlers(argv)
+    except KeyboardInterrupt as interrupted:
+        if argv is not None:  # a caller of its own (a test, a script) decides
+            raise
+        print(f"llm-zoo-train: {getattr(interrupted, 'signal_name', 'interrupted')}", file=sys.stderr)
+        return getattr(interrupted, "exit_code", 130)
+
+
+def _main_with_handlers(argv: Sequence[str] | None) -> int:
     previous = (
         signal.signal(signal.SIGTERM, _terminated)
         if threading.current_thread() is threading.main_thread()
@@ -144,11 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
             if argv is None:  # the command itself: nothing is left to interrupt but the exit
-                # Ctrl-C while the interpreter exits printed a traceback from an atexit hook
-                # (torch's) after the results were written, and the exit status stayed 0.
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _main(argv: list[str]) -> int:
