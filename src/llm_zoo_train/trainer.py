@@ -65,7 +65,14 @@ from llm_zoo_train.runs.checkpoint import find_checkpoint, read_trainer_state, w
 from llm_zoo_train.runs.finite import NonFiniteError, check_finite_metrics, check_finite_weights
 from llm_zoo_train.runs.interrupts import InterruptGuard, RunInterrupted
 from llm_zoo_train.runs.memory import keep_freed_memory
-from llm_zoo_train.runs.run_dir import ResumePoint, begin_run, check_resume, save_final_adapters, start_run
+from llm_zoo_train.runs.run_dir import (
+    ResumePoint,
+    begin_run,
+    check_resume,
+    save_final_adapters,
+    start_run,
+    step_evaluated,
+)
 from llm_zoo_train.runs.seeding import derive_seed
 from llm_zoo_train.trainer_state import (
     capture_save_point,
@@ -227,8 +234,7 @@ class Trainer:
         final = self.step >= self.config.training.max_steps  # a run ends with an evaluation
         if not final and (not evaluation.eval_steps or self.step % evaluation.eval_steps):
             return False
-        record = next((r for r in reversed(self.history) if r.get("step") == self.step), {})
-        return "eval/success_rate" not in record
+        return not step_evaluated(self.history, self.step)
 
     def train(self, *, stop_after_step: int | None = None) -> dict[str, Any]:
         """Run until ``training.max_steps`` (or, for tests, return right after ``stop_after_step``).

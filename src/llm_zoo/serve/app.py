@@ -196,11 +196,8 @@ class _Server:
                 message, waiting = waiting or await websocket.receive(), None
                 if message["type"] == "websocket.disconnect":
                     return
-                raw = message.get("text")
-                if raw is None:
-                    raw = message.get("bytes") or b""
                 try:
-                    kind, data = decode(raw)
+                    kind, data = decode(_frame_payload(message))
                     if kind == "close":
                         return
                     if session is not None and session.closed:
@@ -447,12 +444,15 @@ async def _listen_until_done(
     return message
 
 
+def _frame_payload(message: Message) -> str | bytes:
+    """A received WebSocket message's text or bytes."""
+    text = message.get("text")
+    return text if text is not None else message.get("bytes") or b""
+
+
 def _is_close_frame(message: Message) -> bool:
-    raw = message.get("text")
-    if raw is None:
-        raw = message.get("bytes") or b""
     try:
-        return decode(raw)[0] == "close"
+        return decode(_frame_payload(message))[0] == "close"
     except ProtocolError:
         return False
 

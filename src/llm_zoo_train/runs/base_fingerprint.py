@@ -50,8 +50,9 @@ def fingerprint(path: str | Path) -> dict[str, list[Any]] | None:
     files = _model_files(directory)
     if not files or len(files) > _MAX_FILES:
         return None
-    how = "whole" if sum(f.stat().st_size for f in files) <= WHOLE_BYTES else "sampled"
-    return {file.name: [file.stat().st_size, _digest(file, how), how] for file in files}
+    sizes = {file: file.stat().st_size for file in files}
+    how = "whole" if sum(sizes.values()) <= WHOLE_BYTES else "sampled"
+    return {file.name: [size, _digest(file, how), how] for file, size in sizes.items()}
 
 
 def _digest(file: Path, how: str) -> str:

@@ -57,6 +57,7 @@ __all__ = [
     "run_outputs",
     "save_final_adapters",
     "start_run",
+    "step_evaluated",
 ]
 
 #: Temporary siblings of a checkpoint being written or replaced (checkpoint.write_checkpoint).
@@ -221,9 +222,7 @@ class ResumePoint:
         ends with (a signal stopped it after the checkpoint was written)."""
         if not eval_episodes or self.step == 0:
             return False
-        history = read_trainer_state(self.checkpoint).get("history", [])
-        record = next((r for r in reversed(history) if r.get("step") == self.step), {})
-        return "eval/success_rate" not in record
+        return not step_evaluated(read_trainer_state(self.checkpoint).get("history", []), self.step)
 
     def describe(self, max_steps: int) -> str:
         """One line: what is resumed, or that the run is already finished."""
@@ -235,6 +234,12 @@ class ResumePoint:
             )
         line = f"resuming from {self.checkpoint} (step {self.step} of {max_steps})"
         return line + (f" with changed settings: {', '.join(self.changed)}" if self.changed else "")
+
+
+def step_evaluated(history: list[Mapping[str, Any]], step: int) -> bool:
+    """Whether the training ``history`` holds an evaluation of ``step``."""
+    record = next((r for r in reversed(history) if r.get("step") == step), {})
+    return "eval/success_rate" in record
 
 
 def _resumable(key: str) -> bool:
