@@ -421,8 +421,12 @@ def test_the_run_summary_names_the_processes_and_the_env_servers(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     line = run_summary(config)
     per_process = config.rollout.envs_per_step
-    assert f"of {2 * per_process} envs (2 processes x {per_process}) x K=" in line
+    assert f"of {2 * per_process} envs (2 processes x {per_process}, ddp) x K=" in line
     assert "envs on 2 remote env servers (http://127.0.0.1:8001, http://127.0.0.1:8002)" in line
+    config.training.strategy = "fsdp2"  # issue 55: the header says the strategy
+    assert f"(2 processes x {per_process}, fsdp2 fully sharded) x K=" in run_summary(config)
+    config.training.fsdp_sharding = "no_shard"
+    assert f"(2 processes x {per_process}, fsdp2 not sharded (no_shard)) x K=" in run_summary(config)
     monkeypatch.delenv("WORLD_SIZE")
     assert (
         f"of {per_process} envs x K={config.rollout.num_generations} tree rollouts on 1 trainer process, "

@@ -15,17 +15,22 @@ One training step (:meth:`Trainer.train_step`):
    the transformers engine shares the live model.
 5. **Log.** Per-agent metrics to ``metrics.jsonl``, the trackers and the console.
 
-Multi-process runs are data parallel: every process holds the whole model, rolls out its own
-tasks, and the adapters' gradients are summed across processes before each optimizer step (a manual
-all-reduce rather than DDP, because processes may hold different numbers of samples per adapter),
-so all processes keep identical adapters. Launch with ``accelerate launch --multi_gpu
+Multi-process runs are data parallel: every process rolls out its own tasks, and the adapters'
+gradients are summed across processes before each optimizer step, so all processes keep identical
+adapters. With ``training.strategy: ddp`` every process holds the whole model and the sum is a
+manual all-reduce (rather than DDP's, because processes may hold different numbers of samples per
+adapter). With ``fsdp2`` PyTorch's ``fully_shard`` splits the base and the adapters across the
+processes, which sum in the backward and run their passes in lockstep
+(:mod:`llm_zoo_train.models.sharding`). Launch with ``accelerate launch --multi_gpu
 --num_processes N -m llm_zoo_train ...`` on GPUs, or ``ACCELERATE_USE_CPU=1 torchrun
 --nproc_per_node N -m llm_zoo_train ...`` on CPU (``accelerate launch --cpu --num_processes N``
-starts a single process). DeepSpeed and FSDP are not supported.
+starts a single process). DeepSpeed is not supported.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import shutil
 import time
 import warnings
@@ -50,6 +55,7 @@ from llm_zoo_train.evaluation.evaluate import EvalResult, evaluate, summarize
 from llm_zoo_train.evaluation.plan import eval_sampling
 from llm_zoo_train.evaluation.tasks import eval_tasks
 from llm_zoo_train.models.policy import Policy, resolve_model_path
+from llm_zoo_train.models.sharding import gathered, policy_models, saveable, shard_model
 from llm_zoo_train.reporting.model_card import write_model_cards
 from llm_zoo_train.reporting.progress import RunProgress, turn_limit
 from llm_zoo_train.reporting.tracking import RunLogger, flatten_config, plot_learning_curve, rollout_metrics
@@ -124,6 +130,14 @@ class Trainer:
                 project_dir=str(self.output_dir),
             )
         self.accelerator = accelerator
+        #: training.strategy fsdp2: the model is sharded across the processes (models.sharding).
+        self.sharded = training.strategy == "fsdp2"
+        if self.sharded and accelerator.num_processes == 1:
+            raise ConfigError(
+                "training.strategy 'fsdp2' shards the model across trainer processes and this run has one: "
+                "launch with `torchrun --nproc_per_node N` (CPU: with ACCELERATE_USE_CPU=1) or "
+                "`accelerate launch --num_processes N`, or use strategy 'ddp'"
+            )
         if training.keep_freed_memory and accelerator.device.type == "cpu":
             keep_freed_memory()
         #: Where a resumed run continues (None: a new run); checked before any model loads.
@@ -146,8 +160,12 @@ class Trainer:
             config,
             self.plan,
             gradient_checkpointing=training.gradient_checkpointing,
-            device=accelerator.device,
+            # fsdp2 loads on the host and fully_shard moves each process's slices to its device
+            device="cpu" if self.sharded else accelerator.device,
         )
+        if self.sharded:
+            for model in policy_models(self.policy):
+                shard_model(model, training.fsdp_sharding, accelerator.device)
         #: Each base model's files, as a checkpoint records them: a resume refuses a base replaced
         #: under the same path (llm_zoo_train.runs.base_fingerprint).
         base_paths = {
@@ -198,7 +216,8 @@ class Trainer:
             self.optimizers,
             accelerator,
             algorithm_settings(config),  # importance sampling on by default for async rollouts
-            training,
+            # the packed copies of the oneDNN update kernel need whole weights, which fsdp2 shards
+            dataclasses.replace(training, update_kernel="exact") if self.sharded else training,
             temperature=config.rollout.temperature,
             agent_temperatures={
                 agent: float(o["temperature"])
@@ -207,6 +226,7 @@ class Trainer:
             },
             max_completion_length=config.rollout.max_completion_length,
             rng=self.rng,
+            lockstep=self.sharded,
         )
         self.step = 0
         self.version = 0
@@ -409,7 +429,10 @@ class Trainer:
             agents_per_turn=len(self.plan.agent_adapters),
             max_turns=turn_limit(self.config.env.kwargs),
         )
-        produced = play_step(self.config, self.plan.agent_adapters, watched, step, rank, self.version, envs)
+        with self._whole_weights(self.engine):
+            produced = play_step(
+                self.config, self.plan.agent_adapters, watched, step, rank, self.version, envs
+            )
         watched.close()
         if isinstance(self.engine, ReplayEngine):
             self.engine.check_all_served()
@@ -440,21 +463,29 @@ class Trainer:
             agents_per_turn=len(self.plan.agent_adapters),
             max_turns=turn_limit(eval_env_kwargs(config)),
         )
-        _, episodes = evaluate(
-            watched,
-            config.env.id,
-            eval_env_kwargs(config),
-            local,
-            self.plan.agent_adapters,
-            sampling,
-            local_ids,
-        )
+        with self._whole_weights(self.eval_engine):
+            _, episodes = evaluate(
+                watched,
+                config.env.id,
+                eval_env_kwargs(config),
+                local,
+                self.plan.agent_adapters,
+                sampling,
+                local_ids,
+            )
         watched.close()
         if accelerator.num_processes > 1:
             from accelerate.utils import gather_object
 
             episodes = gather_object(episodes)
         return summarize(episodes)
+
+    def _whole_weights(self, engine: Any) -> contextlib.AbstractContextManager[None]:
+        """While ``engine`` generates with the live model: under fsdp2 the model gathered whole
+        (every process enters together), so each process generates at its own pace."""
+        if self.sharded and isinstance(engine, HFEngine | ModelRouter):
+            return gathered(policy_models(self.policy))
+        return contextlib.nullcontext()
 
     def _model_of(self, adapter: str) -> Any:
         """The base model that carries ``adapter`` (a pool of base models has several)."""
@@ -500,7 +531,7 @@ class Trainer:
         if adapters is not None and not adapters:
             return
         root = self.output_dir / "engine_adapters" / f"rank{self.accelerator.process_index}"
-        paths = self.policy.save_adapters(root / f"v{self.version}", adapters)
+        paths = saveable(self.policy, adapters).save_adapters(root / f"v{self.version}", adapters)
         self.engine.load_adapters(paths, self.version)
         self._served_paths.update({name: Path(path) for name, path in paths.items()})
         in_use = {path.parent for path in self._served_paths.values()}
@@ -538,10 +569,11 @@ class Trainer:
         after = next(
             (r for r in reversed(evals) if r["step"] > 0 or self.config.training.max_steps == 0), None
         )
+        final = saveable(self.policy)  # under fsdp2 gathered whole, by every process
         if accelerator.is_main_process:
             save_final_adapters(
                 self.output_dir,
-                self.policy,
+                final,
                 lambda directory: write_model_cards(
                     directory,
                     self.config,

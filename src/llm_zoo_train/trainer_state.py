@@ -20,6 +20,7 @@ from llm_zoo_train.models.kernel_choices import (
     adopt_kernel_choices,
     measured_kernel_choices,
 )
+from llm_zoo_train.models.sharding import saveable
 from llm_zoo_train.reporting.model_card import write_model_cards
 from llm_zoo_train.runs.checkpoint import (
     CheckpointDamagedError,
@@ -37,6 +38,7 @@ from llm_zoo_train.runs.checkpoint import (
     write_checkpoint,
 )
 from llm_zoo_train.runs.finite import check_finite_weights
+from llm_zoo_train.runs.sharded_state import full_state
 
 __all__ = [
     "capture_save_point",
@@ -53,8 +55,12 @@ def save_trainer_checkpoint(trainer: Any, rng_state: dict[str, Any] | None = Non
     the checkpoint's path. :class:`~llm_zoo_train.runs.finite.NonFiniteError` before anything is
     written when an adapter's weights are not finite."""
     accelerator = trainer.accelerator
+    # Under fsdp2 the adapters and their optimizer states are gathered whole by every process
+    # (collectives), before the main process writes them alone.
+    policy = saveable(trainer.policy)
+    optimizer_states = {name: full_state(o.state_dict()) for name, o in trainer.optimizers.items()}
     for name in trainer.plan.trainable:
-        check_finite_weights(name, trainer.policy.adapter_parameters(name), trainer.step)
+        check_finite_weights(name, policy.adapter_parameters(name), trainer.step)
     rng_states = [rng_state if rng_state is not None else capture_rng_state(trainer.rng)]
     # What each process's "auto" options measured, and its rollout generation process's: a resumed
     # run multiplies as this one did (llm_zoo_train.models.kernel_choices).
@@ -78,6 +84,7 @@ def save_trainer_checkpoint(trainer: Any, rng_state: dict[str, Any] | None = Non
             "adapters": trainer.plan.adapters,
             "trainable": trainer.plan.trainable,
             "num_processes": accelerator.num_processes,
+            "strategy": _strategy(trainer.config),
             "history": trainer.history,
             "kernel_choices": kernel_choices,  # one per process
             # each base model's files: a resume refuses a base replaced under the same path
@@ -91,8 +98,8 @@ def save_trainer_checkpoint(trainer: Any, rng_state: dict[str, Any] | None = Non
         def write(directory: Path) -> None:
             save_training_state(
                 directory,
-                policy=trainer.policy,
-                optimizers=trainer.optimizers,
+                policy=policy,
+                optimizer_states=optimizer_states,
                 schedulers=trainer.schedulers,
                 scaler=accelerator.scaler,
                 rng_states=rng_states,
@@ -134,6 +141,13 @@ def load_trainer_checkpoint(trainer: Any, checkpoint: Path) -> None:
             f"checkpoint was written by {len(ranks)} process(es), resuming with "
             f"{accelerator.num_processes}: the run continues but is not bit-identical"
         )
+    written_by = state.get("strategy", "ddp")  # checkpoints from before fsdp2 were ddp's
+    if written_by != _strategy(trainer.config):
+        accelerator.print(
+            f"checkpoint was written under training.strategy {written_by}, resuming under "
+            f"{_strategy(trainer.config)}: the state is restored exactly; later steps round as "
+            f"{trainer.config.training.strategy} does, so the run is not bit-identical to one that stayed"
+        )
     restore_rng_state(ranks[min(accelerator.process_index, len(ranks) - 1)], trainer.rng)
     kernel_choices = _own_kernel_choices(state, accelerator.process_index, checkpoint)
     trainer.step, trainer.version = int(state["step"]), int(state["version"])
@@ -141,6 +155,12 @@ def load_trainer_checkpoint(trainer: Any, checkpoint: Path) -> None:
     if getattr(trainer, "async_rollouts", None) is not None:
         trainer.async_rollouts.restore(checkpoint, state.get("async_rollout_steps"))
         trainer.async_rollouts.kernel_choices = kernel_choices.get("rollout_process")
+
+
+def _strategy(config: Any) -> str:
+    """``training.strategy`` as a checkpoint records it (fsdp2 with its sharding)."""
+    training = config.training
+    return training.strategy if training.strategy == "ddp" else f"fsdp2/{training.fsdp_sharding}"
 
 
 def _own_kernel_choices(state: dict[str, Any], process_index: int, checkpoint: Path) -> dict[str, Any]:

@@ -199,6 +199,7 @@ def check_values(config: Any) -> None:
     if t.gradient_accumulation_steps is not None:
         require_positive("training.gradient_accumulation_steps", t.gradient_accumulation_steps)
     require_positive("training.save_steps", t.save_steps, allow_zero=True)
+    _check_strategy(config)
     require_positive("training.warmup_steps", t.warmup_steps, allow_zero=True)
     if t.save_total_limit is not None:
         require_positive("training.save_total_limit", t.save_total_limit)
@@ -227,6 +228,27 @@ def check_values(config: Any) -> None:
             )
         if importlib.util.find_spec("llm_zoo_train.engines.vllm") is None:
             raise ConfigError("rollout.engine: the vllm engine is not part of this llm-zoo version; use 'hf'")
+
+
+def _check_strategy(config: Any) -> None:
+    t = config.training
+    if t.strategy == "ddp":
+        if t.fsdp_sharding != "full":
+            raise ConfigError(
+                f"training.fsdp_sharding {t.fsdp_sharding!r} applies to training.strategy 'fsdp2'; "
+                "remove it or set strategy 'fsdp2'"
+            )
+        return
+    if config.rollout.async_steps:
+        raise ConfigError(
+            "training.strategy 'fsdp2' with rollout.async_steps > 0: the generation process would need "
+            "the whole model, which fsdp2 shards; use async_steps 0 or strategy 'ddp'"
+        )
+    if t.update_kernel == "onednn":
+        raise ConfigError(
+            "training.update_kernel 'onednn' packs copies of whole base weights, which fsdp2 shards; "
+            "use update_kernel 'exact' or 'auto' (exact under fsdp2)"
+        )
 
 
 def _check_async_rollout(r: Any) -> None:

@@ -369,9 +369,23 @@ class TrainingConfig:
     oneDNN's copies of W and W^T, packed once and kept (twice the base layers' float32 size in
     memory), and the LoRA products with the rank as the rows; other float32 rounding. auto: each
     of the two measured once per model on the machine and taken where at least 1.15x faster, else
-    exact's; the log says which (INFO, llm_zoo_train.models.frozen_linear and lora_rank_rows)."""
+    exact's; the log says which (INFO, llm_zoo_train.models.frozen_linear and lora_rank_rows).
+    Under `strategy: fsdp2` auto is exact (the packed copies need whole weights)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    strategy: Literal["ddp", "fsdp2"] = "ddp"
+    """How several trainer processes share the model. `ddp`: every process holds the whole model and
+    the adapters' gradients are summed across processes before each optimizer step. `fsdp2`:
+    PyTorch's `fully_shard` splits the frozen base and the adapters per decoder block across the
+    processes (CPU + gloo, or GPUs + NCCL), so a base that does not fit one device still trains one
+    adapter per agent; the transformers engine gathers the whole model for each rollout and
+    evaluation (llm_zoo_train.models.sharding). Checkpoints are the same files under both, so a
+    run can resume under the other."""
+    fsdp_sharding: Literal["full", "no_shard"] = "full"
+    """With `strategy: fsdp2`. `full`: each process keeps 1/N of every weight and gathers a block's
+    weights for its forward and again for its backward (least memory). `no_shard`: every process
+    keeps the whole model and gradients are all-reduced (DDP's memory and traffic, for bases that
+    fit)."""
     keep_freed_memory: bool = True
     """On a CPU with glibc: keep freed memory in the process (malloc never returns it to the
     kernel), so the large tensors each micro-batch allocates anew stop page-faulting

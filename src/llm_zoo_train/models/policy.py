@@ -34,6 +34,7 @@ from llm_zoo_train.config import ConfigError, LoraSettings, ModelConfig
 from llm_zoo_train.models.attention import set_decode_attention
 from llm_zoo_train.models.precision import choose_attention, warn_if_emulated
 from llm_zoo_train.runs.checkpoint import make_world_readable
+from llm_zoo_train.runs.sharded_state import full_tensor, is_sharded, local_part
 
 __all__ = [
     "EMBEDDED_MODELS",
@@ -444,21 +445,32 @@ class Policy:
 
         self._check(name)
         return {
-            k: v.detach().clone()
+            k: full_tensor(v).clone()  # whole, also when fsdp2 shards it (every process calls this)
             for k, v in get_peft_model_state_dict(
                 self.model, adapter_name=name, save_embedding_layers=False
             ).items()
         }
 
-    def save_adapter(self, name: str, directory: str | Path) -> Path:
-        """Save adapter ``name`` (PEFT format) into ``directory`` itself; returns it."""
+    def whole_adapter_weights(self, name: str) -> dict[str, torch.Tensor]:
+        """Adapter ``name``'s weights under the model's own parameter names, whole (gathered from
+        every process under fsdp2: all processes call this together), for :meth:`save_adapter`."""
+        self._check(name)
+        return {key: full_tensor(p) for key, p in self.model.named_parameters() if _belongs_to(key, name)}
+
+    def save_adapter(
+        self, name: str, directory: str | Path, weights: Mapping[str, torch.Tensor] | None = None
+    ) -> Path:
+        """Save adapter ``name`` (PEFT format) into ``directory`` itself; returns it. ``weights``
+        (:meth:`whole_adapter_weights`) are saved instead of the live ones: under fsdp2 the
+        live ones are slices."""
         self._check(name)
         directory = Path(directory)
         directory.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=directory.parent, prefix=".save-") as tmp:
             # save_embedding_layers=False: LoRA on lm_head/embeddings trains only the LoRA weights,
             # so the (large, frozen) base embedding matrices need not be copied into every adapter.
-            self.model.save_pretrained(tmp, selected_adapters=[name], save_embedding_layers=False)
+            extra = {} if weights is None else {"state_dict": dict(weights)}
+            self.model.save_pretrained(tmp, selected_adapters=[name], save_embedding_layers=False, **extra)
             # PEFT writes a non-"default" adapter into a sub-directory named after it.
             written = Path(tmp) / name if name != "default" else Path(tmp)
             if directory.exists():
@@ -466,10 +478,16 @@ class Policy:
             shutil.move(str(written), directory)
         return directory
 
-    def save_adapters(self, directory: str | Path, names: Sequence[str] | None = None) -> dict[str, str]:
-        """Save adapters (all by default) as ``directory/<name>/``; returns name -> path."""
+    def save_adapters(
+        self,
+        directory: str | Path,
+        names: Sequence[str] | None = None,
+        weights: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
+    ) -> dict[str, str]:
+        """Save adapters (all by default) as ``directory/<name>/``; returns name -> path.
+        ``weights``: adapter name -> :meth:`whole_adapter_weights`, saved instead of the live ones."""
         return {
-            name: str(self.save_adapter(name, Path(directory) / name))
+            name: str(self.save_adapter(name, Path(directory) / name, (weights or {}).get(name)))
             for name in (names or self.adapter_names)
         }
 
@@ -480,6 +498,9 @@ class Policy:
 
         self._check(name)
         weights = load_peft_weights(str(directory), device=str(next(self.model.parameters()).device))
+        if any(is_sharded(p) for p in self.adapter_parameters(name)):
+            self._load_sharded(name, weights, directory)
+            return
         result = set_peft_model_state_dict(self.model, weights, adapter_name=name)
         missing = [k for k in getattr(result, "missing_keys", []) if _belongs_to(k, name)]
         if missing:
@@ -487,9 +508,40 @@ class Policy:
                 f"{directory} does not hold every weight of adapter {name!r}: missing {missing[:3]}..."
             )
 
+    def _load_sharded(self, name: str, weights: Mapping[str, torch.Tensor], directory: str | Path) -> None:
+        """Copy whole saved ``weights`` (PEFT's key names) into this process's slices of adapter
+        ``name`` (fsdp2); every process reads the same files, so nothing is sent."""
+        for key, parameter in self.model.named_parameters():
+            if not _belongs_to(key, name):
+                continue
+            saved = _without_adapter(key, name)
+            if saved not in weights:
+                raise ValueError(
+                    f"{directory} does not hold every weight of adapter {name!r}: missing {saved}"
+                )
+            whole = weights[saved]
+            if tuple(whole.shape) != tuple(parameter.shape):
+                raise ValueError(
+                    f"{directory}: {saved} has shape {tuple(whole.shape)}, adapter {name!r} needs "
+                    f"{tuple(parameter.shape)}"
+                )
+            with torch.no_grad():
+                parameter.copy_(local_part(whole, parameter))
+
     def _check(self, name: str) -> None:
         if name not in self.adapter_names:
             raise KeyError(f"no adapter {name!r}; adapters: {self.adapter_names}")
+
+
+def _without_adapter(parameter_name: str, adapter: str) -> str:
+    """PEFT's saved key of a parameter: ``...q_proj.lora_A.tool.weight`` -> ``...q_proj.lora_A.weight``."""
+    parts = parameter_name.split(".")
+    kept = [
+        part
+        for index, part in enumerate(parts)
+        if not (index and part == adapter and parts[index - 1].startswith("lora_"))
+    ]
+    return ".".join(kept)
 
 
 def _belongs_to(parameter_name: str, adapter: str) -> bool:

@@ -68,6 +68,9 @@ def launched_processes() -> int:
     return int(value) if value.isdigit() and int(value) > 0 else 1
 
 
+_SHARDING_WORDS = {"full": "fully sharded", "no_shard": "not sharded (no_shard)"}
+
+
 def run_summary(config: Config, processes: int | None = None) -> str:
     """One line saying what the run will do (printed within a second of the command): the env,
     the models, the steps, the trainer processes and envs per step across them, the remote env
@@ -86,7 +89,8 @@ def run_summary(config: Config, processes: int | None = None) -> str:
         models += f" and {', '.join(names)}"
     envs = f"{r.envs_per_step} envs"
     if processes > 1:  # envs_per_step is per process
-        envs = f"{processes * r.envs_per_step} envs ({processes} processes x {r.envs_per_step})"
+        strategy = {"ddp": "ddp", "fsdp2": f"fsdp2 {_SHARDING_WORDS[t.fsdp_sharding]}"}[t.strategy]
+        envs = f"{processes * r.envs_per_step} envs ({processes} processes x {r.envs_per_step}, {strategy})"
     servers = config.env.servers
     where = (
         f", envs on {plural(len(servers), 'remote env server')} ({', '.join(servers)})"

@@ -49,6 +49,7 @@ from llm_zoo_train.runs.manifest import (
     verify_manifest,
     write_manifest,
 )
+from llm_zoo_train.runs.sharded_state import shard_optimizer_state
 
 __all__ = [
     "CHECKPOINT_PREFIX",
@@ -327,16 +328,18 @@ def save_training_state(
     directory: Path,
     *,
     policy: Any,
-    optimizers: Mapping[str, Any],
+    optimizer_states: Mapping[str, Any],
     schedulers: Mapping[str, Any],
     scaler: Any,
     rng_states: list[dict[str, Any]],
     trainer_state: dict[str, Any],
 ) -> None:
-    """Write adapters, optimizer/scheduler/scaler states, RNG states (one per process) and the
-    trainer state into ``directory`` (the temporary directory of :func:`write_checkpoint`)."""
+    """Write adapters, optimizer states (whole tensors: :func:`~llm_zoo_train.runs.sharded_state.full_state`),
+    scheduler/scaler states, RNG states (one per process) and the trainer state into ``directory``
+    (the temporary directory of :func:`write_checkpoint`). ``policy`` saves whole adapters: the
+    live policy, or its gathered copy under fsdp2."""
     policy.save_adapters(directory / "adapters")
-    torch.save({name: o.state_dict() for name, o in optimizers.items()}, directory / "optimizers.pt")
+    torch.save(dict(optimizer_states), directory / "optimizers.pt")
     torch.save({name: s.state_dict() for name, s in schedulers.items()}, directory / "schedulers.pt")
     if scaler is not None:
         torch.save(scaler.state_dict(), directory / "scaler.pt")
@@ -361,6 +364,7 @@ def load_training_state(
         optimizer_states = torch.load(checkpoint / "optimizers.pt", weights_only=True)
         for name, optimizer in optimizers.items():
             optimizer.load_state_dict(optimizer_states[name])
+            shard_optimizer_state(optimizer)  # whole moments cut to the slices fsdp2 trains
     with _loading(checkpoint / "schedulers.pt"):
         scheduler_states = torch.load(checkpoint / "schedulers.pt", weights_only=True)
         for name in optimizers:

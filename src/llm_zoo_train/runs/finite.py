@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from llm_zoo_train.runs.sharded_state import full_tensor
+
 __all__ = ["NonFiniteError", "check_finite_metrics", "check_finite_weights", "gradient_error"]
 
 
@@ -40,9 +42,11 @@ def check_finite_metrics(adapter: str, metrics: Mapping[str, float], step: int |
 
 
 def check_finite_weights(adapter: str, parameters: Iterable[torch.Tensor], step: int | None = None) -> None:
-    """NonFiniteError if any of ``adapter``'s ``parameters`` holds a NaN or an infinity."""
+    """NonFiniteError if any of ``adapter``'s ``parameters`` holds a NaN or an infinity. Sharded
+    parameters are checked whole, so every process reaches the same verdict (a collective: all
+    processes call it together)."""
     with torch.no_grad():
-        bad = sum(int((~torch.isfinite(p)).sum()) for p in parameters)
+        bad = sum(int((~torch.isfinite(full_tensor(p))).sum()) for p in parameters)
     if bad:
         raise NonFiniteError(f"{_where(adapter, step)}: {bad} adapter weights are non-finite; {_ADVICE}")
 

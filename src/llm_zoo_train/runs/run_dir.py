@@ -84,9 +84,14 @@ RUN_OUTPUT_NAMES = (
 #: adapters bit for bit with an uninterrupted run). Not resumable, though they looked harmless:
 #: ``rollout.max_rows_per_generate_call`` (the rows of one generation call change the batched
 #: products' rounding, hence the samples and the adapters: measured, issue 53 D8) and ``vllm.*``
-#: (its batching and memory settings do the same on a GPU).
+#: (its batching and memory settings do the same on a GPU). ``training.strategy`` and
+#: ``fsdp_sharding`` are resumable because a checkpoint holds whole tensors under both: the
+#: state is restored exactly, and the steps after it round as the new strategy does (the resume
+#: says so: llm_zoo_train.trainer_state).
 RESUMABLE_KEYS = (
     "training.max_steps",
+    "training.strategy",
+    "training.fsdp_sharding",
     "training.output_dir",
     "training.overwrite_output_dir",
     "training.save_steps",

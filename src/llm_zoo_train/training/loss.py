@@ -142,6 +142,7 @@ def completion_logprobs(
     pad_token_id: int,
     temperature: float | Sequence[float] = 1.0,
     with_entropy: bool = False,
+    share_prompts: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of each completion token given its prompt.
 
@@ -163,6 +164,9 @@ def completion_logprobs(
             sequence when the rows were sampled at different temperatures (per-agent sampling).
         with_entropy: Also return the entropy of the (tempered) next-token distribution at
             each completion position (computed without gradient: it is a metric).
+        share_prompts: Run each distinct prompt once for the rows that share it (two forwards,
+            or one); ``False``: exactly one forward over every row (``training.strategy: fsdp2``,
+            whose processes must run the same forwards).
 
     Returns:
         ``(logprobs, mask, entropy)``: ``[B, T]`` float tensors with ``T`` the longest completion;
@@ -201,7 +205,7 @@ def completion_logprobs(
 
     pieces = None
     unique_rows = _first_rows_of_each_prompt(prompt_ids)
-    if len(unique_rows) < batch and _can_share_prompts(model):
+    if share_prompts and len(unique_rows) < batch and _can_share_prompts(model):
         pieces = _logits_with_shared_prompts(
             model, input_ids, attention_mask, position_ids, unique_rows, prompt_ids, prompt_width
         )

@@ -82,13 +82,23 @@ class PolicyGroup:
     def adapter_state_dict(self, name: str) -> dict[str, torch.Tensor]:
         return self.policy_of(name).adapter_state_dict(name)
 
-    def save_adapter(self, name: str, directory: str | Path) -> Path:
-        return self.policy_of(name).save_adapter(name, directory)
+    def whole_adapter_weights(self, name: str) -> dict[str, torch.Tensor]:
+        return self.policy_of(name).whole_adapter_weights(name)
 
-    def save_adapters(self, directory: str | Path, names: Sequence[str] | None = None) -> dict[str, str]:
+    def save_adapter(
+        self, name: str, directory: str | Path, weights: Mapping[str, torch.Tensor] | None = None
+    ) -> Path:
+        return self.policy_of(name).save_adapter(name, directory, weights)
+
+    def save_adapters(
+        self,
+        directory: str | Path,
+        names: Sequence[str] | None = None,
+        weights: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
+    ) -> dict[str, str]:
         """Save adapters (all by default) as ``directory/<name>/``; returns name -> path."""
         return {
-            name: str(self.save_adapter(name, Path(directory) / name))
+            name: str(self.save_adapter(name, Path(directory) / name, (weights or {}).get(name)))
             for name in (names or self.adapter_names)
         }
 

@@ -39,6 +39,7 @@ from llm_zoo_train.models.lora_training import fused_lora_forward
 from llm_zoo_train.models.policy import Policy
 from llm_zoo_train.rollout.samples import Sample
 from llm_zoo_train.runs.finite import gradient_error
+from llm_zoo_train.runs.sharded_state import full_tensor
 from llm_zoo_train.training.loss import completion_logprobs, policy_loss
 
 __all__ = ["AdapterUpdater", "mean_across_processes", "reduce_value", "rows_by_prompt"]
@@ -58,6 +59,9 @@ class AdapterUpdater:
             samples' logits are divided by it instead.
         max_completion_length: The ``dr_grpo`` normaliser.
         rng: Shuffles micro-batches (the trainer's generator, saved in checkpoints).
+        lockstep: Every process must run the same forwards and backwards (``training.strategy:
+            fsdp2``, whose forwards gather weights from every process): a process with fewer
+            micro-batches runs weightless ones, and FSDP sums the gradients in the backward.
     """
 
     def __init__(
@@ -72,6 +76,7 @@ class AdapterUpdater:
         agent_temperatures: Mapping[str, float] | None = None,
         max_completion_length: int,
         rng: np.random.Generator,
+        lockstep: bool = False,
     ):
         self.policy = policy
         self.optimizers = optimizers
@@ -82,6 +87,7 @@ class AdapterUpdater:
         self.agent_temperatures = dict(agent_temperatures or {})
         self.max_completion_length = max_completion_length
         self.rng = rng
+        self.lockstep = lockstep
         self.pad_token_id = int(policy.tokenizer.pad_token_id)
         #: The frozen base layers' packed copies (``training.update_kernel``), kept across steps.
         self.frozen_linear = FrozenLinearPackings(training.update_kernel)
@@ -128,6 +134,7 @@ class AdapterUpdater:
                     "sequences": reduce_value(self.accelerator, sum(len(b) for b in chunk)),
                     "micro_batches": reduce_value(self.accelerator, len(chunk)),
                 }
+                padding = self._lockstep_padding(len(chunk))  # asked before any pass: a collective
                 for batch in chunk:
                     loss, batch_metrics, tokens = self._micro_batch_loss(
                         [samples[i] for i in batch], [old[i] for i in batch] if old else None, counts
@@ -139,6 +146,9 @@ class AdapterUpdater:
                     batches_done += 1
                     if progress is not None:
                         progress(batches_done, local_batches)
+                for _ in range(padding):
+                    loss, _, _ = self._micro_batch_loss([self._placeholder()], None, counts)
+                    self.accelerator.backward(loss * 0.0)
                 grad_norms.append(self._optimizer_step(adapter))
         metrics = {f"update/{adapter}/{k}": v / max(tokens_seen, 1.0) for k, v in totals.items()}
         metrics[f"update/{adapter}/grad_norm"] = float(np.mean(grad_norms))
@@ -174,6 +184,7 @@ class AdapterUpdater:
                     completions,
                     pad_token_id=self.pad_token_id,
                     temperature=self._temperatures(batch),
+                    share_prompts=not self.lockstep,
                     with_entropy=True,
                 )
             reference = None
@@ -185,6 +196,7 @@ class AdapterUpdater:
                         completions,
                         pad_token_id=self.pad_token_id,
                         temperature=self._temperatures(batch),
+                        share_prompts=not self.lockstep,
                     )
         device, width = logprobs.device, logprobs.shape[1]
         old_logprobs = (
@@ -229,6 +241,7 @@ class AdapterUpdater:
         if self.training.micro_batches == "groups":  # rows sharing a prompt share its forward pass
             rows = [row for group in rows_by_prompt(samples) for row in group]
         out: list[torch.Tensor | None] = [None] * len(samples)
+        padding = self._lockstep_padding(math.ceil(len(rows) / size))  # before any pass: a collective
         for start in range(0, len(rows), size):
             chunk = rows[start : start + size]
             batch = [samples[row] for row in chunk]
@@ -239,10 +252,31 @@ class AdapterUpdater:
                     [s.completion_token_ids for s in batch],
                     pad_token_id=self.pad_token_id,
                     temperature=self._temperatures(batch),
+                    share_prompts=not self.lockstep,
                 )
             for position, (row, sample) in enumerate(zip(chunk, batch, strict=True)):
                 out[row] = logprobs[position, : len(sample.completion_token_ids)].float().cpu()
+        for _ in range(padding):
+            with self.accelerator.autocast():
+                completion_logprobs(
+                    self.policy.model,
+                    [[self.pad_token_id]],
+                    [[self.pad_token_id]],
+                    pad_token_id=self.pad_token_id,
+                )
         return [logprobs for logprobs in out if logprobs is not None]
+
+    def _lockstep_padding(self, passes: int) -> int:
+        """How many weightless passes this process adds to its ``passes`` so that every process
+        runs as many as the busiest (0 unless ``lockstep``)."""
+        if not self.lockstep:
+            return 0
+        return int(reduce_value(self.accelerator, passes, "max")) - passes
+
+    def _placeholder(self) -> Sample:
+        """A one-token sample whose loss, multiplied by 0, pads a micro-batch (``lockstep``)."""
+        token = [self.pad_token_id]
+        return Sample("", 0, "", 0, "", None, "", 0, "", "", token, token, [0.0], 0.0, 0.0, 0.0)
 
     def _temperatures(self, batch: list[Sample]) -> float | list[float]:
         """The temperature that sampled each row: one number when they all share the rollout's."""
@@ -252,13 +286,15 @@ class AdapterUpdater:
 
     def _optimizer_step(self, adapter: str) -> float:
         parameters = self.policy.adapter_parameters(adapter)
-        if self.accelerator.num_processes > 1:
+        if self.accelerator.num_processes > 1 and not self.lockstep:  # FSDP summed them in the backward
             for parameter in parameters:
                 if parameter.grad is None:
                     parameter.grad = torch.zeros_like(parameter)
                 parameter.grad.copy_(self.accelerator.reduce(parameter.grad, reduction="sum"))
         max_norm = self.training.max_grad_norm
-        norm = self.accelerator.clip_grad_norm_(parameters, max_norm if max_norm > 0 else float("inf"))
+        norm = full_tensor(
+            self.accelerator.clip_grad_norm_(parameters, max_norm if max_norm > 0 else float("inf"))
+        )
         optimizer = self.optimizers[adapter]
         if not math.isfinite(float(norm)):  # a NaN loss or gradient: the weights must not see it
             optimizer.zero_grad(set_to_none=True)
