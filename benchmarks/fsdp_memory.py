@@ -9,7 +9,8 @@ hold nearly all the weights (``--hidden``, ``--layers``, ``--intermediate`` set 
 built once into ``--model-dir``. Each strategy runs one step of the toy job (test/Scripted-v0,
 two agents, one LoRA adapter each, no evaluation) under ``torchrun --nproc_per_node
 --processes``. Each process records its peak resident memory (``VmHWM``, reset between phases
-through ``/proc/self/clear_refs``) in three phases:
+through ``/proc/self/clear_refs``) in three phases, with the same kernels on both sides
+(:data:`SAME_ON_BOTH_SIDES`):
 
 * **load**: the base loaded, sharded under fsdp2, the optimizers built;
 * **rollout**: the transformers engine plays the step's tasks (under fsdp2 with the whole model
@@ -35,6 +36,13 @@ from typing import Any
 from _common import REPO, RESULTS_DIR, bar_chart, finish, run_facts
 
 PHASES = ("load", "rollout", "update")
+#: The CPU speed kernels keep copies of whole weights (packed for the decode, W and W^T for the
+#: update) and keep_freed_memory keeps freed memory in the process: fsdp2 turns them off, so ddp
+#: is measured without them too, and the figures compare the strategies alone.
+SAME_ON_BOTH_SIDES = (
+    "--training.update_kernel", "exact", "--rollout.pack_base_weights", "false",
+    "--training.keep_freed_memory", "false",
+)  # fmt: skip
 
 
 def _peak_gib() -> float:
@@ -139,7 +147,8 @@ def run_strategy(
         "--nproc_per_node",
         str(processes),
     ]
-    command += [__file__, "--child", str(config), str(report), "--", "--training.strategy", strategy, *extra]
+    command += [__file__, "--child", str(config), str(report), "--", "--training.strategy", strategy]
+    command += [*SAME_ON_BOTH_SIDES, *extra]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
     if result.returncode != 0:
         raise SystemExit(f"{strategy} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
@@ -180,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
         "quick": args.quick,
         "processes": args.processes,
         "model": {**model, "hidden": args.hidden, "layers": args.layers, "intermediate": args.intermediate},
+        "same_on_both_sides": list(SAME_ON_BOTH_SIDES),
         "runs": runs,
     }
 

@@ -525,6 +525,41 @@ def trainer_vs_trl(result: dict[str, Any]) -> str:
     return text
 
 
+def fsdp_memory(result: dict[str, Any]) -> str:
+    """Peak resident memory per process under ddp and fsdp2, per phase of one training step."""
+    model, processes, runs = result["model"], result["processes"], result["runs"]
+    phases = ("load", "rollout", "update")
+    rows = []
+    for strategy, records in runs.items():
+        cells = []
+        for phase in phases:
+            values = [r["peak_gib"][phase] for r in sorted(records, key=lambda r: r["rank"])]
+            cells.append(" / ".join(f"{v:.2f}" for v in values))
+        rows.append([strategy, *cells])
+    base = model["float32_gib"]
+    update = {s: max(r["peak_gib"]["update"] for r in records) for s, records in runs.items()}
+    text = (
+        f"A random Llama of {model['parameters'] / 1e9:.2f}B parameters ({base} GiB in float32; hidden"
+        f" {model['hidden']}, {model['layers']} blocks) with one LoRA adapter per agent (r=8 on q/v), one step"
+        f" of the toy job under `torchrun --nproc_per_node {processes}` on CPU + gloo, one thread per process."
+        " Peak resident memory of each process (GiB, rank 0 / rank 1) in each phase, the peak reset between"
+        " phases (`VmHWM`):\n\n"
+    )
+    text += _table(["strategy", "load (+shard, optimizers)", "rollout (hf engine)", "update"], rows)
+    if "ddp" in update and "fsdp2" in update:
+        text += (
+            f"\n\nThe update's peak: ddp {update['ddp']:.2f} GiB, fsdp2 {update['fsdp2']:.2f} GiB per process"
+            f" ({update['fsdp2'] / update['ddp']:.2f}x). Under full sharding each process keeps 1/N of the"
+            " base between passes plus one decoder block gathered at a time, so the base's share of the update"
+            f" scales as {base} GiB / N + one block, while ddp keeps {base} GiB in every process whatever N."
+            " Loading and the transformers engine's rollouts still hold the whole base per process (fsdp2"
+            " loads on the host before sharding, and the rollout gathers the whole model:"
+            " `llm_zoo_train.models.sharding`): the saving reaches the run's peak when generation runs"
+            " elsewhere (a vLLM server, or replayed rollouts)."
+        )
+    return text
+
+
 def main_job_speed(result: dict[str, Any]) -> str:
     """The README's main job at an earlier commit against now, run at the same time."""
     sides = result["sides"]
@@ -1021,6 +1056,7 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
         learning_plan_path,
     ),
     ("trainer_vs_trl", "Trainer speed against TRL's GRPOTrainer", trainer_vs_trl),
+    ("fsdp_memory", "Memory per process: training.strategy ddp against fsdp2 (2 CPU processes)", fsdp_memory),
     (
         "trainer_vs_trl_glibc",
         "Trainer speed against TRL's GRPOTrainer, both on glibc's default allocator",

@@ -138,7 +138,7 @@ class Trainer:
                 "launch with `torchrun --nproc_per_node N` (CPU: with ACCELERATE_USE_CPU=1) or "
                 "`accelerate launch --num_processes N`, or use strategy 'ddp'"
             )
-        if training.keep_freed_memory and accelerator.device.type == "cpu":
+        if training.keep_freed_memory and accelerator.device.type == "cpu" and not self.sharded:
             keep_freed_memory()
         #: Where a resumed run continues (None: a new run); checked before any model loads.
         self.resume_point: ResumePoint | None
@@ -521,7 +521,7 @@ class Trainer:
         return factory(self.config, self.policy)
 
     def _live_engine(self) -> HFEngine | ModelRouter:
-        return live_engine(self.config, self.plan, self.policy)
+        return live_engine(self.config, self.plan, self.policy, sharded=self.sharded)
 
     def _sync_engine(self, adapters: Sequence[str] | None = None) -> None:
         """Hand the current ``adapters`` (default: all) to an engine that keeps its own copy of the

@@ -181,7 +181,8 @@ class RolloutConfig:
     linear layers (llm_zoo_train.models.packed_linear), which skips MKL's re-packing of every
     weight at every decode step. The same tokens and logprobs (each packing is probed bit for bit
     and unused where it differs); about the base model's float32 size again in memory. Measured
-    on the project's Xeon: 16 rows by SmolLM2-135M's vocabulary head 25.3 -> 14.2 ms. False: off."""
+    on the project's Xeon: 16 rows by SmolLM2-135M's vocabulary head 25.3 -> 14.2 ms. False: off.
+    Off under `training.strategy: fsdp2` (the copies would keep the whole base in every process)."""
     decode_kernel: Literal["auto", "exact", "onednn"] = "auto"
     """hf engine only, with pack_base_weights, float32 on a CPU: which packed product. exact:
     MKL's, only where every bit equals the unpacked product (the tokens of transformers'
@@ -390,7 +391,8 @@ class TrainingConfig:
     """On a CPU with glibc: keep freed memory in the process (malloc never returns it to the
     kernel), so the large tensors each micro-batch allocates anew stop page-faulting
     (llm_zoo_train.runs.memory: the Math demo's updates about 8% faster). Process-wide; the
-    resident size stays near the run's peak (the Math demo's peak 3.50 -> 3.75 GB). Ignored on GPUs."""
+    resident size stays near the run's peak (the Math demo's peak 3.50 -> 3.75 GB). Ignored on GPUs
+    and under `strategy: fsdp2`, whose point is to give the whole base's memory back after a rollout."""
     seed: int = 0
     """Seeds everything: weights init, env tasks, sampling, tie-breaks (derived per step)."""
     save_steps: int = 0

@@ -240,10 +240,15 @@ def make_updater(
     return UpdaterByModel(updaters, owners)
 
 
-def live_engine(config: Config, plan: AgentPlan, policy: Policy | PolicyGroup) -> HFEngine | ModelRouter:
+def live_engine(
+    config: Config, plan: AgentPlan, policy: Policy | PolicyGroup, *, sharded: bool = False
+) -> HFEngine | ModelRouter:
     """The transformers engine on the live (training) model(s): one ``HFEngine`` per base model,
-    each with its model's tokenizer and system prompt; routed by adapter when there are several."""
+    each with its model's tokenizer and system prompt; routed by adapter when there are several.
+    ``sharded`` (``training.strategy: fsdp2``): no packed copies of the base, which would keep the
+    whole base in every process between rollouts."""
     max_rows = config.rollout.max_rows_per_generate_call
+    pack_base_weights = config.rollout.pack_base_weights and not sharded
     if isinstance(policy, Policy):
         settings = next(iter(plan.models.values()))
         return HFEngine(
@@ -251,7 +256,7 @@ def live_engine(config: Config, plan: AgentPlan, policy: Policy | PolicyGroup) -
             policy.tokenizer,
             max_batch_size=max_rows,
             system_prompt=settings.system_prompt,
-            pack_base_weights=config.rollout.pack_base_weights,
+            pack_base_weights=pack_base_weights,
             decode_kernel=config.rollout.decode_kernel,
             prefix_cache_mb=prefix_cache_mb_for(config.rollout.prefix_cache_mb, policy.model),
         )
@@ -261,7 +266,7 @@ def live_engine(config: Config, plan: AgentPlan, policy: Policy | PolicyGroup) -
             member.tokenizer,
             max_batch_size=max_rows,
             system_prompt=plan.models[model].system_prompt,
-            pack_base_weights=config.rollout.pack_base_weights,
+            pack_base_weights=pack_base_weights,
             decode_kernel=config.rollout.decode_kernel,
             prefix_cache_mb=prefix_cache_mb_for(config.rollout.prefix_cache_mb, member.model),
         )
