@@ -301,3 +301,17 @@ def test_an_unknown_attention_is_refused_naming_the_choices(tmp_path):
     path.write_text("model: {attn_implementation: flash}\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"attn_implementation.*auto.*eager.*sdpa"):
         load_config(path)
+
+
+def test_moving_a_cpu_model_to_accelerates_cpu0_copies_nothing(tiny_model_dir):
+    """Accelerate names a distributed run's CPU ``cpu:0``; ``model.to("cpu:0")`` copied every
+    memory-mapped weight (issue 55: a process's loading peak was twice the base under torchrun)."""
+    from llm_zoo_train.config import ModelConfig
+    from llm_zoo_train.models.policy import load_base_model, move_to
+
+    model, _ = load_base_model(ModelConfig(name_or_path=str(tiny_model_dir)))
+    before = [p.data_ptr() for p in model.parameters()]
+    move_to(model, torch.device("cpu:0"))
+    assert [p.data_ptr() for p in model.parameters()] == before
+    model.to(torch.device("cpu:0"))  # what the trainer did: every weight copied
+    assert [p.data_ptr() for p in model.parameters()] != before
