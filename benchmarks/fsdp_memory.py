@@ -18,7 +18,10 @@ through ``/proc/self/clear_refs``) in three phases, with the same kernels on bot
 * **update**: both adapters' forward/backward passes and optimizer steps.
 
 The update phase is what a trainer whose generation runs elsewhere (a vLLM server, or
-``rollout.engine: replay``) peaks at.
+``rollout.engine: replay``) peaks at. At each phase's end the resident memory is split into the
+process's own pages and pages of mapped files: on a CPU, ddp's weights stay memory-mapped from
+the model's files, pages the processes share through the page cache, so the machine holds one
+base for all of them; fsdp2's slices are each process's own.
 """
 
 from __future__ import annotations
@@ -53,6 +56,15 @@ def _peak_gib() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
+def _resident_gib() -> dict[str, float]:
+    """This process's resident memory now, in GiB: ``anon`` (its own) and ``file`` (pages of
+    mapped files, such as memory-mapped weights, which processes mapping one file share)."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    return {
+        key: int(fields[name].split()[0]) / 2**20 for key, name in (("anon", "RssAnon"), ("file", "RssFile"))
+    }
+
+
 def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak resident size
 
@@ -65,20 +77,22 @@ def child(config_path: str, overrides: list[str], report: Path) -> None:
     from llm_zoo_train.trainer import Trainer
 
     peaks: dict[str, float] = {}
+    resident: dict[str, dict[str, float]] = {}
     _reset_peak()
     trainer = Trainer(load_config(config_path, overrides))
-    peaks["load"] = _peak_gib()
+    peaks["load"], resident["load"] = _peak_gib(), _resident_gib()
     _reset_peak()
     produced = trainer._rollout(1)
-    peaks["rollout"] = _peak_gib()
+    peaks["rollout"], resident["rollout"] = _peak_gib(), _resident_gib()
     _reset_peak()
     trainer._rollout = lambda step, envs=None: produced  # the update of the rollout just measured
     metrics = trainer.train_step(1)
-    peaks["update"] = _peak_gib()
+    peaks["update"], resident["update"] = _peak_gib(), _resident_gib()
     rank = trainer.accelerator.process_index
     record = {
         "rank": rank,
         "peak_gib": peaks,
+        "resident_at_end_gib": resident,
         "samples": {k: v for k, v in metrics.items() if k.endswith("/samples")},
     }
     Path(f"{report}-{rank}.json").write_text(json.dumps(record))

@@ -546,6 +546,23 @@ def fsdp_memory(result: dict[str, Any]) -> str:
         " phases (`VmHWM`):\n\n"
     )
     text += _table(["strategy", "load (+shard, optimizers)", "rollout (hf engine)", "update"], rows)
+    if all("resident_at_end_gib" in r for records in runs.values() for r in records):
+        split = []
+        for strategy, records in runs.items():
+            cells = [
+                " / ".join(
+                    f"{r['resident_at_end_gib'][phase]['anon']:.2f} + {r['resident_at_end_gib'][phase]['file']:.2f}"
+                    for r in sorted(records, key=lambda r: r["rank"])
+                )
+                for phase in phases
+            ]
+            split.append([strategy, *cells])
+        text += (
+            "\n\nResident at each phase's end, the process's own pages + pages of mapped files (GiB, rank 0 /"
+            " rank 1). ddp's weights stay memory-mapped from the model's files on a CPU, and processes that"
+            " map one file share its pages: the machine holds one base for all of them.\n\n"
+        )
+        text += _table(["strategy", "after load", "after rollout", "after update"], split)
     if "ddp" in update and "fsdp2" in update:
         text += (
             f"\n\nThe update's peak: ddp {update['ddp']:.2f} GiB, fsdp2 {update['fsdp2']:.2f} GiB per process"
