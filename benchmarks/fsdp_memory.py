@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -82,17 +83,21 @@ def child(config_path: str, overrides: list[str], report: Path) -> None:
     trainer = Trainer(load_config(config_path, overrides))
     peaks["load"], resident["load"] = _peak_gib(), _resident_gib()
     _reset_peak()
+    started = time.perf_counter()
     produced = trainer._rollout(1)
+    seconds = {"rollout": time.perf_counter() - started, "generation": produced.generation_seconds}
     peaks["rollout"], resident["rollout"] = _peak_gib(), _resident_gib()
     _reset_peak()
     trainer._rollout = lambda step, envs=None: produced  # the update of the rollout just measured
     metrics = trainer.train_step(1)
+    seconds["update"] = metrics["time/update"]
     peaks["update"], resident["update"] = _peak_gib(), _resident_gib()
     rank = trainer.accelerator.process_index
     record = {
         "rank": rank,
         "peak_gib": peaks,
         "resident_at_end_gib": resident,
+        "seconds": seconds,
         "samples": {k: v for k, v in metrics.items() if k.endswith("/samples")},
     }
     Path(f"{report}-{rank}.json").write_text(json.dumps(record))

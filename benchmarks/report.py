@@ -563,6 +563,22 @@ def fsdp_memory(result: dict[str, Any]) -> str:
             " map one file share its pages: the machine holds one base for all of them.\n\n"
         )
         text += _table(["strategy", "after load", "after rollout", "after update"], split)
+    if all("seconds" in r for records in runs.values() for r in records):
+        timing = [
+            [
+                strategy,
+                *(
+                    f"{max(r['seconds'][key] for r in records):.1f}"
+                    for key in ("rollout", "generation", "update")
+                ),
+            ]
+            for strategy, records in runs.items()
+        ]
+        text += (
+            "\n\nSeconds (the slower process; one thread each, both processes on the machine's 2 cores). Under"
+            " fsdp2 the rollout includes gathering the whole model at its start:\n\n"
+        )
+        text += _table(["strategy", "rollout", "of which generation", "update"], timing)
     if "ddp" in update and "fsdp2" in update:
         text += (
             f"\n\nThe update's peak: ddp {update['ddp']:.2f} GiB, fsdp2 {update['fsdp2']:.2f} GiB per process"
