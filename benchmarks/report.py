@@ -581,15 +581,29 @@ def fsdp_memory(result: dict[str, Any]) -> str:
         text += _table(["strategy", "rollout", "of which generation", "update"], timing)
     if "ddp" in update and "fsdp2" in update:
         text += (
-            f"\n\nThe update's peak: ddp {update['ddp']:.2f} GiB, fsdp2 {update['fsdp2']:.2f} GiB per process"
-            f" ({update['fsdp2'] / update['ddp']:.2f}x). Under full sharding each process keeps 1/N of the"
-            " base between passes plus one decoder block gathered at a time, so the base's share of the update"
-            f" scales as {base} GiB / N + one block, while ddp keeps {base} GiB in every process whatever N."
-            " Loading and the transformers engine's rollouts still hold the whole base per process (fsdp2"
-            " loads on the host before sharding, and the rollout gathers the whole model:"
-            " `llm_zoo_train.models.sharding`): the saving reaches the run's peak when generation runs"
-            " elsewhere (a vLLM server, or replayed rollouts)."
+            f"\n\n**Per process**, the update's peak was ddp {update['ddp']:.2f} GiB against fsdp2"
+            f" {update['fsdp2']:.2f} GiB ({update['fsdp2'] / update['ddp']:.2f}x): under full sharding a process"
+            f" keeps 1/N of the base ({base / processes:.2f} GiB here) plus one gathered block during its passes,"
+            f" so the base's share falls as {base} GiB / N with the process count N, where ddp keeps {base} GiB in"
+            " every process. The rollout's peak is higher under fsdp2: the transformers engine generates with the"
+            " whole model gathered beside the slices (`llm_zoo_train.models.sharding`), and loading holds the"
+            " whole base before it is sharded."
         )
+        if all("resident_at_end_gib" in r for records in runs.values() for r in records):
+            totals = {}
+            for strategy, records in runs.items():
+                ends = [r["resident_at_end_gib"]["update"] for r in records]
+                # mapped file pages are shared by the processes: count them once
+                totals[strategy] = sum(e["anon"] for e in ends) + max(e["file"] for e in ends)
+            text += (
+                f"\n\n**For the whole machine** it goes the other way on a CPU: ddp's processes share one"
+                f" memory-mapped base, so after the update the machine held about {totals['ddp']:.1f} GiB under"
+                f" ddp against {totals['fsdp2']:.1f} GiB under fsdp2, whose slices and freed gather buffers are"
+                " each process's own. The saving fsdp2 is for is device memory on GPUs, where every ddp process"
+                " holds its own copy of the base; it has not been measured (no GPU here), and there it reaches the"
+                " run's peak only when generation runs elsewhere (a vLLM server, or replayed rollouts). The"
+                " gathers cost time too: see the seconds above (gloo over loopback on 2 cores)."
+            )
     return text
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +48,17 @@ def _torchrun(config: Path, *overrides: str, script: Path | None = None) -> subp
     command = [str(launcher if launcher.exists() else shutil.which("torchrun")), "--nproc_per_node", "2"]
     command += [str(script)] if script is not None else ["-m", "llm_zoo_train"]
     command += [str(config), "--eval.num_episodes", "2", "--training.save_steps", "1", *overrides]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    # Its own process group: a run stuck in a collective is killed whole, workers included.
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            pytest.fail(f"torchrun did not finish in 300 s (a collective mismatch?):\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def _ok(result: subprocess.CompletedProcess) -> str:
@@ -239,3 +250,32 @@ def test_two_base_models_train_under_fsdp2_as_under_ddp(runs, tmp_path):
             )
         )
     assert _largest_difference(tmp_path / "ddp" / "adapters", tmp_path / "fsdp2" / "adapters") < TOLERANCE
+
+
+def test_accumulation_iterations_and_the_reference_stay_exact(runs, tmp_path):
+    """One optimizer step per micro-batch of 4 (processes with fewer micro-batches pad them), two
+    passes (old logprobs first), a KL term (a reference forward per micro-batch): the same
+    rollouts as ddp, and adapters within Adam's amplification of float rounding over 14 optimizer
+    steps per adapter (a lost or doubled micro-batch moves weights by ~ the learning rate, 0.02)."""
+    overrides = ["--training.max_steps", "2", "--training.gradient_accumulation_steps", "1"]
+    overrides += ["--training.per_device_train_batch_size", "4", "--algorithm.num_iterations", "2"]
+    overrides += ["--algorithm.beta", "0.04"]
+    lines = {}
+    for strategy in ("ddp", "fsdp2"):
+        stdout = _ok(
+            _torchrun(
+                runs["config"],
+                *overrides,
+                "--training.strategy",
+                strategy,
+                "--training.output_dir",
+                str(tmp_path / strategy),
+            )
+        )
+        lines[strategy] = [
+            line.split(" | clip")[0]
+            for line in stdout.splitlines()
+            if line.startswith("step ") and " | " in line
+        ]
+    assert len(lines["fsdp2"]) == 2 and lines["ddp"] == lines["fsdp2"]
+    assert _largest_difference(tmp_path / "ddp" / "adapters", tmp_path / "fsdp2" / "adapters") < 2e-3
