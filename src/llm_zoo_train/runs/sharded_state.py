@@ -52,12 +52,18 @@ def local_part(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return whole
     from torch.distributed.tensor import distribute_tensor
 
-    return distribute_tensor(
+    cut = distribute_tensor(
         whole.to(device=like.device, dtype=like.dtype),
         like.device_mesh,  # type: ignore[attr-defined]
         like.placements,  # type: ignore[attr-defined]
         src_data_rank=None,
     )
+    # The slice is a view into ``whole``: give it storage of its own, laid out as ``like``'s, as
+    # the tensors torch's optimizers and FSDP make themselves.
+    part = torch.zeros_like(like)
+    with torch.no_grad():
+        part.to_local().copy_(cut.to_local())  # type: ignore[attr-defined]
+    return part
 
 
 def shard_optimizer_state(optimizer: Any) -> None:
