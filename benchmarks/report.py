@@ -478,6 +478,41 @@ def _update_lora_line(result: dict[str, Any]) -> str:
     )
 
 
+def trainer_vs_trl_by_cpu(result: dict[str, Any]) -> str:
+    """One row per CPU model (and dtype) of the results of trainer_vs_trl.py on kept memory, then
+    the details of ``result`` (the AMD EPYC's, published first)."""
+    rows = []
+    for path in sorted(RESULTS_DIR.glob("trainer_vs_trl*.json")):
+        if "_glibc" in path.stem:
+            continue
+        run = json.loads(path.read_text())
+        machine, summary, settings = run.get("machine", {}), run["summary"], run["settings"]
+        flags = machine.get("cpu_flags")
+        rows.append([
+            machine.get("cpu", "?"), ", ".join(flags) if flags else "not recorded", settings.get("dtype", "?"),
+            settings.get("rounds", "?"), f"{summary['ours']['median_s']:.2f}", f"{summary['trl']['median_s']:.2f}",
+            f"**{summary['ratio_median']:.3f}**", created(run) or "?", f"`{path.name}`",
+        ])  # fmt: skip
+    table = _table(
+        [
+            "CPU",
+            "flags",
+            "dtype",
+            "rounds",
+            "ours s/step",
+            "TRL s/step",
+            "ours/TRL (median)",
+            "date",
+            "result",
+        ],
+        rows,
+    )
+    return (
+        f"Per CPU model (issue 56's target: <= 0.45 on each, float32):\n\n{table}\n\nThe AMD EPYC's run:\n\n"
+        + (trainer_vs_trl(result))
+    )
+
+
 def trainer_vs_trl(result: dict[str, Any]) -> str:
     summary, settings = result["summary"], result["settings"]
     rows = []
@@ -1102,7 +1137,12 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
         "Learning Plan-Path on CPU (SmolLM2-135M), single agent, 40 steps",
         learning_plan_path,
     ),
-    ("trainer_vs_trl", "Trainer speed against TRL's GRPOTrainer", trainer_vs_trl),
+    ("trainer_vs_trl", "Trainer speed against TRL's GRPOTrainer", trainer_vs_trl_by_cpu),
+    (
+        "trainer_vs_trl_intel_xeon",
+        "Trainer speed against TRL's GRPOTrainer on the Intel Xeon",
+        trainer_vs_trl,
+    ),
     ("fsdp_memory", "Memory per process: training.strategy ddp against fsdp2 (2 CPU processes)", fsdp_memory),
     (
         "trainer_vs_trl_glibc",
@@ -1167,6 +1207,10 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
 
 
 NOT_RUN = {
+    "trainer_vs_trl_intel_xeon": (
+        "Not run yet: `python benchmarks/trainer_vs_trl.py --threads 1 --old-too --rounds 6` on the Intel Xeon,"
+        " with nothing else running.\n"
+    ),
     "threads": (
         "Not run yet: it needs a machine with nothing else running (it starts the busy case's load"
         " itself): `python benchmarks/threads.py`. `python benchmarks/threads.py --quick --output-dir DIR`"

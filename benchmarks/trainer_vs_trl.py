@@ -24,6 +24,10 @@ same allocator, and it gains more from it than ours (TRL's step page-faults much
 runs both on glibc's defaults, the conditions of the results before this option (issue 29's
 figures); it writes ``trainer_vs_trl_glibc.json``/``.png``.
 
+Each CPU model has its own result (the CPU's name and instruction-set flags are recorded): the
+AMD EPYC's is ``trainer_vs_trl.json``, another's carries its name (``trainer_vs_trl_intel_xeon.json``),
+and ``--dtype bfloat16`` adds ``_bfloat16``. RESULTS.md shows one row per result above the details.
+
 What one step's time covers:
 
 * ours: one ``Trainer.train_step`` (rollout with generation and env scoring, advantages,
@@ -461,11 +465,40 @@ def machine_facts() -> dict[str, Any]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpu": cpu,
+        "cpu_flags": cpu_isa_flags(),
         "cpu_count": os.cpu_count(),
         "memory_gib": round(memory, 1) if memory else None,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": platform.python_version(),
     }
+
+
+#: The instruction sets that decide which kernels a CPU multiplies with (float32 and bfloat16).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+
+
+def cpu_isa_flags(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
+    """Which of :data:`ISA_FLAGS` the CPU reports (empty where /proc/cpuinfo cannot be read)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return []
+    flags = next(
+        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []
+    )
+    return [flag for flag in ISA_FLAGS if flag in flags]
+
+
+def result_stem(cpu: str, allocator: str, dtype: str) -> str:
+    """The result's file name: one per CPU model (the AMD EPYC's, the first published, keeps the
+    plain name), allocator and dtype."""
+    stem = "trainer_vs_trl" if allocator == "kept" else "trainer_vs_trl_glibc"
+    if "EPYC" not in cpu:
+        words = [
+            w for w in "".join(c if c.isalnum() else " " for c in cpu.lower()).split() if w not in ("r", "tm")
+        ]
+        stem += "_" + "_".join(words[:2] or ["cpu"])  # "Intel(R) Xeon(R) Processor" -> intel_xeon
+    return stem if dtype == "float32" else f"{stem}_{dtype}"
 
 
 def versions() -> dict[str, str]:
@@ -701,7 +734,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"same prompts: {verification['same_prompts_every_step']}, same prompt ids: {verification['same_prompt_token_ids']}"
     )
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    stem = "trainer_vs_trl" if args.allocator == "kept" else "trainer_vs_trl_glibc"
+    stem = result_stem(result["machine"]["cpu"], args.allocator, args.dtype)
     json_path, png_path = args.output_dir / f"{stem}.json", args.output_dir / f"{stem}.png"
     json_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     plot(result, png_path)
