@@ -276,7 +276,11 @@ class AdapterUpdater:
     def _placeholder(self) -> Sample:
         """A one-token sample whose loss, multiplied by 0, pads a micro-batch (``lockstep``)."""
         token = [self.pad_token_id]
-        return Sample("", 0, "", 0, "", None, "", 0, "", "", token, token, [0.0], 0.0, 0.0, 0.0)
+        return Sample(
+            env_id="", env_index=0, task_id="", turn=0, agent="", adapter=None, group_key="", branch=0,
+            prompt="", completion="", prompt_token_ids=token, completion_token_ids=token,
+            behaviour_logprobs=[0.0], reward=0.0, role_reward=0.0, global_reward=0.0,
+        )  # fmt: skip
 
     def _temperatures(self, batch: list[Sample]) -> float | list[float]:
         """The temperature that sampled each row: one number when they all share the rollout's."""
