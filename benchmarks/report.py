@@ -1143,6 +1143,11 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
         "Trainer speed against TRL's GRPOTrainer on the Intel Xeon",
         trainer_vs_trl,
     ),
+    (
+        "trainer_vs_trl_bfloat16",
+        "Trainer speed against TRL's GRPOTrainer in bfloat16 on the AMD EPYC",
+        trainer_vs_trl,
+    ),
     ("fsdp_memory", "Memory per process: training.strategy ddp against fsdp2 (2 CPU processes)", fsdp_memory),
     (
         "trainer_vs_trl_glibc",
