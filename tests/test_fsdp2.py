@@ -82,26 +82,35 @@ def _largest_difference(a: Path, b: Path) -> float:
     return max(float((first[k] - second[k]).abs().max()) for k in first)
 
 
+def _under_both_strategies(config: Path, output_root: Path, *overrides: str) -> dict[str, str]:
+    """The job of ``config`` with ``overrides`` under ddp and under fsdp2 (2 processes each), into
+    ``output_root/<strategy>``; each run's stdout by strategy."""
+    return {
+        strategy: _ok(
+            _torchrun(
+                config,
+                *overrides,
+                "--training.strategy",
+                strategy,
+                "--training.output_dir",
+                str(output_root / strategy),
+            )
+        )
+        for strategy in ("ddp", "fsdp2")
+    }
+
+
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, tmp_path_factory):
     """The toy job, 3 steps, 2 processes: under ddp, and under fsdp2 (full sharding)."""
     root = tmp_path_factory.mktemp("fsdp2")
     config = write_toy_config(tiny_model_dir, root / "unused", root / "toy.yaml")
-    out = {"root": root, "config": config}
-    for strategy in ("ddp", "fsdp2"):
-        stdout = _ok(
-            _torchrun(
-                config,
-                "--training.max_steps",
-                "3",
-                "--training.strategy",
-                strategy,
-                "--training.output_dir",
-                str(root / strategy),
-            )
-        )
-        out[f"{strategy}_stdout"] = stdout
-    return out
+    stdouts = _under_both_strategies(config, root, "--training.max_steps", "3")
+    return {
+        "root": root,
+        "config": config,
+        **{f"{strategy}_stdout": out for strategy, out in stdouts.items()},
+    }
 
 
 def test_fsdp2_trains_the_adapters_ddp_trains(runs):
@@ -238,17 +247,7 @@ def test_two_base_models_train_under_fsdp2_as_under_ddp(runs, tmp_path):
     settings.update(attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0)
     (gpt2 / "config.json").write_text(json.dumps(settings))
     overrides = [*two_model_overrides(gpt2), "--training.max_steps", "2"]
-    for strategy in ("ddp", "fsdp2"):
-        _ok(
-            _torchrun(
-                runs["config"],
-                *overrides,
-                "--training.strategy",
-                strategy,
-                "--training.output_dir",
-                str(tmp_path / strategy),
-            )
-        )
+    _under_both_strategies(runs["config"], tmp_path, *overrides)
     assert _largest_difference(tmp_path / "ddp" / "adapters", tmp_path / "fsdp2" / "adapters") < TOLERANCE
 
 
@@ -260,22 +259,13 @@ def test_accumulation_iterations_and_the_reference_stay_exact(runs, tmp_path):
     overrides = ["--training.max_steps", "2", "--training.gradient_accumulation_steps", "1"]
     overrides += ["--training.per_device_train_batch_size", "4", "--algorithm.num_iterations", "2"]
     overrides += ["--algorithm.beta", "0.04"]
-    lines = {}
-    for strategy in ("ddp", "fsdp2"):
-        stdout = _ok(
-            _torchrun(
-                runs["config"],
-                *overrides,
-                "--training.strategy",
-                strategy,
-                "--training.output_dir",
-                str(tmp_path / strategy),
-            )
-        )
-        lines[strategy] = [
+    lines = {
+        strategy: [
             line.split(" | clip")[0]
             for line in stdout.splitlines()
             if line.startswith("step ") and " | " in line
         ]
+        for strategy, stdout in _under_both_strategies(runs["config"], tmp_path, *overrides).items()
+    }
     assert len(lines["fsdp2"]) == 2 and lines["ddp"] == lines["fsdp2"]
     assert _largest_difference(tmp_path / "ddp" / "adapters", tmp_path / "fsdp2" / "adapters") < 2e-3

@@ -49,6 +49,7 @@ __all__ = [
     "plain_file_modes",
     "public_model_id",
     "resolve_model_path",
+    "save_each_adapter",
 ]
 
 
@@ -498,10 +499,7 @@ class Policy:
     ) -> dict[str, str]:
         """Save adapters (all by default) as ``directory/<name>/``; returns name -> path.
         ``weights``: adapter name -> :meth:`whole_adapter_weights`, saved instead of the live ones."""
-        return {
-            name: str(self.save_adapter(name, Path(directory) / name, (weights or {}).get(name)))
-            for name in (names or self.adapter_names)
-        }
+        return save_each_adapter(self, directory, names, weights)
 
     def load_adapter_weights(self, name: str, directory: str | Path) -> None:
         """Overwrite adapter ``name``'s weights with those saved in ``directory`` (same LoRA settings)."""
@@ -562,3 +560,18 @@ def _belongs_to(parameter_name: str, adapter: str) -> bool:
     return any(
         part.startswith("lora_") and following == adapter for part, following in itertools.pairwise(parts)
     )
+
+
+def save_each_adapter(
+    owner: Any,
+    directory: str | Path,
+    names: Sequence[str] | None = None,
+    weights: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
+) -> dict[str, str]:
+    """``owner.save_adapter(name, directory/<name>, weights[name])`` for each adapter (all of
+    ``owner.adapter_names`` by default): a :class:`Policy`'s or a group of policies'
+    ``save_adapters``. Returns name -> path."""
+    return {
+        name: str(owner.save_adapter(name, Path(directory) / name, (weights or {}).get(name)))
+        for name in (names or owner.adapter_names)
+    }

@@ -30,7 +30,7 @@ from llm_zoo_train.config.agent_plan import AgentPlan
 from llm_zoo_train.config.base_models import base_model_label, label_model
 from llm_zoo_train.engines.base import Completion, Engine, SamplingParams, check_generate_args
 from llm_zoo_train.engines.hf import HFEngine, prefix_cache_mb_for
-from llm_zoo_train.models.policy import Policy, load_base_model
+from llm_zoo_train.models.policy import Policy, load_base_model, save_each_adapter
 from llm_zoo_train.rollout.samples import Sample
 from llm_zoo_train.runs.seeding import derive_seed
 from llm_zoo_train.training.update import AdapterUpdater
@@ -97,10 +97,7 @@ class PolicyGroup:
         weights: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
     ) -> dict[str, str]:
         """Save adapters (all by default) as ``directory/<name>/``; returns name -> path."""
-        return {
-            name: str(self.save_adapter(name, Path(directory) / name, (weights or {}).get(name)))
-            for name in (names or self.adapter_names)
-        }
+        return save_each_adapter(self, directory, names, weights)
 
     def load_adapter_weights(self, name: str, directory: str | Path) -> None:
         self.policy_of(name).load_adapter_weights(name, directory)
