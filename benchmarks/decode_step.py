@@ -5,12 +5,12 @@ SmolLM2-135M with a LoRA adapter (r=8 on q/k/v/o, non-zero weights), per dtype:
 
 * ``dynamic``: transformers' ``DynamicLayer`` (keys and values appended with ``torch.cat``: the
   whole cache is re-copied every step), unmerged LoRA: the engine before issue 29;
-* ``preallocated``: :class:`~llm_zoo_train.engines.hf_kv_buffer.PreallocatedLayer` (written in
+* ``preallocated``: :class:`~llm_zoo_train.engines.hf.kv_buffer.PreallocatedLayer` (written in
   place), unmerged LoRA: the engine now;
 * ``padded_sdpa`` and ``padded_shared_kv``: ``preallocated`` on a left-padded batch (every other
   row's first ``--padding`` positions masked, as batches of prompts of different lengths are), with
   transformers' ``sdpa`` (which copies every key/value head once per query head when a mask is
-  given) against :data:`~llm_zoo_train.models.attention.SDPA_SHARED_KV` (reads them in place: the
+  given) against :data:`~llm_zoo_train.kernels.attention.SDPA_SHARED_KV` (reads them in place: the
   engine now); the step's logits are compared bit for bit;
 * ``preallocated_merged``: the same with the adapter merged into the base weights
   (``merge_adapter``), plus the seconds one merge and one unmerge take, and how far the
@@ -33,8 +33,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from llm_zoo_train.engines.hf_kv_buffer import preallocate
-from llm_zoo_train.models.attention import register
+from llm_zoo_train.engines.hf.kv_buffer import preallocate
+from llm_zoo_train.kernels.attention import register
 from llm_zoo_train.models.policy import resolve_model_path
 
 

@@ -1,6 +1,6 @@
 """Does greedy evaluation depend on which prompts share a batch? SmolLM2-135M-Instruct on Math-v0, CPU.
 
-The transformers engine (:class:`llm_zoo_train.engines.hf.HFEngine`) sorts an evaluation's prompts
+The transformers engine (:class:`llm_zoo_train.engines.hf.engine.HFEngine`) sorts an evaluation's prompts
 by length, cuts them into batches of ``rollout.max_rows_per_generate_call`` rows, left-pads each
 batch and drops rows from it as they end. Greedy decoding has no randomness, but a row's logits are
 computed by matrix kernels whose rounding can depend on the batch's shape (rows, padded width), so
@@ -41,7 +41,7 @@ import torch
 from _common import RESULTS_DIR, bar_chart, finish, quick_overrides, run_facts
 
 from llm_zoo_train.config import eval_env_kwargs, load_config
-from llm_zoo_train.engines.hf import HFEngine
+from llm_zoo_train.engines.hf.engine import HFEngine
 from llm_zoo_train.evaluation.evaluate import evaluate
 from llm_zoo_train.evaluation.plan import eval_sampling
 from llm_zoo_train.evaluation.tasks import eval_tasks

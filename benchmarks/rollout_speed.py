@@ -58,10 +58,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import llm_zoo
 from llm_zoo_train.engines.base import SamplingParams
-from llm_zoo_train.engines.hf import HFEngine, prefix_cache_mb_for
-from llm_zoo_train.models.attention import decode_attention_choices
+from llm_zoo_train.engines.hf.engine import HFEngine, prefix_cache_mb_for
+from llm_zoo_train.kernels.attention import decode_attention_choices
+from llm_zoo_train.kernels.precision import choose_attention
 from llm_zoo_train.models.chat import encode_prompt
-from llm_zoo_train.models.precision import choose_attention
 from llm_zoo_train.rollout.team_credit import LOOKAHEAD_ROUND, generated_tokens
 from llm_zoo_train.rollout.tree import tree_rollout
 

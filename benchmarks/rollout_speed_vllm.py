@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import llm_zoo
     from llm_zoo_train.engines.base import SamplingParams
-    from llm_zoo_train.engines.vllm import VLLMEngine
+    from llm_zoo_train.engines.vllm.engine import VLLMEngine
     from llm_zoo_train.models.policy import resolve_model_path
 
     facts = run_facts(__file__, argv)

@@ -71,8 +71,8 @@ from _common import git_commit
 
 import llm_zoo
 from llm_zoo import Outcome, TextAECEnv
-from llm_zoo_train.models.attention import decode_attention_choices
-from llm_zoo_train.models.lora_rank_rows import rank_rows_measurements
+from llm_zoo_train.kernels.attention import decode_attention_choices
+from llm_zoo_train.kernels.lora_rank_rows import rank_rows_measurements
 from llm_zoo_train.runs.memory import keep_freed_memory
 
 RESULTS = Path(__file__).parent / "results"
@@ -711,9 +711,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ],
         # What training.update_kernel: auto chose for the update's frozen layers.
         "update_kernel_choices": [dataclasses.asdict(c) for c in ours.updater.frozen_linear.choices.values()],
-        # And for its LoRA products (llm_zoo_train.models.lora_rank_rows).
+        # And for its LoRA products (llm_zoo_train.kernels.lora_rank_rows).
         "update_lora_choices": rank_rows_measurements(),
-        # What a decode step's attention took in this process (llm_zoo_train.models.attention).
+        # What a decode step's attention took in this process (llm_zoo_train.kernels.attention).
         "decode_attention_choices": decode_attention_choices(),
         "summary": summary,
         "steps": {"ours": callback.ours, "trl": callback.trl, "ours_old": callback.ours_old},

@@ -39,7 +39,7 @@ def reset_prefix_cache(engine) -> None:
     """Forget cached prompt prefixes, so no timed method profits from the prefill of the one before."""
     import requests
 
-    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
+    from llm_zoo_train.engines.vllm.server import VLLMServerEngine
 
     if isinstance(engine, VLLMServerEngine):
         for server in engine.servers:
@@ -88,9 +88,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     import llm_zoo
     from llm_zoo_train.engines.base import SamplingParams
-    from llm_zoo_train.engines.vllm import VLLMEngine
-    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
-    from llm_zoo_train.engines.vllm_server_launch import LocalVLLMServer
+    from llm_zoo_train.engines.vllm.engine import VLLMEngine
+    from llm_zoo_train.engines.vllm.server import VLLMServerEngine
+    from llm_zoo_train.engines.vllm.server_launch import LocalVLLMServer
     from llm_zoo_train.models.policy import resolve_model_path
 
     facts = run_facts(__file__, argv)

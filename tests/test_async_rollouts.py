@@ -20,8 +20,8 @@ pytest.importorskip("peft")
 
 import toy_envs_trainer  # noqa: E402, F401  (registers test/Scripted-v0)
 from llm_zoo_train.config import ConfigError, validate  # noqa: E402
-from llm_zoo_train.models.attention import forget_decode_attention_choices  # noqa: E402
-from llm_zoo_train.models.kernel_choices import adopt_kernel_choices  # noqa: E402
+from llm_zoo_train.kernels.attention import forget_decode_attention_choices  # noqa: E402
+from llm_zoo_train.kernels.choices import adopt_kernel_choices  # noqa: E402
 from llm_zoo_train.rollout.asynchronous import RolloutWorkerError, algorithm_settings  # noqa: E402
 from llm_zoo_train.rollout.samples import read_jsonl  # noqa: E402
 from llm_zoo_train.rollout.step import merge_parts, play_step  # noqa: E402
@@ -106,7 +106,7 @@ def _same_adapters(a, b) -> bool:
 @pytest.fixture(scope="module")
 def async_run(tiny_model_dir, tmp_path_factory):
     """A 4-step run with async_steps 1, every step checkpointed and its rollout saved."""
-    from llm_zoo_train.engines.hf import HFEngine  # noqa: F401  (import cost outside the timing)
+    from llm_zoo_train.engines.hf.engine import HFEngine  # noqa: F401  (import cost outside the timing)
 
     root = tmp_path_factory.mktemp("async")
     trainer = Trainer(

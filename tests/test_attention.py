@@ -1,5 +1,5 @@
 """The sdpa variant that reads grouped key/value heads in place while generating
-(llm_zoo_train.models.attention): the engine samples the same tokens and logprobs, bit for bit, as
+(llm_zoo_train.kernels.attention): the engine samples the same tokens and logprobs, bit for bit, as
 with transformers' sdpa, and the update's forward and backward are transformers' sdpa unchanged.
 
 The tiny model groups its heads (4 query heads, 2 key/value heads) and its prompts have different
@@ -15,9 +15,9 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
-from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
-from llm_zoo_train.models import attention  # noqa: E402
-from llm_zoo_train.models.attention import (  # noqa: E402
+from llm_zoo_train.engines.hf.engine import HFEngine  # noqa: E402
+from llm_zoo_train.kernels import attention  # noqa: E402
+from llm_zoo_train.kernels.attention import (  # noqa: E402
     GROUPED_MIN_SPEEDUP,
     SDPA_SHARED_KV,
     decode_attention_choices,

@@ -1,4 +1,4 @@
-"""The update's frozen linear layers by oneDNN's packed copies (llm_zoo_train.models.frozen_linear):
+"""The update's frozen linear layers by oneDNN's packed copies (llm_zoo_train.kernels.frozen_linear):
 F.linear's values and input gradients to float32 rounding, only frozen float32 layers, F.linear
 under autocast, re-packed when a weight changes, every forward given back, "auto" choosing by
 the measured margin once per process, and LoRA gradients through a model to rounding."""
@@ -12,10 +12,10 @@ import torch.nn.functional as F  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
-from llm_zoo_train.models import frozen_linear  # noqa: E402
-from llm_zoo_train.models.frozen_linear import FrozenLinearPackings, forget_frozen_measurements  # noqa: E402
-from llm_zoo_train.models.lora_training import fused_lora_forward  # noqa: E402
-from llm_zoo_train.models.packed_linear import ONEDNN_MIN_SPEEDUP, onednn_packing_available  # noqa: E402
+from llm_zoo_train.kernels import frozen_linear  # noqa: E402
+from llm_zoo_train.kernels.frozen_linear import FrozenLinearPackings, forget_frozen_measurements  # noqa: E402
+from llm_zoo_train.kernels.lora_training import fused_lora_forward  # noqa: E402
+from llm_zoo_train.kernels.packed_linear import ONEDNN_MIN_SPEEDUP, onednn_packing_available  # noqa: E402
 from llm_zoo_train.training.loss import completion_logprobs  # noqa: E402
 from tiny_model import build_tokenizer, tiny_llama_config  # noqa: E402
 

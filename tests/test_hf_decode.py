@@ -1,4 +1,4 @@
-"""The transformers engine's compacting sampling loop (llm_zoo_train.engines.hf_decode) against
+"""The transformers engine's compacting sampling loop (llm_zoo_train.engines.hf.decode) against
 ``model.generate``: the same tokens and logprobs with ``generate``'s random numbers, while finished
 rows leave the batch; and its default draw (one number per row) against the probabilities.
 
@@ -17,9 +17,9 @@ torch = pytest.importorskip("torch")
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from llm_zoo_train.engines import hf_decode  # noqa: E402
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
-from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
+from llm_zoo_train.engines.hf import decode as hf_decode  # noqa: E402
+from llm_zoo_train.engines.hf.engine import HFEngine  # noqa: E402
 
 PROMPTS = ["hello", "apple banana cherry, reply with one word", "say the word", "U D L R", "a b"]
 LOGPROB_TOLERANCE = 1e-5

@@ -1,4 +1,4 @@
-"""The transformers engine (llm_zoo_train.engines.hf) and the chat template step (chat.py).
+"""The transformers engine (llm_zoo_train.engines.hf.engine) and the chat template step (chat.py).
 
 The tiny random model's output layer is scaled up so its next-token distributions are peaked:
 greedy choices then have clear margins, and comparisons of greedy outputs across batch shapes are
@@ -19,7 +19,8 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from llm_zoo_train.engines.base import Engine, SamplingParams  # noqa: E402
-from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
+from llm_zoo_train.engines.hf import engine as hf_engine  # noqa: E402
+from llm_zoo_train.engines.hf.engine import HFEngine  # noqa: E402
 from llm_zoo_train.models.chat import NoChatTemplateWarning, encode_prompt  # noqa: E402
 from llm_zoo_train.training.loss import completion_logprobs  # noqa: E402
 
@@ -314,14 +315,18 @@ def test_encode_prompt_without_template_warns_once_and_tokenizes_plainly(tiny_mo
         encode_prompt(bare, "again")
 
 
-def test_shared_prefill_gives_the_same_samples(peft_model, tokenizer):
+def test_shared_prefill_gives_the_same_samples(peft_model, tokenizer, monkeypatch):
     # n=3: a batch splits a prompt's rows (the prefix cache, which replaces this prefill, off).
     shared = HFEngine(peft_model, tokenizer, max_batch_size=5, prefix_cache_mb=0)
     separate = HFEngine(peft_model, tokenizer, max_batch_size=5, share_prefill=False, prefix_cache_mb=0)
     prefills = []
-    original = shared._prefill
-    shared._prefill = lambda ids, mask, index, **kw: (
-        prefills.append(index.tolist()) or original(ids, mask, index, **kw)
+    original = hf_engine.shared_prefill
+    monkeypatch.setattr(
+        hf_engine,
+        "shared_prefill",
+        lambda model, ids, mask, index, **kw: (
+            prefills.append(index.tolist()) or original(model, ids, mask, index, **kw)
+        ),
     )
     for sampling in (GREEDY, SamplingParams(max_tokens=8, temperature=0.8, seed=9)):
         a = shared.generate(PROMPTS, ["one", "two", None, "one"], 3, sampling)

@@ -1,4 +1,4 @@
-"""The transformers engine's per-adapter KV prefix cache (llm_zoo_train.engines.hf_prefix_cache).
+"""The transformers engine's per-adapter KV prefix cache (llm_zoo_train.engines.hf.prefix_cache).
 
 Same tiny model as tests/test_hf_engine.py (output layer scaled up, so greedy choices have clear
 margins): with the cache, an engine samples the tokens it samples without it, prefills fewer
@@ -15,8 +15,8 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
-from llm_zoo_train.engines.hf import CPU_PREFIX_CACHE_MB, HFEngine, prefix_cache_mb_for  # noqa: E402
-from llm_zoo_train.engines.hf_prefix_cache import PrefixKVCache, common_prefix_length  # noqa: E402
+from llm_zoo_train.engines.hf.engine import CPU_PREFIX_CACHE_MB, HFEngine, prefix_cache_mb_for  # noqa: E402
+from llm_zoo_train.engines.hf.prefix_cache import PrefixKVCache, common_prefix_length  # noqa: E402
 
 TASK = "Move the agent to the goal on this grid: S . . # . G, then reply with one move"
 # Look-ahead-like traffic: branch prompts that share the task text, asked once each (n=1), then

@@ -1,4 +1,4 @@
-"""Live progress of the transformers engine's prompt pass (llm_zoo_train.engines.hf_reading).
+"""Live progress of the transformers engine's prompt pass (llm_zoo_train.engines.hf.reading).
 
 Forward hooks on the decoder layers report each layer of a prompt pass, before the call's first
 token; they change no sampled token or logprob (compared bit for bit, greedy and seeded sampling,
@@ -14,8 +14,8 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from llm_zoo_train.engines.base import SamplingParams, generation_progress  # noqa: E402
-from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
-from llm_zoo_train.engines.hf_reading import decoder_layers  # noqa: E402
+from llm_zoo_train.engines.hf.engine import HFEngine  # noqa: E402
+from llm_zoo_train.engines.hf.reading import decoder_layers  # noqa: E402
 
 PROMPTS = ["hello", "apple banana cherry, reply with one word", "say the word", "U D L R", "a b"]
 SAMPLINGS = {

@@ -1,4 +1,4 @@
-"""The "auto" kernel choices as one record (llm_zoo_train.models.kernel_choices): it survives JSON,
+"""The "auto" kernel choices as one record (llm_zoo_train.kernels.choices): it survives JSON,
 an adopted record is used without measuring, ``replace=False`` keeps this process's own, a
 malformed part is one clear error that adopts nothing of it, and a resumed run takes the record
 its checkpoint saved."""
@@ -14,17 +14,17 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import toy_envs_trainer  # noqa: E402, F401
-from llm_zoo_train.models import frozen_linear, lora_rank_rows, packed_linear  # noqa: E402
-from llm_zoo_train.models.attention import forget_decode_attention_choices  # noqa: E402
-from llm_zoo_train.models.frozen_linear import FrozenLinearPackings, forget_frozen_measurements  # noqa: E402
-from llm_zoo_train.models.kernel_choices import (  # noqa: E402
+from llm_zoo_train.kernels import frozen_linear, lora_rank_rows, packed_linear  # noqa: E402
+from llm_zoo_train.kernels.attention import forget_decode_attention_choices  # noqa: E402
+from llm_zoo_train.kernels.choices import (  # noqa: E402
     KernelChoicesError,
     adopt_kernel_choices,
     describe_kernel_choices,
     measured_kernel_choices,
 )
-from llm_zoo_train.models.lora_rank_rows import forget_rank_rows_measurements, rank_rows_chosen  # noqa: E402
-from llm_zoo_train.models.packed_linear import (  # noqa: E402
+from llm_zoo_train.kernels.frozen_linear import FrozenLinearPackings, forget_frozen_measurements  # noqa: E402
+from llm_zoo_train.kernels.lora_rank_rows import forget_rank_rows_measurements, rank_rows_chosen  # noqa: E402
+from llm_zoo_train.kernels.packed_linear import (  # noqa: E402
     PackedLinearWeights,
     forget_measurements,
     onednn_packing_available,
@@ -186,7 +186,7 @@ def test_a_resumed_run_takes_the_kernels_its_checkpoint_recorded(
     assert set(recorded["decode_attention"]) == {"cpu/float32"}
 
     forget_all()  # a new process: nothing measured
-    with caplog.at_level(logging.INFO, logger="llm_zoo_train.models.kernel_choices"):
+    with caplog.at_level(logging.INFO, logger="llm_zoo_train.kernels.choices"):
         resumed = Trainer(config, resume_from=tmp_path / "run")
     assert resumed.step == 1
     assert measured_kernel_choices() == recorded

@@ -1,5 +1,5 @@
 """Passes that need only the last positions' logits gather those positions (a contiguous block)
-instead of slicing them (llm_zoo_train.engines.hf_decode.last_logits_only).
+instead of slicing them (llm_zoo_train.engines.hf.decode.last_logits_only).
 
 ``F.linear`` on a non-contiguous slice of the hidden states multiplies by an expanded copy of the
 vocabulary matrix, one per row: seconds per call in bfloat16 on a CPU for a 49k vocabulary. The
@@ -15,10 +15,10 @@ torch = pytest.importorskip("torch")
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from llm_zoo_train.engines import hf as hf_engine  # noqa: E402
-from llm_zoo_train.engines import hf_decode  # noqa: E402
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
-from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
+from llm_zoo_train.engines.hf import decode as hf_decode  # noqa: E402
+from llm_zoo_train.engines.hf import prefill as hf_prefill  # noqa: E402
+from llm_zoo_train.engines.hf.engine import HFEngine  # noqa: E402
 from llm_zoo_train.training.loss import completion_logprobs  # noqa: E402
 
 PROMPTS = ["hello", "apple banana cherry, reply with one word", "say the word", "U D L R"]
@@ -76,7 +76,7 @@ def test_bfloat16_generation_gathers_and_samples_the_same_bits_as_with_the_slice
     seen.clear()
     # The slice, as before: every caller asks for {"logits_to_keep": 1}.
     monkeypatch.setattr(hf_decode, "last_logits_only", lambda model, *_: {"logits_to_keep": 1})
-    monkeypatch.setattr(hf_engine, "last_logits_only", lambda model, *_: {"logits_to_keep": 1})
+    monkeypatch.setattr(hf_prefill, "last_logits_only", lambda model, *_: {"logits_to_keep": 1})
     sliced = sampled(HFEngine(model, tokenizer), n, temperature)
     assert any(not contiguous for _, contiguous in seen)  # the slice is the case being avoided
     assert gathered == sliced

@@ -15,7 +15,18 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: llm_zoo_train's stages, lowest first; a module may import its own stage and those before it.
 #: The top-level modules (``trainer``, ``trainer_state``, ``__main__``) are the last stage.
-TRAIN_STAGES = ("config", "runs", "models", "engines", "rollout", "training", "reporting", "evaluation", "")
+TRAIN_STAGES = (
+    "config",
+    "runs",
+    "kernels",
+    "models",
+    "engines",
+    "rollout",
+    "training",
+    "reporting",
+    "evaluation",
+    "",
+)
 
 
 def module_name(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""The lean LoRA forward the engine generates with (llm_zoo_train.models.lora_inference): the same
+"""The lean LoRA forward the engine generates with (llm_zoo_train.kernels.lora_inference): the same
 tokens and logprobs as peft's forward, untrained adapters skipped, peft's forward everywhere else."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from peft.tuners.lora.layer import Linear as LoraLinear  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
-from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
-from llm_zoo_train.models import lora_forward, lora_inference  # noqa: E402
-from llm_zoo_train.models.lora_inference import lean_lora_forward, zero_adapters  # noqa: E402
+from llm_zoo_train.engines.hf.engine import HFEngine  # noqa: E402
+from llm_zoo_train.kernels import lora_forward, lora_inference  # noqa: E402
+from llm_zoo_train.kernels.lora_inference import lean_lora_forward, zero_adapters  # noqa: E402
 
 PROMPTS = ["hello", "apple banana cherry, reply with one word", "U D L R"]
 

@@ -1,4 +1,4 @@
-"""The update's LoRA products with the rank as the rows (llm_zoo_train.models.lora_rank_rows): the
+"""The update's LoRA products with the rank as the rows (llm_zoo_train.kernels.lora_rank_rows): the
 gradients are right, a model's logprobs and gradients match peft's to float32 rounding, which
 ``training.update_kernel`` takes it, and ``"auto"`` measures once per set of shapes."""
 
@@ -13,15 +13,15 @@ torch = pytest.importorskip("torch")
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from llm_zoo_train.models import lora_rank_rows  # noqa: E402
-from llm_zoo_train.models.lora_rank_rows import (  # noqa: E402
+from llm_zoo_train.kernels import lora_rank_rows  # noqa: E402
+from llm_zoo_train.kernels.lora_rank_rows import (  # noqa: E402
     RankRowsLoRA,
     adopt_rank_rows_measurements,
     forget_rank_rows_measurements,
     rank_rows_chosen,
     rank_rows_measurements,
 )
-from llm_zoo_train.models.lora_training import fused_lora_forward  # noqa: E402
+from llm_zoo_train.kernels.lora_training import fused_lora_forward  # noqa: E402
 from llm_zoo_train.training.loss import completion_logprobs  # noqa: E402
 
 PROMPTS = [[1, 50, 60], [1, 50, 60], [1, 80], [1, 80, 81, 82]]
@@ -122,7 +122,7 @@ def timings(monkeypatch):
 
 def test_auto_measures_once_per_set_of_shapes_and_takes_the_faster(timings, caplog):
     timed, speedup = timings
-    with caplog.at_level(logging.INFO, logger="llm_zoo_train.models.lora_rank_rows"):
+    with caplog.at_level(logging.INFO, logger="llm_zoo_train.kernels.lora_rank_rows"):
         assert rank_rows_chosen("auto", SHAPES)
     assert "update LoRA products (14 layers" in caplog.text and "using the rank as the rows" in caplog.text
     passes = len(timed)

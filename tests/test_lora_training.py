@@ -1,4 +1,4 @@
-"""The fused LoRA forward of the update (llm_zoo_train.models.lora_training): the same logprobs and
+"""The fused LoRA forward of the update (llm_zoo_train.kernels.lora_training): the same logprobs and
 gradients as peft's forward, fused only where the scaling is exact and the probe agrees, peft's
 forward everywhere else."""
 
@@ -13,8 +13,8 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from peft.tuners.lora.layer import Linear as LoraLinear  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from llm_zoo_train.models import lora_training  # noqa: E402
-from llm_zoo_train.models.lora_training import exact_scaling, fused_lora_forward, fused_matches_peft  # noqa: E402
+from llm_zoo_train.kernels import lora_training  # noqa: E402
+from llm_zoo_train.kernels.lora_training import exact_scaling, fused_lora_forward, fused_matches_peft  # noqa: E402
 from llm_zoo_train.training.loss import completion_logprobs  # noqa: E402
 
 PROMPTS = [[1, 50, 60], [1, 50, 60], [1, 80], [1, 80, 81, 82]]

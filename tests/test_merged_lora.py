@@ -1,4 +1,4 @@
-"""LoRA layers served by oneDNN's packed copy of their merged weight (llm_zoo_train.models.merged_lora,
+"""LoRA layers served by oneDNN's packed copy of their merged weight (llm_zoo_train.kernels.merged_lora,
 used by PackedLinearWeights where oneDNN's copies serve): the unmerged layer's values to float32
 rounding, merged again when a weight changes, only for plain inference calls, at most
 MAX_MERGED_ADAPTERS adapters kept, every forward given back after the block; "exact" merges nothing."""
@@ -12,10 +12,10 @@ import torch.nn.functional as F  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
 
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
-from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
-from llm_zoo_train.models.lora_forward import lora_linear_class, replaced_lora_forwards  # noqa: E402
-from llm_zoo_train.models.merged_lora import MAX_MERGED_ADAPTERS, mergeable_adapter  # noqa: E402
-from llm_zoo_train.models.packed_linear import (  # noqa: E402
+from llm_zoo_train.engines.hf.engine import HFEngine  # noqa: E402
+from llm_zoo_train.kernels.lora_forward import lora_linear_class, replaced_lora_forwards  # noqa: E402
+from llm_zoo_train.kernels.merged_lora import MAX_MERGED_ADAPTERS, mergeable_adapter  # noqa: E402
+from llm_zoo_train.kernels.packed_linear import (  # noqa: E402
     PackedLinearWeights,
     forget_measurements,
     onednn_packing_available,

@@ -1,5 +1,5 @@
 """Packed frozen float32 linear layers while the engine decodes
-(llm_zoo_train.models.packed_linear). MKL's ("exact"): the same bits as F.linear for every row
+(llm_zoo_train.kernels.packed_linear). MKL's ("exact"): the same bits as F.linear for every row
 count, packing only where it applies, re-packed when the weight changes, and the engine's tokens
 and logprobs unchanged. oneDNN's: F.linear's values to float32 rounding. "auto": the faster of
 the two by a margin, measured once per row count."""
@@ -14,9 +14,9 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
-from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
-from llm_zoo_train.models import packed_linear  # noqa: E402
-from llm_zoo_train.models.packed_linear import (  # noqa: E402
+from llm_zoo_train.engines.hf.engine import HFEngine  # noqa: E402
+from llm_zoo_train.kernels import packed_linear  # noqa: E402
+from llm_zoo_train.kernels.packed_linear import (  # noqa: E402
     ONEDNN_MIN_SPEEDUP,
     PREFILL_ROWS,
     PackedLinearWeights,

@@ -263,7 +263,7 @@ def test_attention_is_chosen_by_device_dtype_and_cpu(
     where it has bfloat16 instructions (2.2x faster decode on an AMX Xeon) and in float32, as the
     variant that reads grouped key/value heads in place while generating; an explicit choice is
     kept. The hf engine generates with this same model."""
-    from llm_zoo_train.models import precision
+    from llm_zoo_train.kernels import precision
 
     monkeypatch.setattr(precision, "cpu_computes_bf16", lambda: native_bf16)
     with warnings.catch_warnings(record=True) as caught:
@@ -286,7 +286,7 @@ def test_attention_is_chosen_by_device_dtype_and_cpu(
     ],
 )
 def test_bfloat16_instructions_are_read_from_the_cpu_flags(tmp_path, flags, native):
-    from llm_zoo_train.models.precision import cpu_computes_bf16
+    from llm_zoo_train.kernels.precision import cpu_computes_bf16
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nmodel name\t: x\nflags\t\t: {flags}\n\nprocessor\t: 1\n")

@@ -273,7 +273,7 @@ def test_tokens_and_tok_s_move_during_a_generate_call(terminal):
 
 class _SlowReadingEngine:
     """Reads two batches of prompts layer by layer, as the transformers engine's hooks report them
-    (llm_zoo_train.engines.hf_reading), with decode steps in between."""
+    (llm_zoo_train.engines.hf.reading), with decode steps in between."""
 
     def __init__(self, seen: list[str], phase_of):
         self.seen, self.phase_of = seen, phase_of
@@ -327,7 +327,7 @@ def test_vllm_progress_bar_class_counts_finished_requests_and_draws_nothing(caps
     """vLLM's LLM.generate(use_tqdm=cls) calls cls(iterable, desc=...) to add requests, then
     cls(total=...), reads format_dict and n, sets postfix, update(n) per finished request."""
     from llm_zoo_train.engines.base import generation_progress
-    from llm_zoo_train.engines.vllm_requests import FinishedRequests
+    from llm_zoo_train.engines.vllm.requests import FinishedRequests
 
     reports: list[tuple[int, int]] = []
     with generation_progress(lambda tokens, done: reports.append((tokens, done))):

@@ -305,7 +305,7 @@ def test_tree_rollout_end_to_end_with_the_hf_engine(tiny_model_dir):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from llm_zoo_train.engines.hf import HFEngine
+    from llm_zoo_train.engines.hf.engine import HFEngine
     from llm_zoo_train.training.loss import completion_logprobs
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

@@ -308,7 +308,7 @@ def test_lookahead_with_the_hf_engine_is_seeded_and_batched(tiny_model_dir):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from llm_zoo_train.engines.hf import HFEngine
+    from llm_zoo_train.engines.hf.engine import HFEngine
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     torch.manual_seed(0)

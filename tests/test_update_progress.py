@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from llm_zoo_train.engines.hf_reading import decoder_layers  # noqa: E402
+from llm_zoo_train.engines.hf.reading import decoder_layers  # noqa: E402
 from llm_zoo_train.reporting.update_progress import update_layer_progress  # noqa: E402
 
 

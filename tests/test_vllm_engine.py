@@ -23,9 +23,9 @@ torch = pytest.importorskip("torch")
 
 from llm_zoo_train.config import LoraSettings  # noqa: E402
 from llm_zoo_train.engines.base import Engine, SamplingParams  # noqa: E402
-from llm_zoo_train.engines.hf import HFEngine  # noqa: E402
-from llm_zoo_train.engines.vllm import VLLMEngine  # noqa: E402
-from llm_zoo_train.engines.vllm_requests import adapter_rank, supported_lora_rank  # noqa: E402
+from llm_zoo_train.engines.hf.engine import HFEngine  # noqa: E402
+from llm_zoo_train.engines.vllm.engine import VLLMEngine  # noqa: E402
+from llm_zoo_train.engines.vllm.requests import adapter_rank, supported_lora_rank  # noqa: E402
 from llm_zoo_train.models.policy import Policy  # noqa: E402
 from llm_zoo_train.training.loss import completion_logprobs  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Where colocated vLLM engines run in multi-process runs (engines/vllm_placement.py).
+"""Where colocated vLLM engines run in multi-process runs (engines/vllm/placement.py).
 
 The device arithmetic is checked here without a GPU (torch.cuda is stubbed). The last test runs a
 real two-process training with one vLLM engine per process: on two GPUs when there are, else on
@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from llm_zoo_train.engines.vllm_placement import check_placement, engine_gpus, visible_devices  # noqa: E402
+from llm_zoo_train.engines.vllm.placement import check_placement, engine_gpus, visible_devices  # noqa: E402
 
 
 def fake_gpus(monkeypatch, count: int, current: int) -> None:

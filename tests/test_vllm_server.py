@@ -48,7 +48,7 @@ def server_settings(model_dir, tmp_path, name):
 
 
 def test_server_urls_are_normalised_and_checked():
-    from llm_zoo_train.engines.vllm_server import server_root
+    from llm_zoo_train.engines.vllm.server import server_root
 
     assert server_root("http://host:8000") == "http://host:8000"
     assert server_root("http://host:8000/v1/") == "http://host:8000"
@@ -72,8 +72,8 @@ def test_a_server_that_is_down_gives_an_error_naming_it(tiny_model_dir):
     from transformers import AutoTokenizer
 
     from llm_zoo_train.engines.openai_compat import EndpointError
-    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
-    from llm_zoo_train.engines.vllm_server_launch import free_port
+    from llm_zoo_train.engines.vllm.server import VLLMServerEngine
+    from llm_zoo_train.engines.vllm.server_launch import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -89,7 +89,7 @@ def test_a_server_that_never_answers_times_out(tiny_model_dir):
     from transformers import AutoTokenizer
 
     from llm_zoo_train.engines.openai_compat import EndpointError
-    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
+    from llm_zoo_train.engines.vllm.server import VLLMServerEngine
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
@@ -109,8 +109,8 @@ def test_a_server_that_never_answers_times_out(tiny_model_dir):
 
 def test_the_launcher_turns_chunked_prefill_off_where_vllm_runs_on_the_cpu(monkeypatch):
     """vLLM 0.32 on CPU dies when it splits a seeded prompt's prefill; the engine seeds every request."""
-    from llm_zoo_train.engines import vllm_server_launch
-    from llm_zoo_train.engines.vllm_server_launch import LocalVLLMServer
+    from llm_zoo_train.engines.vllm import server_launch as vllm_server_launch
+    from llm_zoo_train.engines.vllm.server_launch import LocalVLLMServer
 
     flag = "--no-enable-chunked-prefill"
     assert flag in LocalVLLMServer("model", port=1, chunked_prefill=False).command
@@ -156,7 +156,7 @@ def adapter_dirs(policy, tmp_path_factory):
 @pytest.fixture(scope="module")
 def servers(model_dir, tmp_path_factory):
     """Two running servers (started one after the other: two cores), stopped at the end."""
-    from llm_zoo_train.engines.vllm_server_launch import LocalVLLMServer
+    from llm_zoo_train.engines.vllm.server_launch import LocalVLLMServer
 
     logs = tmp_path_factory.mktemp("server_logs")
     started = []
@@ -191,7 +191,7 @@ def servers_stay_up(request):
 
 @pytest.fixture(scope="module")
 def engine(servers, policy, adapter_dirs, tmp_path_factory):
-    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
+    from llm_zoo_train.engines.vllm.server import VLLMServerEngine
 
     engine = VLLMServerEngine(
         [servers[0].url], policy.tokenizer, tmp_path_factory.mktemp("served"), expected_models=[]
@@ -304,7 +304,7 @@ def test_seeded_prompts_beyond_one_steps_token_budget_are_sampled(engine, server
 @pytest.mark.vllm
 def test_a_server_with_another_base_model_is_refused(servers, policy, tmp_path):
     from llm_zoo_train.engines.openai_compat import EndpointError
-    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
+    from llm_zoo_train.engines.vllm.server import VLLMServerEngine
 
     url = servers[0].url
     with pytest.raises(
@@ -321,7 +321,7 @@ def test_after_a_sync_the_updated_adapter_is_served(engine, servers, vllm_module
     on the new weights, the old version is unloaded and its copy deleted, beta is unchanged."""
     import torch
 
-    from llm_zoo_train.engines.hf import HFEngine
+    from llm_zoo_train.engines.hf.engine import HFEngine
 
     updated = vllm_modules.make_policy(model_dir)
     generator = torch.Generator().manual_seed(7)
@@ -366,7 +366,7 @@ def test_adapters_a_server_lost_are_loaded_again(engine, servers, prompts, caplo
         )
         assert answer.status_code == 200, answer.text
     assert not set(lost) & set(engine.loaded_models(servers[0].url))
-    with caplog.at_level("WARNING", logger="llm_zoo_train.engines.vllm_server"):
+    with caplog.at_level("WARNING", logger="llm_zoo_train.engines.vllm.server"):
         after = engine.generate([prompts[0], prompts[1]], ["alpha", None], 1, greedy)
     assert [r[0].token_ids for r in after] == [r[0].token_ids for r in before]
     assert set(lost) <= set(engine.loaded_models(servers[0].url))
@@ -375,7 +375,7 @@ def test_adapters_a_server_lost_are_loaded_again(engine, servers, prompts, caplo
 
 @pytest.mark.vllm
 def test_two_servers_share_the_load_and_agree(servers, policy, adapter_dirs, engine, tmp_path, prompts):
-    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
+    from llm_zoo_train.engines.vllm.server import VLLMServerEngine
 
     pair = VLLMServerEngine([s.url for s in servers], policy.tokenizer, tmp_path, expected_models=[])
     try:
@@ -400,7 +400,7 @@ def test_two_servers_share_the_load_and_agree(servers, policy, adapter_dirs, eng
 def test_two_step_at_grpo_run_with_the_server_engine(servers, model_dir, vllm_modules, tmp_path):
     """The trainer builds the server engine from the config, rolls out AT-GRPO trees on Plan-Path
     over both servers, updates both agents and syncs them as versions 1 and 2."""
-    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
+    from llm_zoo_train.engines.vllm.server import VLLMServerEngine
     from llm_zoo_train.trainer import Trainer
 
     urls = f"[{servers[0].url}, {servers[1].url}]"
@@ -499,7 +499,7 @@ def test_a_killed_server_is_retried_elsewhere_or_named_in_the_error(
 ):
     """Runs last: it kills server b. Requests to it go to server a; with only b, a clear error."""
     from llm_zoo_train.engines.openai_compat import EndpointError
-    from llm_zoo_train.engines.vllm_server import VLLMServerEngine
+    from llm_zoo_train.engines.vllm.server import VLLMServerEngine
 
     pair = VLLMServerEngine(
         [s.url for s in servers],

@@ -97,14 +97,14 @@ def build_tiny_model_dir(path: str | Path, *, seed: int = 0) -> Path:
 
 
 def tiny_lora_engine(model_dir: str | Path, adapters: list[str], *, max_batch_size: int = 16):
-    """An :class:`~llm_zoo_train.engines.hf.HFEngine` over the tiny model with one random LoRA
+    """An :class:`~llm_zoo_train.engines.hf.engine.HFEngine` over the tiny model with one random LoRA
     adapter (``r=4`` on q/v, seeded, not zero-initialised, so adapters answer differently) per
     name in ``adapters``."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from llm_zoo_train.engines.hf import HFEngine
+    from llm_zoo_train.engines.hf.engine import HFEngine
 
     def lora() -> LoraConfig:
         return LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)

@@ -25,6 +25,9 @@ processes, which sum in the backward and run their passes in lockstep
 --num_processes N -m llm_zoo_train ...`` on GPUs, or ``ACCELERATE_USE_CPU=1 torchrun
 --nproc_per_node N -m llm_zoo_train ...`` on CPU (``accelerate launch --cpu --num_processes N``
 starts a single process). DeepSpeed is not supported.
+
+What the constructor builds before the first step (the accelerator, the policy, the engine, the
+optimizers) is made by the functions of :mod:`llm_zoo_train.trainer_setup`.
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from llm_zoo_train.config import (
     Config,
@@ -50,12 +52,12 @@ from llm_zoo_train.config import (
     validate,
 )
 from llm_zoo_train.config.agent_sampling import rollout_overrides
-from llm_zoo_train.engines.hf import HFEngine
+from llm_zoo_train.engines.hf.engine import HFEngine
 from llm_zoo_train.evaluation.evaluate import EvalResult, evaluate, summarize
 from llm_zoo_train.evaluation.plan import eval_sampling
 from llm_zoo_train.evaluation.tasks import eval_tasks
-from llm_zoo_train.models.policy import Policy, resolve_model_path
-from llm_zoo_train.models.sharding import gathered, policy_models, saveable, shard_model
+from llm_zoo_train.models.policy import Policy
+from llm_zoo_train.models.sharding import gathered, policy_models, saveable
 from llm_zoo_train.reporting.model_card import write_model_cards
 from llm_zoo_train.reporting.progress import RunProgress, turn_limit
 from llm_zoo_train.reporting.tracking import RunLogger, flatten_config, plot_learning_curve, rollout_metrics
@@ -66,8 +68,7 @@ from llm_zoo_train.rollout.replay import GenerationRecorder, ReplayEngine
 from llm_zoo_train.rollout.step import StepRollout, play_step, save_step_rollout
 from llm_zoo_train.rollout.team_credit import team_credit_metrics
 from llm_zoo_train.rollout.tree import NonFiniteRewardError
-from llm_zoo_train.runs.base_fingerprint import base_model_problem, fingerprint
-from llm_zoo_train.runs.checkpoint import find_checkpoint, read_trainer_state, warn_line
+from llm_zoo_train.runs.checkpoint import find_checkpoint, warn_line
 from llm_zoo_train.runs.finite import NonFiniteError, check_finite_metrics, check_finite_weights
 from llm_zoo_train.runs.interrupts import InterruptGuard, RunInterrupted
 from llm_zoo_train.runs.memory import keep_freed_memory
@@ -80,6 +81,15 @@ from llm_zoo_train.runs.run_dir import (
     step_evaluated,
 )
 from llm_zoo_train.runs.seeding import derive_seed
+from llm_zoo_train.trainer_setup import (
+    base_fingerprints,
+    check_resumed_base,
+    check_strategy,
+    load_policy,
+    make_accelerator,
+    make_engine,
+    make_optimizers,
+)
 from llm_zoo_train.trainer_state import (
     capture_save_point,
     restore_trainer,
@@ -87,7 +97,7 @@ from llm_zoo_train.trainer_state import (
     save_trainer_checkpoint,
 )
 from llm_zoo_train.training.advantages import compute_advantages
-from llm_zoo_train.training.model_pools import ModelRouter, build_policy, live_engine, make_updater
+from llm_zoo_train.training.model_pools import ModelRouter, live_engine, make_updater
 from llm_zoo_train.training.update import mean_across_processes
 
 __all__ = ["Trainer", "derive_seed"]
@@ -122,22 +132,11 @@ class Trainer:
         self.output_dir = Path(training.output_dir)
         checkpoint = find_checkpoint(resume_from) if resume_from is not None else None
         if accelerator is None:
-            from accelerate import Accelerator
-
-            accelerator = Accelerator(
-                mixed_precision=training.mixed_precision,
-                log_with=list(config.logging.log_with) or None,
-                project_dir=str(self.output_dir),
-            )
+            accelerator = make_accelerator(config, self.output_dir)
         self.accelerator = accelerator
         #: training.strategy fsdp2: the model is sharded across the processes (models.sharding).
         self.sharded = training.strategy == "fsdp2"
-        if self.sharded and accelerator.num_processes == 1:
-            raise ConfigError(
-                "training.strategy 'fsdp2' shards the model across trainer processes and this run has one: "
-                "launch with `torchrun --nproc_per_node N` (CPU: with ACCELERATE_USE_CPU=1) or "
-                "`accelerate launch --num_processes N`, or use strategy 'ddp'"
-            )
+        check_strategy(training, accelerator)
         if training.keep_freed_memory and accelerator.device.type == "cpu" and not self.sharded:
             keep_freed_memory()
         #: Where a resumed run continues (None: a new run); checked before any model loads.
@@ -156,30 +155,12 @@ class Trainer:
         names = ", ".join(model.name_or_path for model in self.plan.models.values())
         accelerator.print(f"loading model {names} ...")
         #: A Policy, or a PolicyGroup when agents.base_models puts agents on several base models.
-        self.policy = build_policy(
-            config,
-            self.plan,
-            gradient_checkpointing=training.gradient_checkpointing,
-            # fsdp2 loads on the host and fully_shard moves each process's slices to its device
-            device="cpu" if self.sharded else accelerator.device,
-        )
-        if self.sharded:
-            for model in policy_models(self.policy):
-                shard_model(model, training.fsdp_sharding, accelerator.device)
+        self.policy = load_policy(config, self.plan, accelerator, sharded=self.sharded)
         #: Each base model's files, as a checkpoint records them: a resume refuses a base replaced
         #: under the same path (llm_zoo_train.runs.base_fingerprint).
-        base_paths = {
-            name: resolve_model_path(m.name_or_path, m.cache_dir) for name, m in self.plan.models.items()
-        }
-        self.base_fingerprints = {name: fingerprint(path) for name, path in base_paths.items()}
+        self.base_fingerprints, base_paths = base_fingerprints(self.plan)
         if checkpoint is not None:
-            recorded = read_trainer_state(checkpoint).get("base_models")
-            problem = base_model_problem(recorded, self.base_fingerprints, base_paths)
-            if problem:
-                raise ConfigError(
-                    f"cannot resume from {checkpoint}: {problem}. Resume with the base it was trained on, "
-                    "or start a new run in another training.output_dir"
-                )
+            check_resumed_base(checkpoint, self.base_fingerprints, base_paths)
         #: The PEFT model (None with several base models: each is in self.policy.policies).
         self.model = self.policy.model if isinstance(self.policy, Policy) else None
         accelerator.print(f"model loaded in {time.perf_counter() - load_start:.1f} s")
@@ -191,26 +172,9 @@ class Trainer:
         self.eval_engine = live.without_prefix_cache() if isinstance(live, HFEngine | ModelRouter) else live
         self._served_paths: dict[str, Path] = {}  # adapter -> directory the engine loaded it from
 
-        from transformers import get_scheduler
-
-        self.optimizers: dict[str, Any] = {}
-        self.schedulers: dict[str, Any] = {}
-        for name in self.plan.trainable:
-            optimizer = torch.optim.AdamW(
-                self.policy.adapter_parameters(name),
-                lr=training.learning_rate,
-                betas=(training.adam_beta1, training.adam_beta2),
-                eps=training.adam_epsilon,
-                weight_decay=training.weight_decay,
-            )
-            self.schedulers[name] = get_scheduler(
-                training.lr_scheduler_type,
-                optimizer,
-                num_warmup_steps=training.warmup_steps,
-                num_training_steps=max(training.max_steps, 1),
-            )
-            self.optimizers[name] = accelerator.prepare_optimizer(optimizer)
-
+        self.optimizers, self.schedulers = make_optimizers(
+            self.policy, self.plan.trainable, training, accelerator
+        )
         self.updater = make_updater(
             self.policy,
             self.optimizers,
@@ -501,24 +465,7 @@ class Trainer:
     # ------------------------------------------------------------------ engine, checkpoints, end
 
     def _make_engine(self) -> Any:
-        rollout = self.config.rollout
-        if rollout.engine == "hf":
-            return self._live_engine()
-        if rollout.engine == "replay":
-            assert rollout.replay_path is not None  # validate() checked it
-            return ReplayEngine(rollout.replay_path)
-        if rollout.engine == "vllm_server":
-            from llm_zoo_train.engines.vllm_server import engine_from_config
-
-            return engine_from_config(self.config, self.policy)
-        from llm_zoo_train.engines import vllm as vllm_engine  # type: ignore[attr-defined]
-
-        factory = getattr(vllm_engine, "engine_from_config", None)
-        if factory is None:
-            raise ConfigError(
-                "rollout.engine 'vllm': llm_zoo_train.engines.vllm has no engine_from_config(config, policy)"
-            )
-        return factory(self.config, self.policy)
+        return make_engine(self.config, self.plan, self.policy, sharded=self.sharded)
 
     def _live_engine(self) -> HFEngine | ModelRouter:
         return live_engine(self.config, self.plan, self.policy, sharded=self.sharded)

@@ -3,7 +3,7 @@
 What goes into a checkpoint and how it is written atomically is :mod:`llm_zoo_train.runs.checkpoint`;
 this module collects the trainer's pieces (adapters, optimizers, schedulers, the mixed-precision
 scaler, every process's RNG states, step, adapter version, metrics history, config, model cards,
-the kernels ``"auto"`` chose (:mod:`llm_zoo_train.models.kernel_choices`), and the rollouts
+the kernels ``"auto"`` chose (:mod:`llm_zoo_train.kernels.choices`), and the rollouts
 generated ahead with ``rollout.async_steps``) and puts them back, so that a
 resumed run continues exactly as the uninterrupted one.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_zoo_train.config import save_config
-from llm_zoo_train.models.kernel_choices import (
+from llm_zoo_train.kernels.choices import (
     KernelChoicesError,
     adopt_kernel_choices,
     measured_kernel_choices,
@@ -63,7 +63,7 @@ def save_trainer_checkpoint(trainer: Any, rng_state: dict[str, Any] | None = Non
         check_finite_weights(name, policy.adapter_parameters(name), trainer.step)
     rng_states = [rng_state if rng_state is not None else capture_rng_state(trainer.rng)]
     # What each process's "auto" options measured, and its rollout generation process's: a resumed
-    # run multiplies as this one did (llm_zoo_train.models.kernel_choices).
+    # run multiplies as this one did (llm_zoo_train.kernels.choices).
     async_rollouts = getattr(trainer, "async_rollouts", None)
     kernel_choices = [
         {

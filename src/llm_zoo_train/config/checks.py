@@ -226,7 +226,7 @@ def check_values(config: Any) -> None:
             raise ConfigError(
                 "rollout.engine: 'vllm' needs vLLM: `pip install \"llm-zoo[vllm]\"` (GPU), or use engine 'hf'"
             )
-        if importlib.util.find_spec("llm_zoo_train.engines.vllm") is None:
+        if importlib.util.find_spec("llm_zoo_train.engines.vllm.engine") is None:
             raise ConfigError("rollout.engine: the vllm engine is not part of this llm-zoo version; use 'hf'")
 
 

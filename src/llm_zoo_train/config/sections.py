@@ -60,17 +60,17 @@ class ModelConfig:
     default; on an AMX-BF16 Xeon bfloat16 sdpa decoded 2.2x faster than eager). On a CPU, `auto`'s
     sdpa is `llm_zoo_sdpa`: while generating it reads grouped key/value heads in place instead of
     copying them per query head, the same numbers 2.3x faster per decode step on left-padded
-    batches (`llm_zoo_train.models.attention`), and a decode step's attention (one query
+    batches (`llm_zoo_train.kernels.attention`), and a decode step's attention (one query
     position) by two grouped batched products instead of torch's flash kernel where they measure
     at least 1.15x faster on the machine (on an AMD EPYC in bfloat16 0.8 against 5.5 ms a layer;
-    other rounding, logged at INFO). See `llm_zoo_train.models.precision`."""
+    other rounding, logged at INFO). See `llm_zoo_train.kernels.precision`."""
     decode_attention: Literal["auto", "sdpa", "grouped"] = "auto"
     """With `llm_zoo_sdpa` (`attn_implementation: auto` on a CPU): how a decode step's attention
     (one query position) is computed while generating. `auto`: timed once per dtype in each
     process, the grouped batched products where torch's kernel is at least 1.15x slower (a
     resumed run takes the checkpoint's choice); `sdpa`: torch's kernel always (the bits of
     transformers' sdpa); `grouped`: the grouped products always (other float32 rounding). Set
-    `sdpa` for separate runs that must match bit for bit. `llm_zoo_train.models.attention`."""
+    `sdpa` for separate runs that must match bit for bit. `llm_zoo_train.kernels.attention`."""
     system_prompt: str | None = None
     """System message put before every env prompt by the chat template (None: none)."""
     trust_remote_code: bool = False
@@ -103,7 +103,7 @@ class LoraSettings:
     lora_alpha: int = 16
     """LoRA scaling numerator (the update is scaled by lora_alpha / r). A ratio that is a power of
     two of at least 1 (the default: 2) lets the update fold the scaling into the LoRA product, with
-    the same bits and less time (:mod:`llm_zoo_train.models.lora_training`)."""
+    the same bits and less time (:mod:`llm_zoo_train.kernels.lora_training`)."""
     lora_dropout: float = 0.0
     """Dropout on the LoRA input. Keep 0 for exact reproducibility of old/new log-probabilities."""
     target_modules: str | list[str] = "all-linear"
@@ -178,7 +178,7 @@ class RolloutConfig:
     look-ahead 0 0.98x; the look-ahead's cost 1.34x the time for 1.50x the tokens (1.57x without)."""
     pack_base_weights: bool = True
     """hf engine only, float32 on a CPU with MKL: decode with MKL-packed copies of the model's
-    linear layers (llm_zoo_train.models.packed_linear), which skips MKL's re-packing of every
+    linear layers (llm_zoo_train.kernels.packed_linear), which skips MKL's re-packing of every
     weight at every decode step. The same tokens and logprobs (each packing is probed bit for bit
     and unused where it differs); about the base model's float32 size again in memory. Measured
     on the project's Xeon: 16 rows by SmolLM2-135M's vocabulary head 25.3 -> 14.2 ms. False: off.
@@ -190,10 +190,10 @@ class RolloutConfig:
     (float32 rounding: tokens can differ from generate's where two are that close). auto: measured
     once per model and row count, oneDNN's where a pass over the model is at least 1.15x faster,
     else exact, and oneDNN's for prefills too where a 128-row pass is 1.15x faster as well; the
-    run's log says which (INFO, llm_zoo_train.models.packed_linear). Measured on an AMD EPYC (Zen
+    run's log says which (INFO, llm_zoo_train.kernels.packed_linear). Measured on an AMD EPYC (Zen
     4, one thread): 16 rows by SmolLM2-135M's vocabulary head 23.9 ms exact, 11.7 ms oneDNN.
     Where oneDNN's copies serve, LoRA layers multiply by a copy of their merged weight (one
-    product instead of three; llm_zoo_train.models.merged_lora), merged again after each update."""
+    product instead of three; llm_zoo_train.kernels.merged_lora), merged again after each update."""
     team_credit_lookahead: int = -1
     """Team credit: teammate actions played (one sample each, current adapters, not trained on)
     after each candidate to score the team outcome it leads to; that global reward is the
@@ -364,13 +364,13 @@ class TrainingConfig:
     """Autocast precision of forward/backward (Accelerate's mixed_precision)."""
     update_kernel: Literal["auto", "exact", "onednn"] = "auto"
     """Float32 on a CPU: how the update multiplies by the frozen base layers (forward and the
-    input's gradient; llm_zoo_train.models.frozen_linear) and computes the LoRA products that
-    have the rank as a side (llm_zoo_train.models.lora_rank_rows). exact: F.linear (MKL's sgemm,
+    input's gradient; llm_zoo_train.kernels.frozen_linear) and computes the LoRA products that
+    have the rank as a side (llm_zoo_train.kernels.lora_rank_rows). exact: F.linear (MKL's sgemm,
     which re-packs each weight on every call) and peft's LoRA products, bit for bit. onednn:
     oneDNN's copies of W and W^T, packed once and kept (twice the base layers' float32 size in
     memory), and the LoRA products with the rank as the rows; other float32 rounding. auto: each
     of the two measured once per model on the machine and taken where at least 1.15x faster, else
-    exact's; the log says which (INFO, llm_zoo_train.models.frozen_linear and lora_rank_rows).
+    exact's; the log says which (INFO, llm_zoo_train.kernels.frozen_linear and lora_rank_rows).
     Under `strategy: fsdp2` auto is exact (the packed copies need whole weights)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""

@@ -5,8 +5,8 @@ per-token log-probabilities of the sampling (behaviour) policy. The chat templat
 inside the engine (envs produce plain text). Each prompt names the adapter (agent policy) that
 answers it; ``None`` means the bare base model.
 
-Implementations: :mod:`llm_zoo_train.engines.hf` (transformers) and
-:mod:`llm_zoo_train.engines.vllm` (one vLLM engine, one LoRA per adapter).
+Implementations: :mod:`llm_zoo_train.engines.hf.engine` (transformers) and
+:mod:`llm_zoo_train.engines.vllm.engine` (one vLLM engine, one LoRA per adapter).
 """
 
 from __future__ import annotations

@@ -303,7 +303,7 @@ def local_engine(config: Config, adapters: Mapping[str, Path]) -> Engine:
     from transformers.utils import logging as transformers_logging
 
     from llm_zoo_train.config import LoraSettings
-    from llm_zoo_train.engines.hf import HFEngine
+    from llm_zoo_train.engines.hf.engine import HFEngine
     from llm_zoo_train.models.policy import Policy, load_base_model
 
     if not adapters and config.rollout.engine == "vllm":
@@ -327,7 +327,7 @@ def local_engine(config: Config, adapters: Mapping[str, Path]) -> Engine:
     policy = Policy(base, tokenizer, dict.fromkeys(paths, LoraSettings()), [], init_paths=paths)
     policy.model.to(device)
     if config.rollout.engine == "vllm":
-        from llm_zoo_train.engines import vllm as vllm_engine  # type: ignore[attr-defined]
+        from llm_zoo_train.engines.vllm import engine as vllm_engine
 
         engine: Engine = vllm_engine.engine_from_config(config, policy)
         engine.load_adapters(paths, 0)

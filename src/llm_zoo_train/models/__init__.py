@@ -1,1 +1,4 @@
-"""The policy: a frozen base model with one LoRA adapter per agent, and its chat template."""
+"""The policy: a frozen base model with one LoRA adapter per agent, its chat template, and its FSDP2 sharding.
+
+The CPU speed kernels that run it faster are apart, in :mod:`llm_zoo_train.kernels`.
+"""

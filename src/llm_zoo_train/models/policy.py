@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from llm_zoo_train.config import ConfigError, LoraSettings, ModelConfig
-from llm_zoo_train.models.attention import set_decode_attention
-from llm_zoo_train.models.precision import choose_attention, warn_if_emulated
+from llm_zoo_train.kernels.attention import set_decode_attention
+from llm_zoo_train.kernels.precision import choose_attention, warn_if_emulated
 from llm_zoo_train.runs.checkpoint import make_world_readable
 from llm_zoo_train.runs.sharded_state import full_tensor, is_sharded, local_part
 

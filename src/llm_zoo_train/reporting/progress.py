@@ -19,7 +19,7 @@ and counts what it sees. During a call it also counts what the engine reports as
 decode step's tokens and the answers that end, the vLLM engines their finished requests), so the
 tokens and tok/s move while the model generates, and while it reads the prompts before a batch's
 first token the decoder layers the prompt pass has run move (``reading 64 prompts: 32 x 1,097
-prompt tokens, layer 12/30``, :mod:`llm_zoo_train.engines.hf_reading`), although all
+prompt tokens, layer 12/30``, :mod:`llm_zoo_train.engines.hf.reading`), although all
 episodes of a batch end together at the last turn. Rollouts make one engine call per turn for
 every live episode, with ``n = K`` candidates in tree mode (a look-ahead call has ``n = 1``), so the prompts of a call with
 the episodes' ``n`` are the episodes still running; an episode counts as done once no call asks

@@ -3,7 +3,7 @@
 A micro-batch of an adapter's update is one forward and one backward pass over its samples, tens
 of seconds on a busy CPU, while the update's own count (micro-batches done) moves only when one
 ends. :func:`update_layer_progress` shows the layers moving meanwhile: a forward hook on each
-decoder layer (:func:`llm_zoo_train.engines.hf_reading.decoder_layers`) and on the projection onto
+decoder layer (:func:`llm_zoo_train.engines.hf.reading.decoder_layers`) and on the projection onto
 the vocabulary reports that it has run forward and, when its output takes part in the gradient,
 puts a hook on that output tensor that reports when the backward pass has reached it. The
 projection and the loss over the vocabulary are one stage without a count (one matmul).
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from llm_zoo_train.engines.hf_reading import decoder_layers, forward_hooks
+from llm_zoo_train.engines.hf.reading import decoder_layers, forward_hooks
 
 __all__ = ["update_layer_progress"]
 

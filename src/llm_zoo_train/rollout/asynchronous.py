@@ -29,7 +29,7 @@ Determinism: a step's rollout depends only on the run seed, the step and the ada
 generated it, which the schedule above fixes, so an asynchronous run is determined by its seed (and
 its thread counts and the kernels its ``"auto"`` options measured, which change float rounding:
 the generation process starts from the trainer's choices, reports its own with each rollout, and
-checkpoints keep them for the process a resumed run starts; :mod:`llm_zoo_train.models.kernel_choices`).
+checkpoints keep them for the process a resumed run starts; :mod:`llm_zoo_train.kernels.choices`).
 
 Checkpoints keep the rollouts in flight: saving a checkpoint waits for them and writes them into
 the checkpoint (``async_rollouts/``); a resumed run uses them instead of generating them again, so
@@ -55,7 +55,7 @@ from typing import Any
 
 from llm_zoo.remote import RemoteEnvError
 from llm_zoo_train.config import AlgorithmConfig, Config
-from llm_zoo_train.models.kernel_choices import measured_kernel_choices
+from llm_zoo_train.kernels.choices import measured_kernel_choices
 from llm_zoo_train.models.policy import Policy
 from llm_zoo_train.rollout.samples import read_jsonl, write_jsonl
 from llm_zoo_train.rollout.step import StepRollout, merge_parts
@@ -133,7 +133,7 @@ class AsyncRollouts:
         self._process: Any = None
         self._connection: Any = None
         #: The ``"auto"`` kernels the generation process chose (its newest report, or a resumed
-        #: run's checkpoint; :mod:`llm_zoo_train.models.kernel_choices`). ``None``: none yet; a
+        #: run's checkpoint; :mod:`llm_zoo_train.kernels.choices`). ``None``: none yet; a
         #: process then starts from the trainer's own.
         self.kernel_choices: dict[str, Any] | None = None
 

@@ -12,7 +12,7 @@ pipe, in order:
   -> PEFT directory) when ``version`` is newer than the one it serves, play tasks ``envs`` (a
   range) of step ``step`` (:func:`llm_zoo_train.rollout.step.play_step`) and send back
   ``("rollout", StepRollout, kernel choices)`` (the ``"auto"`` kernels it chose, which the
-  trainer keeps: :mod:`llm_zoo_train.models.kernel_choices`);
+  trainer keeps: :mod:`llm_zoo_train.kernels.choices`);
 * ``("stop",)``: exit.
 
 It first sends ``("ready", pid)``; any error is sent as ``("error", traceback text)`` before it
@@ -53,7 +53,7 @@ class WorkerSpec:
         cores: CPU cores to pin the process to (``None``: the trainer's).
         parent_pid: The trainer's pid: the process exits if it is gone before it could be watched.
         kernel_choices: ``"auto"`` kernel choices to take before anything is measured here
-            (:func:`~llm_zoo_train.models.kernel_choices.measured_kernel_choices`: the trainer's,
+            (:func:`~llm_zoo_train.kernels.choices.measured_kernel_choices`: the trainer's,
             or those of the process a resumed run replaces).
     """
 
@@ -106,8 +106,8 @@ def _serve(connection: Any, spec: WorkerSpec) -> None:
     torch.set_num_threads(spec.threads or len(os.sched_getaffinity(0)))
 
     from llm_zoo_train.config import validate
-    from llm_zoo_train.engines.hf import HFEngine, prefix_cache_mb_for
-    from llm_zoo_train.models.kernel_choices import (
+    from llm_zoo_train.engines.hf.engine import HFEngine, prefix_cache_mb_for
+    from llm_zoo_train.kernels.choices import (
         KernelChoicesError,
         adopt_kernel_choices,
         measured_kernel_choices,
@@ -125,7 +125,7 @@ def _serve(connection: Any, spec: WorkerSpec) -> None:
     plan = validate(config)  # also imports the env plugins into this process
     env_servers.configure_env_servers(config.env.servers)
     if config.rollout.engine == "vllm_server":
-        from llm_zoo_train.engines.vllm_server import server_engine
+        from llm_zoo_train.engines.vllm.server import server_engine
         from llm_zoo_train.models.policy import load_tokenizer
 
         engine: Any = server_engine(config, load_tokenizer(config.model))

@@ -107,7 +107,7 @@ def _logits_with_shared_prompts(
             past_key_values=cache,
             use_cache=True,
             # An index, not the int 1: a slice of the last position is non-contiguous, and F.linear
-            # then copies the vocabulary matrix once per row (hf_decode.last_logits_only).
+            # then copies the vocabulary matrix once per row (engines.hf.decode.last_logits_only).
             logits_to_keep=torch.tensor([prompt_width - 1], device=device),
         ).logits[row_to_unique]
         width = input_ids.shape[1] - prompt_width

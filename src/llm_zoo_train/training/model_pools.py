@@ -29,7 +29,7 @@ from llm_zoo_train.config import Config, LoraSettings
 from llm_zoo_train.config.agent_plan import AgentPlan
 from llm_zoo_train.config.base_models import base_model_label, label_model
 from llm_zoo_train.engines.base import Completion, Engine, SamplingParams, check_generate_args
-from llm_zoo_train.engines.hf import HFEngine, prefix_cache_mb_for
+from llm_zoo_train.engines.hf.engine import HFEngine, prefix_cache_mb_for
 from llm_zoo_train.models.policy import Policy, load_base_model, save_each_adapter
 from llm_zoo_train.rollout.samples import Sample
 from llm_zoo_train.runs.seeding import derive_seed

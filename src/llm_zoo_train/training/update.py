@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from llm_zoo_train.config import AlgorithmConfig, TrainingConfig
-from llm_zoo_train.models.frozen_linear import FrozenLinearPackings
-from llm_zoo_train.models.lora_training import fused_lora_forward
+from llm_zoo_train.kernels.frozen_linear import FrozenLinearPackings
+from llm_zoo_train.kernels.lora_training import fused_lora_forward
 from llm_zoo_train.models.policy import Policy
 from llm_zoo_train.rollout.samples import Sample
 from llm_zoo_train.runs.finite import gradient_error

@@ -18,17 +18,18 @@ How one :meth:`HFEngine.generate` call runs:
    that are exactly ``SamplingParams`` (the model's own generation defaults such as a repetition
    penalty are neutralised, because the recorded logprobs must describe the real sampling).
    The ``n`` rows of one prompt share one prefill: the prompt's KV cache is computed once and
-   copied to its rows (``share_prefill``), as vLLM's prefix cache would. Across calls, the keys and
+   copied to its rows (``share_prefill``, :mod:`llm_zoo_train.engines.hf.prefill`), as vLLM's
+   prefix cache would. Across calls, the keys and
    values of recent prompts are kept per adapter and a prompt that starts with the tokens of one of
    them prefills only the rest, in fixed blocks so the result does not depend on what the cache held
    (``prefix_cache_mb``: off in this class by default, on for the trainer's CPU runs;
-   :mod:`llm_zoo_train.engines.hf_prefix_cache` says how
+   :mod:`llm_zoo_train.engines.hf.prefix_cache` says how
    prompts are matched and when the cache is emptied: after every weight update). A row leaves the batch
-   at the step it ends (:mod:`llm_zoo_train.engines.hf_decode`: ``model.generate``'s distribution,
+   at the step it ends (:mod:`llm_zoo_train.engines.hf.decode`: ``model.generate``'s distribution,
    with one random number per row instead of one per vocabulary entry; ``generate`` would carry
    the row to the end of the batch's longest answer). peft's LoRA layers run a leaner forward with
    the same numbers, and an all-zero (untrained) adapter is skipped
-   (:mod:`llm_zoo_train.models.lora_inference`).
+   (:mod:`llm_zoo_train.kernels.lora_inference`).
 4. Per-token logprobs are recorded during generation from the raw logits before any warper: ``log_softmax(logits / temperature)`` at the sampled token
    (temperature 1 for greedy). That is the quantity :func:`llm_zoo_train.training.loss.completion_logprobs`
    recomputes, so importance ratios start at 1 (up to float error). ``top_k``/``top_p``
@@ -38,7 +39,7 @@ How one :meth:`HFEngine.generate` call runs:
 
 While it runs, the call reports every decode step's tokens and the completions as they end
 through :func:`llm_zoo_train.engines.base.report_generated`, and before them each decoder layer of
-a prompt pass (:mod:`llm_zoo_train.engines.hf_reading`), so a progress display can count them
+a prompt pass (:mod:`llm_zoo_train.engines.hf.reading`), so a progress display can count them
 during a call of minutes (:mod:`llm_zoo_train.reporting.progress`).
 
 Seeding: when ``SamplingParams.seed`` is set, the call samples from a forked torch RNG seeded with
@@ -48,68 +49,30 @@ it (the global RNG is left untouched), so one seed and one batch give one result
 from __future__ import annotations
 
 import copy
-import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessorList
 
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args, report_generated
-from llm_zoo_train.engines.hf_decode import decode_compacting, last_logits_only
-from llm_zoo_train.engines.hf_prefix_cache import PREFIX_BLOCK, PrefixKVCache
-from llm_zoo_train.engines.hf_reading import reading_progress
+from llm_zoo_train.engines.hf.decode import (
+    GenerateLogprobRecorder,
+    GenerateStepReporter,
+    decode_compacting,
+)
+from llm_zoo_train.engines.hf.prefill import prefill_from_prefixes, shared_prefill
+from llm_zoo_train.engines.hf.prefix_cache import PREFIX_BLOCK, PrefixKVCache
+from llm_zoo_train.engines.hf.reading import reading_progress
+from llm_zoo_train.kernels.lora_inference import lean_lora_forward
+from llm_zoo_train.kernels.packed_linear import PackedLinearWeights
 from llm_zoo_train.models.chat import encode_prompt
-from llm_zoo_train.models.lora_inference import lean_lora_forward
-from llm_zoo_train.models.packed_linear import PackedLinearWeights
 
 __all__ = ["CPU_PREFIX_CACHE_MB", "HFEngine", "prefix_cache_mb_for"]
 
 _PROMPT_CACHE_SIZE = 4096
-
-
-class _LogprobRecorder(LogitsProcessor):
-    """Records ``log_softmax(raw_logits / temperature)`` of each sampled token, without changing
-    the scores. At step t it sees the token chosen at step t-1 (last column of ``input_ids``); the
-    last step's token is read from the final sequences by :meth:`finish`. Keeps one [B, V] tensor,
-    not the whole [B, T, V] history."""
-
-    def __init__(self, temperature: float):
-        self.temperature = temperature
-        self.steps: list[torch.Tensor] = []
-        self._previous: torch.Tensor | None = None
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self._previous is not None:
-            self.steps.append(self._previous.gather(1, input_ids[:, -1:]).squeeze(1))
-        self._previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        return scores
-
-    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
-        """The [B, T] logprobs of the ``new_tokens`` [B, T] generated."""
-        if self._previous is not None:
-            self.steps.append(self._previous.gather(1, new_tokens[:, -1:]).squeeze(1))
-            self._previous = None
-        if len(self.steps) != new_tokens.shape[1]:
-            raise RuntimeError(
-                f"recorded {len(self.steps)} logprob steps for {new_tokens.shape[1]} generated tokens"
-            )
-        return (
-            torch.stack(self.steps, dim=1)
-            if self.steps
-            else new_tokens.new_zeros(new_tokens.shape, dtype=torch.float)
-        )
-
-
-class _StepReporter(LogitsProcessor):
-    """Reports each decode step's rows as generated tokens (live progress of ``model.generate``;
-    rows that have ended count until the batch ends). Leaves the scores unchanged."""
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        report_generated(scores.shape[0])
-        return scores
 
 
 def _is_peft(model: Any) -> bool:
@@ -147,16 +110,16 @@ class HFEngine:
         share_prefill: Compute each prompt's KV cache once for its ``n`` samples (and copy it to
             them) instead of once per sample. Same results; faster for long prompts and large n.
         compact_finished_rows: Stop computing a row once it has ended
-            (:func:`~llm_zoo_train.engines.hf_decode.decode_compacting`) instead of running
+            (:func:`~llm_zoo_train.engines.hf.decode.decode_compacting`) instead of running
             ``model.generate``, which carries finished rows until the whole batch ends. Same
             distribution; faster when answers end at different lengths.
         draws_as_generate: With ``compact_finished_rows``, sample with ``generate``'s own random
             numbers (the same tokens as ``generate`` for a seed) instead of one number per row
-            (:func:`~llm_zoo_train.engines.hf_decode.draw_per_row`: the same distribution, other
+            (:func:`~llm_zoo_train.engines.hf.decode.draw_per_row`: the same distribution, other
             tokens, a fifth less time per sampled bfloat16 decode step on a CPU).
         prefix_cache_mb: Keep the keys and values of recently prefilled prompts, per adapter, up to
             this many MiB, and prefill only what a new prompt adds to the longest stored prefix of
-            it (:mod:`~llm_zoo_train.engines.hf_prefix_cache`; emptied whenever a weight changes).
+            it (:mod:`~llm_zoo_train.engines.hf.prefix_cache`; emptied whenever a weight changes).
             1024 holds ~23k positions of SmolLM2-135M in float32 (46 KB each), a tree step's
             look-ahead prompts at 4 envs x K=4. With the cache every prompt is prefilled alone, in
             ``prefix_block``-token blocks at fixed positions, and only whole blocks are reused, so
@@ -167,17 +130,17 @@ class HFEngine:
             :func:`prefix_cache_mb_for`.
         prefix_block: The block size of that prefill (tokens).
         pack_base_weights: In float32 on a CPU with MKL, decode with MKL-packed copies of the
-            model's linear layers (:mod:`~llm_zoo_train.models.packed_linear`): the same bits,
+            model's linear layers (:mod:`~llm_zoo_train.kernels.packed_linear`): the same bits,
             less time per decode step, about the base model's size again in memory. No effect
             elsewhere.
         decode_kernel: Which packed product: ``"exact"`` (MKL's, the same bits as unpacked, the
             decode only), ``"onednn"`` (oneDNN's, decode and prefill, other float32 rounding) or
             ``"auto"`` (oneDNN's where a pass over the model measures at least 1.15x faster, else
             exact; prefills too where they measure faster as well):
-            :class:`~llm_zoo_train.models.packed_linear.PackedLinearWeights`.
+            :class:`~llm_zoo_train.kernels.packed_linear.PackedLinearWeights`.
         merge_adapters: Where oneDNN's copies serve, each LoRA layer multiplies by a packed copy
             of its merged weight (one product instead of three;
-            :mod:`~llm_zoo_train.models.merged_lora`), merged again after each optimizer step.
+            :mod:`~llm_zoo_train.kernels.merged_lora`), merged again after each optimizer step.
     """
 
     def __init__(
@@ -421,14 +384,14 @@ class HFEngine:
                 top_p=float(sampling.top_p),
                 draws_as_generate=self.draws_as_generate,
             )
-        recorder = _LogprobRecorder(1.0 if sampling.greedy else float(sampling.temperature))
+        recorder = GenerateLogprobRecorder(1.0 if sampling.greedy else float(sampling.temperature))
         with torch.no_grad():
             sequences = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 past_key_values=cache,
                 generation_config=generation_config,
-                logits_processor=LogitsProcessorList([recorder, _StepReporter()]),
+                logits_processor=LogitsProcessorList([recorder, GenerateStepReporter()]),
             )
         generated = sequences[:, width:]
         return generated.cpu().tolist(), recorder.finish(generated).cpu().tolist()
@@ -459,7 +422,7 @@ class HFEngine:
         index = torch.tensor(row_to_unique, dtype=torch.long, device=device)
 
         # Prefill and decode both run on the packed copies: MKL's serve only the decode's row
-        # count (the same bits), oneDNN's more where measured faster (models.packed_linear).
+        # count (the same bits), oneDNN's more where measured faster (kernels.packed_linear).
         packed = (
             self.packed_weights.applied(self.model, len(prompt_ids))
             if self.packed_weights is not None
@@ -475,7 +438,11 @@ class HFEngine:
                 # or keep, and their batched prefill is cheaper than one forward pass per prompt.
                 and max(len(ids) for ids in unique) > self.prefix_block
             ):
-                cache = self._prefill_from_prefixes(unique, adapter, width - 1, index)
+                cache = prefill_from_prefixes(
+                    self.model, self.prefix_cache, self.prefix_block, unique, adapter, width - 1, index
+                )
+                if cache is None:
+                    self.prefix_cache = None
             first_logits = None
             if (
                 cache is None
@@ -486,9 +453,13 @@ class HFEngine:
                 if self.compact_finished_rows:
                     # The whole prompt: the compacting loop samples its first token from this pass's
                     # logits, one forward pass over every row less than generate's way below.
-                    cache, first_logits = self._prefill(input_ids, attention_mask, index, with_logits=True)
+                    prefilled = shared_prefill(self.model, input_ids, attention_mask, index, with_logits=True)
                 else:  # generate must run the last prompt token itself
-                    cache, _ = self._prefill(input_ids[:, :-1], attention_mask[:, :-1], index)
+                    prefilled = shared_prefill(self.model, input_ids[:, :-1], attention_mask[:, :-1], index)
+                if prefilled is None:
+                    self.share_prefill = False
+                else:
+                    cache, first_logits = prefilled
             new_tokens, logprobs = self._decode(
                 input_ids[index],
                 attention_mask[index],
@@ -546,117 +517,6 @@ class HFEngine:
             else:
                 low = middle + 1
         return low
-
-    def _prefill(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        index: torch.Tensor,
-        *,
-        with_logits: bool = False,
-    ) -> tuple[Any, torch.Tensor | None]:
-        """The KV cache of the prompts ``input_ids`` (each unique prompt once: every token but the
-        last for ``generate``, which then runs the last one per row, or whole prompts for the
-        compacting loop), copied to the rows (``index``) that sample from it; with ``with_logits``
-        also each row's logits at its last position (``[rows, vocabulary]``). ``(None, None)``
-        (no sharing) for models whose cache cannot be built or indexed this way; a warning says so
-        once."""
-        try:
-            from transformers import DynamicCache
-
-            cache = DynamicCache(config=self.model.config)
-            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-            with torch.no_grad():
-                output = self.model(
-                    input_ids=input_ids,
-                    attention_mask=attention_mask,
-                    position_ids=position_ids,
-                    past_key_values=cache,
-                    use_cache=True,
-                    **last_logits_only(self.model, input_ids.shape[1], input_ids.device),
-                )
-            cache.batch_select_indices(index)
-            logits = output.logits[:, -1][index] if with_logits else None
-        except (AttributeError, NotImplementedError, TypeError, ValueError) as err:
-            self.share_prefill = False
-            warnings.warn(
-                f"HFEngine: cannot share the prompt prefill between samples for "
-                f"{type(self.model).__name__} ({type(err).__name__}: {err}); each sample prefills its prompt",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return None, None
-        return cache, logits
-
-    def _prefill_from_prefixes(
-        self, unique: list[list[int]], adapter: str | None, span: int, index: torch.Tensor
-    ) -> Any:
-        """Like :meth:`_prefill`, but each prompt prefills (one prompt per forward pass) only what
-        follows its longest prefix in :attr:`prefix_cache`, and is stored there afterwards. ``None``
-        (and the prefix cache off, with a warning) for models whose cache is not one plain
-        ``DynamicLayer`` per layer (sliding windows, linear attention)."""
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
-        store = self.prefix_cache
-        assert store is not None
-        device = index.device
-        block = self.prefix_block
-        per_prompt = []
-        for ids in unique:
-            tokens = ids[:-1]
-            reused, layers = store.longest_prefix(adapter, tokens)
-            if layers is not None and reused == len(tokens) == layers[0][0].shape[2]:
-                store.hit_tokens += reused  # this very prompt, computed in the same blocks
-                per_prompt.append(layers)
-                continue
-            # Blocks start at fixed positions and a stored block was computed whole, so only whole
-            # blocks are reused: the rest is computed in the same blocks as without any hit, and
-            # the result does not depend on what the cache held.
-            reused -= reused % block
-            store.hit_tokens += reused
-            cache = DynamicCache(config=self.model.config)
-            for layer, (k, v) in enumerate(layers if reused else []):
-                cache.update(k[:, :, :reused], v[:, :, :reused], layer)
-            for start in range(reused, len(tokens), block):
-                end = min(start + block, len(tokens))
-                with torch.no_grad():
-                    self.model(
-                        input_ids=torch.tensor([tokens[start:end]], dtype=torch.long, device=device),
-                        attention_mask=torch.ones((1, end), dtype=torch.long, device=device),
-                        position_ids=torch.arange(start, end, device=device)[None],
-                        past_key_values=cache,
-                        use_cache=True,
-                        **last_logits_only(self.model, end - start, device),  # only the cache is read
-                    )
-            if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
-                self.prefix_cache = None
-                warnings.warn(
-                    f"HFEngine: no prefix cache for {type(self.model).__name__}: its KV cache is not one "
-                    "plain DynamicLayer per layer; every prompt is prefilled in full",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
-                return None
-            store.prefilled_tokens += len(tokens) - reused
-            layers = [(layer.keys, layer.values) for layer in cache.layers]
-            if len(tokens) >= block:  # shorter ones hold no whole block to reuse
-                store.store(adapter, tokens, layers)
-            per_prompt.append(layers)
-
-        # One left-padded batch (padding positions hold zeros; the attention mask hides them),
-        # then one row per sample.
-        batch = DynamicCache(config=self.model.config)
-        for layer in range(len(per_prompt[0])):
-            first = per_prompt[0][layer][0]
-            shape = (len(unique), first.shape[1], span, first.shape[3])
-            keys, values = first.new_zeros(shape), first.new_zeros(shape)
-            for row, layers in enumerate(per_prompt):
-                k, v = layers[layer]
-                keys[row, :, span - k.shape[2] :] = k[0]
-                values[row, :, span - v.shape[2] :] = v[0]
-            batch.update(keys[index], values[index], layer)
-        return batch
 
     @contextmanager
     def _adapter(self, adapter: str | None) -> Iterator[None]:

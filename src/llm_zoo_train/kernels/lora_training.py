@@ -23,7 +23,7 @@ such as DoRA, dropout, a ``lora_B`` bias, mixed dtypes, autocast, extra forward 
 
 That is ``training.update_kernel: exact``. Under ``auto`` (where measured faster) and ``onednn``,
 float32 layers on a CPU instead compute the products that have the rank as a side with the rank
-as the rows (:mod:`~llm_zoo_train.models.lora_rank_rows`, any scaling): faster, other rounding.
+as the rows (:mod:`~llm_zoo_train.kernels.lora_rank_rows`, any scaling): faster, other rounding.
 
 Measured on the project's Xeon (one thread, SmolLM2-135M in float32, all-linear r=8 adapters,
 load ~0.9): one micro-batch of 8 completions of 32 tokens, forward and backward, 1.80 -> 1.70 s
@@ -31,7 +31,7 @@ with the same logprobs and gradients; the trainer-vs-TRL job's whole update, alt
 median 3.68 -> 3.61 s on top of the loss's unjoined logits
 (:func:`~llm_zoo_train.training.loss.completion_logprobs`; 3.94 s with neither). This form in the
 engine's decode (16 rows, ``F.linear``'s transposed views) was slower, 3.99 -> 4.05 s a call; the
-decode's own version (:mod:`~llm_zoo_train.models.lora_inference`) multiplies by contiguous
+decode's own version (:mod:`~llm_zoo_train.kernels.lora_inference`) multiplies by contiguous
 transposed copies instead, which pays.
 """
 
@@ -45,8 +45,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from llm_zoo_train.models.lora_forward import ProbeVerdicts, lora_linear_class, replaced_lora_forwards
-from llm_zoo_train.models.lora_rank_rows import RankRowsLoRA, rank_rows_chosen
+from llm_zoo_train.kernels.lora_forward import ProbeVerdicts, lora_linear_class, replaced_lora_forwards
+from llm_zoo_train.kernels.lora_rank_rows import RankRowsLoRA, rank_rows_chosen
 
 __all__ = ["exact_scaling", "fused_lora_forward", "fused_matches_peft"]
 
@@ -158,6 +158,6 @@ def fused_lora_forward(model: Any, kernel: str = "exact") -> AbstractContextMana
     docstring) where it applies, peft's own elsewhere; afterwards peft's own again. The graph built
     inside the block can be differentiated after it. ``kernel`` (``training.update_kernel``):
     ``"exact"`` keeps peft's bits; ``"auto"`` and ``"onednn"`` may multiply with the rank as the
-    rows instead (:mod:`~llm_zoo_train.models.lora_rank_rows`, other rounding)."""
+    rows instead (:mod:`~llm_zoo_train.kernels.lora_rank_rows`, other rounding)."""
     rank_rows = kernel != "exact" and rank_rows_chosen(kernel, _rank_rows_shapes(model))
     return replaced_lora_forwards(model, lambda layer: partial(_fused_forward, layer, rank_rows))

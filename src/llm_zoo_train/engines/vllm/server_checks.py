@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_zoo_train.engines.openai_compat import EndpointError
-from llm_zoo_train.engines.server_client import ServerClient
+from llm_zoo_train.engines.vllm.server_client import ServerClient
 
 __all__ = ["ServerFacts", "check_logprobs_mode", "check_servers", "same_model"]
 

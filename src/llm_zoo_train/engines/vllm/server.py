@@ -16,7 +16,7 @@ How one :meth:`VLLMServerEngine.generate` call runs:
    ``prompt_token_ids`` the trainer scores are exactly what was sampled from.
 2. Prompt ``i`` is one request with ``n`` samples (the K candidates share one prefill), naming the
    served version of its adapter as ``model``, with the sampling fields and seed of the colocated
-   engine (:func:`llm_zoo_train.engines.vllm_requests.request_sampling_fields`): the same seed gives the
+   engine (:func:`llm_zoo_train.engines.vllm.requests.request_sampling_fields`): the same seed gives the
    same samples on a server as in-process. ``logprobs=0`` and ``return_tokens_as_token_ids``
    return each sampled token's id and logprob; ``return_token_ids`` returns the ids as integers.
 3. Prompts are spread round robin over the servers (the start rotates from call to call) and sent
@@ -34,14 +34,14 @@ rank 0 is raised on every rank, nobody waits forever) and then use the same name
 
 Base-model prompts (adapter ``None``) go to an all-zero LoRA by default, because vLLM's CPU LoRA
 kernels give base-model requests in a mixed batch an adapter's weights (see
-:mod:`llm_zoo_train.engines.vllm`); on GPU servers ``zero_adapter_for_base=False`` saves a slot.
+:mod:`llm_zoo_train.engines.vllm.engine`); on GPU servers ``zero_adapter_for_base=False`` saves a slot.
 
-Checks at start (:mod:`llm_zoo_train.engines.server_checks`), on every server: ``GET /health``, ``/version`` and ``/v1/models`` (the served base
+Checks at start (:mod:`llm_zoo_train.engines.vllm.server_checks`), on every server: ``GET /health``, ``/version`` and ``/v1/models`` (the served base
 model must be the trainer's), ``POST /tokenize`` (the server's tokenizer must encode a probe text
 like the trainer's), and one one-token request with ``top_k=1``: with processed logprobs its logprob
 is exactly 0, with vLLM's default raw logprobs it is not, and the error says which flag is missing.
 
-Errors (:mod:`llm_zoo_train.engines.server_client`): every request has a timeout; connection
+Errors (:mod:`llm_zoo_train.engines.vllm.server_client`): every request has a timeout; connection
 errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff (generation requests on
 the next server). A server that answers 404 for one of this engine's adapter names has lost them
 (it restarted): the engine loads its current adapters there again from their copies and retries
@@ -65,14 +65,14 @@ from typing import Any
 
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args, report_generated
 from llm_zoo_train.engines.openai_compat import EndpointError
-from llm_zoo_train.engines.server_checks import check_servers
-from llm_zoo_train.engines.server_client import ServerClient
-from llm_zoo_train.engines.vllm_requests import (
+from llm_zoo_train.engines.vllm.requests import (
     adapter_rank,
     check_served_adapters,
     request_sampling_fields,
     write_zero_adapter,
 )
+from llm_zoo_train.engines.vllm.server_checks import check_servers
+from llm_zoo_train.engines.vllm.server_client import ServerClient
 from llm_zoo_train.models.chat import encode_prompt
 
 __all__ = ["VLLMServerEngine", "engine_from_config", "server_engine", "server_root"]

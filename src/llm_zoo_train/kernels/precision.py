@@ -14,7 +14,7 @@ thread), and they depend on the CPU:
 So ``model.attn_implementation: auto`` picks eager for bfloat16/float16 on a CPU without bfloat16
 instructions and sdpa everywhere else, and a bfloat16/float16 model on such a CPU is warned about
 once: float32 is the faster choice there. Where ``auto`` picks sdpa on a CPU, it is the variant of
-:mod:`llm_zoo_train.models.attention` that reads grouped key/value heads in place while
+:mod:`llm_zoo_train.kernels.attention` that reads grouped key/value heads in place while
 generating (the same numbers; a left-padded decode step 2.3x faster in float32,
 ``benchmarks/decode_step.py``); an explicit ``sdpa`` is transformers' own.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from llm_zoo_train.models.attention import register as register_shared_kv_attention
+from llm_zoo_train.kernels.attention import register as register_shared_kv_attention
 
 __all__ = ["NATIVE_BF16_FLAGS", "choose_attention", "cpu_computes_bf16", "warn_if_emulated"]
 

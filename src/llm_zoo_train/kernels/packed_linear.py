@@ -76,7 +76,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from llm_zoo_train.models.merged_lora import MergedAdapterPackings
+from llm_zoo_train.kernels.merged_lora import MergedAdapterPackings
 
 __all__ = [
     "KERNELS",
@@ -265,7 +265,7 @@ class PackedLinearWeights:
     Args:
         kernel: ``"auto"``, ``"exact"`` or ``"onednn"`` (module docstring).
         merge_adapters: Where oneDNN's copies serve, serve each peft LoRA layer's one active
-            adapter by a copy of its merged weight (:mod:`~llm_zoo_train.models.merged_lora`).
+            adapter by a copy of its merged weight (:mod:`~llm_zoo_train.kernels.merged_lora`).
     """
 
     def __init__(self, kernel: str = "auto", *, merge_adapters: bool = True) -> None:

@@ -13,14 +13,14 @@ forward and backward, and adds the scaled product to ``x W^T`` in one ``addmm``.
 **Other rounding.** The sums are the same but MKL adds them in another order, so the logprobs and
 gradients differ from peft's by float32 rounding (about 1e-7 relative per product). It is therefore
 part of ``training.update_kernel`` with the frozen layers' oneDNN copies
-(:mod:`~llm_zoo_train.models.frozen_linear`): ``"exact"`` never takes it (peft's bits, through
-:mod:`~llm_zoo_train.models.lora_training`'s fused form), ``"onednn"`` always does on a CPU in
+(:mod:`~llm_zoo_train.kernels.frozen_linear`): ``"exact"`` never takes it (peft's bits, through
+:mod:`~llm_zoo_train.kernels.lora_training`'s fused form), ``"onednn"`` always does on a CPU in
 float32, and ``"auto"`` times one forward and backward of each of the model's LoRA shapes both
-ways at :data:`~llm_zoo_train.models.frozen_linear.MEASURED_ROWS` rows, once per process and set
+ways at :data:`~llm_zoo_train.kernels.frozen_linear.MEASURED_ROWS` rows, once per process and set
 of shapes (weighted by how many layers have the shape), and takes the rank as the rows only where
-it is at least :data:`~llm_zoo_train.models.packed_linear.ONEDNN_MIN_SPEEDUP` times faster; an
+it is at least :data:`~llm_zoo_train.kernels.packed_linear.ONEDNN_MIN_SPEEDUP` times faster; an
 ``INFO`` line says which. Like the other timed choices, the measurement travels with the run
-(:mod:`~llm_zoo_train.models.kernel_choices`: :func:`rank_rows_measurements`,
+(:mod:`~llm_zoo_train.kernels.choices`: :func:`rank_rows_measurements`,
 :func:`adopt_rank_rows_measurements`), so a resumed run repeats the uninterrupted one bit for bit.
 
 Measured in the trainer-vs-TRL job (SmolLM2-135M in float32, all-linear r=8 adapters, 8 completions
@@ -40,8 +40,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from llm_zoo_train.models.frozen_linear import MEASURED_ROWS
-from llm_zoo_train.models.packed_linear import KERNELS, ONEDNN_MIN_SPEEDUP, TIMED_PASSES
+from llm_zoo_train.kernels.frozen_linear import MEASURED_ROWS
+from llm_zoo_train.kernels.packed_linear import KERNELS, ONEDNN_MIN_SPEEDUP, TIMED_PASSES
 
 __all__ = [
     "RankRowsChoice",
@@ -173,7 +173,7 @@ def _pass_seconds(calls: list[tuple[int, Callable[[], None]]]) -> float:
 def _peft_pass(
     result: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, grad: torch.Tensor
 ) -> None:
-    """peft's products (the fused ``addmm`` of :mod:`~llm_zoo_train.models.lora_training`), forward
+    """peft's products (the fused ``addmm`` of :mod:`~llm_zoo_train.kernels.lora_training`), forward
     and backward."""
     output = torch.addmm(result, F.linear(x, lora_a), lora_b.t(), alpha=2.0)
     torch.autograd.grad(output, (result, x, lora_a, lora_b), grad)

@@ -1,7 +1,7 @@
 """peft's LoRA linear layers with another ``forward`` for the length of a block.
 
-The engine's lean inference forward (:mod:`~llm_zoo_train.models.lora_inference`) and the
-update's fused forward (:mod:`~llm_zoo_train.models.lora_training`) replace each plain peft
+The engine's lean inference forward (:mod:`~llm_zoo_train.kernels.lora_inference`) and the
+update's fused forward (:mod:`~llm_zoo_train.kernels.lora_training`) replace each plain peft
 ``lora.Linear``'s ``forward`` on the instance while a block runs and give peft's back after it.
 :func:`replaced_lora_forwards` does that for both; a layer whose ``forward`` someone else already
 replaced on the instance (accelerate's hooks) is left alone. Both use their faster operations only

@@ -1,6 +1,6 @@
 """Where a colocated vLLM engine runs: its own GPU per trainer process, or a tensor-parallel group.
 
-The ``vllm`` engine (:mod:`llm_zoo_train.engines.vllm`) starts vLLM's engine-core process from the
+The ``vllm`` engine (:mod:`llm_zoo_train.engines.vllm.engine`) starts vLLM's engine-core process from the
 trainer's process. That child picks its GPUs from ``CUDA_VISIBLE_DEVICES`` as it is when it starts,
 so :func:`engine_gpus` says which devices this process's engine gets and :func:`visible_devices`
 sets them for the start only (the trainer's own CUDA context is already made and keeps its device):

@@ -40,6 +40,10 @@ CPU the loop keeps :data:`CPU_FLOAT32_FLOOR_ROWS` rows in the forward passes whi
 :data:`CPU_FLOAT32_FLOOR_FROM` rows still generate: finished rows stay in as placeholders (fed the
 pad token, their outputs unread) rather than leave one by one. bfloat16 (oneDNN) has no such step
 (11.6-13.3 ms for 1-16 rows), and there every finished row leaves at once.
+
+With ``compact_finished_rows`` off the engine runs ``model.generate`` itself;
+:class:`GenerateLogprobRecorder` and :class:`GenerateStepReporter` are the logits processors that
+record its logprobs and report its progress.
 """
 
 from __future__ import annotations
@@ -49,15 +53,17 @@ from collections.abc import Collection
 from typing import Any
 
 import torch
-from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import LogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from llm_zoo_train.engines.base import report_generated
-from llm_zoo_train.engines.hf_kv_buffer import preallocate
+from llm_zoo_train.engines.hf.kv_buffer import preallocate
 
 __all__ = [
     "CPU_FLOAT32_FLOOR_FROM",
     "CPU_FLOAT32_FLOOR_ROWS",
     "DRAW_BLOCK",
+    "GenerateLogprobRecorder",
+    "GenerateStepReporter",
     "decode_compacting",
     "draw_per_row",
     "last_logits_only",
@@ -197,7 +203,7 @@ def decode_compacting(
         top_k: Keep the ``top_k`` most likely tokens (0: off).
         top_p: Nucleus sampling mass (1.0: off).
         preallocate_kv: After the first forward pass, move the cache into buffers with room for
-            every remaining token (:mod:`~llm_zoo_train.engines.hf_kv_buffer`), so decode steps
+            every remaining token (:mod:`~llm_zoo_train.engines.hf.kv_buffer`), so decode steps
             write in place instead of re-copying the cache. Same numbers; plain
             ``DynamicLayer`` caches only (others are left as they are).
         floor_rows: Rows kept in the forward passes while at least :data:`CPU_FLOAT32_FLOOR_FROM`
@@ -312,3 +318,45 @@ def decode_compacting(
             live = torch.searchsorted(keep, still)
         step_ids, step_mask = next_ids[:, None], mask
     return tokens, logprobs
+
+
+class GenerateLogprobRecorder(LogitsProcessor):
+    """Records ``log_softmax(raw_logits / temperature)`` of each sampled token, without changing
+    the scores. At step t it sees the token chosen at step t-1 (last column of ``input_ids``); the
+    last step's token is read from the final sequences by :meth:`finish`. Keeps one [B, V] tensor,
+    not the whole [B, T, V] history."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.steps: list[torch.Tensor] = []
+        self._previous: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._previous is not None:
+            self.steps.append(self._previous.gather(1, input_ids[:, -1:]).squeeze(1))
+        self._previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """The [B, T] logprobs of the ``new_tokens`` [B, T] generated."""
+        if self._previous is not None:
+            self.steps.append(self._previous.gather(1, new_tokens[:, -1:]).squeeze(1))
+            self._previous = None
+        if len(self.steps) != new_tokens.shape[1]:
+            raise RuntimeError(
+                f"recorded {len(self.steps)} logprob steps for {new_tokens.shape[1]} generated tokens"
+            )
+        return (
+            torch.stack(self.steps, dim=1)
+            if self.steps
+            else new_tokens.new_zeros(new_tokens.shape, dtype=torch.float)
+        )
+
+
+class GenerateStepReporter(LogitsProcessor):
+    """Reports each decode step's rows as generated tokens (live progress of ``model.generate``;
+    rows that have ended count until the batch ends). Leaves the scores unchanged."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        report_generated(scores.shape[0])
+        return scores

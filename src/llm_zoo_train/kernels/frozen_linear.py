@@ -19,14 +19,14 @@ differ from ``F.linear``'s by float32 rounding (about 1e-7 relative per product)
 * ``"onednn"``: oneDNN's copies wherever they apply;
 * ``"auto"`` (the default): measured once per process and set of layer shapes: one layer of each
   shape, :data:`MEASURED_ROWS` rows, forward and input gradient, one untimed and
-  :data:`~llm_zoo_train.models.packed_linear.TIMED_PASSES` timed passes each way (weighted by how
+  :data:`~llm_zoo_train.kernels.packed_linear.TIMED_PASSES` timed passes each way (weighted by how
   many layers have the shape), and oneDNN's only where it is at least
-  :data:`~llm_zoo_train.models.packed_linear.ONEDNN_MIN_SPEEDUP` times faster; the choice is
+  :data:`~llm_zoo_train.kernels.packed_linear.ONEDNN_MIN_SPEEDUP` times faster; the choice is
   logged at ``INFO``.
 
 Applies to plain ``nn.Linear`` layers whose weight needs no gradient (and whose bias, if any,
 neither), on the CPU, float32, both sides at least
-:data:`~llm_zoo_train.models.packed_linear.MIN_SIDE`; inputs must be float32 with autocast off.
+:data:`~llm_zoo_train.kernels.packed_linear.MIN_SIDE`; inputs must be float32 with autocast off.
 Anything else runs ``F.linear``.
 
 Measured on an AMD EPYC (Zen 4, one thread, SmolLM2-135M, all-linear r=8 adapters, load ~1):
@@ -48,7 +48,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from llm_zoo_train.models.packed_linear import (
+from llm_zoo_train.kernels.packed_linear import (
     KERNELS,
     MIN_SIDE,
     ONEDNN_MIN_SPEEDUP,

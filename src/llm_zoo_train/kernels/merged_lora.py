@@ -9,7 +9,7 @@ when a call decodes more than a few tokens.
 
 :class:`MergedAdapterPackings` keeps, per LoRA layer and adapter, oneDNN's packed copy of the merged
 weight, and :meth:`MergedAdapterPackings.applied` gives each eligible layer a forward that
-multiplies by it. :class:`~llm_zoo_train.models.packed_linear.PackedLinearWeights` uses it only
+multiplies by it. :class:`~llm_zoo_train.kernels.packed_linear.PackedLinearWeights` uses it only
 where it multiplies by oneDNN's copies anyway (``decode_kernel: onednn``, or ``auto`` where oneDNN
 measured faster): there the products already differ from ``F.linear``'s by float32 rounding, and
 the merged weight differs the same way (the rounding of ``W + s B A`` and of one sum instead of
@@ -24,7 +24,7 @@ base model's linear layers' size again in memory.
 Eligible: a peft ``lora.Linear`` on the CPU in float32 over a plain ``nn.Linear``, with one active
 adapter, not merged or disabled, no variant (DoRA, ...), no ``lora_B`` bias, no hooks on its
 matrices, no dropout in training mode, and whose ``forward`` is the class's or
-:func:`~llm_zoo_train.models.lora_forward.replaced_lora_forwards`'s (not accelerate's hooks). At
+:func:`~llm_zoo_train.kernels.lora_forward.replaced_lora_forwards`'s (not accelerate's hooks). At
 call time, anything but a plain float32 input the packing serves (autograd on, extra arguments,
 another active adapter) runs the layer's previous forward.
 
@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from llm_zoo_train.models.lora_forward import lora_linear_class, replaced_by_lora_forwards
+from llm_zoo_train.kernels.lora_forward import lora_linear_class, replaced_by_lora_forwards
 
 __all__ = ["MAX_MERGED_ADAPTERS", "MergedAdapterPackings", "mergeable_adapter"]
 

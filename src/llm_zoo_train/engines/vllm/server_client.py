@@ -1,7 +1,7 @@
 """HTTP calls to vLLM servers: timeouts everywhere, retries with backoff, failover to the next server.
 
 :class:`ServerClient` is the transport of the ``vllm_server`` engine
-(:mod:`llm_zoo_train.engines.vllm_server`). Connection errors, timeouts, HTTP 408, 429 and 5xx
+(:mod:`llm_zoo_train.engines.vllm.server`). Connection errors, timeouts, HTTP 408, 429 and 5xx
 are transient: they are retried after ``retry_backoff_s``, then twice that, and so on (at most
 30 s). Any other HTTP error is raised at once. Every error is an
 :class:`~llm_zoo_train.engines.openai_compat.EndpointError` naming the server, the route and the

@@ -1,10 +1,10 @@
 """What the ``"auto"`` kernel choices measured, as one record a run keeps and passes on.
 
 Four choices are timed on the machine rather than assumed, once per process: the decode's
-packed products (``rollout.decode_kernel``, :mod:`llm_zoo_train.models.packed_linear`), the
+packed products (``rollout.decode_kernel``, :mod:`llm_zoo_train.kernels.packed_linear`), the
 update's frozen-layer products and its LoRA products (``training.update_kernel``,
-:mod:`llm_zoo_train.models.frozen_linear`, :mod:`llm_zoo_train.models.lora_rank_rows`) and a decode
-step's attention (:mod:`llm_zoo_train.models.attention`). Each alternative rounds
+:mod:`llm_zoo_train.kernels.frozen_linear`, :mod:`llm_zoo_train.kernels.lora_rank_rows`) and a decode
+step's attention (:mod:`llm_zoo_train.kernels.attention`). Each alternative rounds
 differently, and where the two are close in time a timing can go either way. A process that
 measured again could then choose otherwise, and its tokens, logprobs and gradients would differ
 from the run it continues in the last float32 bits, so that a resumed run would not repeat the
@@ -26,10 +26,10 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from llm_zoo_train.models.attention import adopt_decode_attention_choices, decode_attention_choices
-from llm_zoo_train.models.frozen_linear import adopt_frozen_measurements, frozen_measurements
-from llm_zoo_train.models.lora_rank_rows import adopt_rank_rows_measurements, rank_rows_measurements
-from llm_zoo_train.models.packed_linear import adopt_measurements, measurements
+from llm_zoo_train.kernels.attention import adopt_decode_attention_choices, decode_attention_choices
+from llm_zoo_train.kernels.frozen_linear import adopt_frozen_measurements, frozen_measurements
+from llm_zoo_train.kernels.lora_rank_rows import adopt_rank_rows_measurements, rank_rows_measurements
+from llm_zoo_train.kernels.packed_linear import adopt_measurements, measurements
 
 __all__ = ["KernelChoicesError", "adopt_kernel_choices", "describe_kernel_choices", "measured_kernel_choices"]
 

@@ -1,7 +1,7 @@
 """Start a vLLM OpenAI-compatible server on this machine, ready for the ``vllm_server`` engine.
 
 :class:`LocalVLLMServer` runs ``python -m vllm.entrypoints.openai.api_server`` as a child process
-with the options :class:`~llm_zoo_train.engines.vllm_server.VLLMServerEngine` needs (LoRA on,
+with the options :class:`~llm_zoo_train.engines.vllm.server.VLLMServerEngine` needs (LoRA on,
 runtime LoRA updating allowed, processed logprobs), waits until ``GET /health`` answers, and stops
 the process (and its engine-core children) on :meth:`~LocalVLLMServer.stop` or at the end of a
 ``with`` block. Tests, benchmarks and single-machine runs use it; on other machines start the same
@@ -10,7 +10,7 @@ command by hand (:attr:`LocalVLLMServer.command` shows it). ``vllm serve`` is no
 
 On a machine where vLLM runs on the CPU the command carries ``--no-enable-chunked-prefill``: vLLM
 0.32 kills its engine core when it splits the prefill of a seeded request there (``RuntimeError:
-CPU Generator does not use offset``; :mod:`llm_zoo_train.engines.vllm` explains), and the
+CPU Generator does not use offset``; :mod:`llm_zoo_train.engines.vllm.engine` explains), and the
 ``vllm_server`` engine seeds every request. Start CPU servers by hand with the same option.
 """
 

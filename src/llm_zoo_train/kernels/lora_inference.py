@@ -14,7 +14,7 @@ dtypes and the same order of operations, with less around it:
 * the two products run as ``torch.mm`` by contiguous transposed copies of ``lora_A`` and
   ``lora_B``, made once per block, instead of ``F.linear``'s transposed views, and with a scaling
   that is a power of two of at least 1 and one dtype throughout, the scaled sum runs inside the
-  second product (``addmm``; exact, see :mod:`~llm_zoo_train.models.lora_training`). Between the
+  second product (``addmm``; exact, see :mod:`~llm_zoo_train.kernels.lora_training`). Between the
   base model's large products a decode step finds the caches cold, and there ``F.linear`` on a
   16 x 576 input by a rank-8 matrix took 29 us against 8 us for the copy's ``mm``. MKL's kernels
   for the two layouts could round differently, so each shape (rows, sizes, dtypes, scaling) is
@@ -45,8 +45,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from llm_zoo_train.models.lora_forward import ProbeVerdicts, replaced_lora_forwards
-from llm_zoo_train.models.lora_training import exact_scaling
+from llm_zoo_train.kernels.lora_forward import ProbeVerdicts, replaced_lora_forwards
+from llm_zoo_train.kernels.lora_training import exact_scaling
 
 __all__ = ["lean_lora_forward", "zero_adapters"]
 

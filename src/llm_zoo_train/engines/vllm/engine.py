@@ -48,7 +48,7 @@ so the engine core dies (``RuntimeError: CPU Generator does not use offset``) as
 request is split, which happens whenever a batch's prompts exceed ``max_num_batched_tokens``. On
 the CPU platform this engine therefore turns chunked prefill off (vLLM then raises the token
 budget to at least ``max_model_len``, so every prompt is prefilled in one step).
-:class:`~llm_zoo_train.engines.vllm_server_launch.LocalVLLMServer` does the same for servers.
+:class:`~llm_zoo_train.engines.vllm.server_launch.LocalVLLMServer` does the same for servers.
 
 Sleep mode (GPU only). With ``enable_sleep_mode=True`` the trainer can call :meth:`sleep` before
 its update (vLLM offloads the weights to CPU memory and frees the KV cache, giving the GPU memory
@@ -74,7 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_zoo_train.engines.base import Completion, SamplingParams, check_generate_args
-from llm_zoo_train.engines.vllm_requests import (
+from llm_zoo_train.engines.vllm.requests import (
     VLLM_LORA_RANKS,
     FinishedRequests,
     adapter_rank,
@@ -436,7 +436,7 @@ def engine_from_config(config: Any, policy: Any) -> VLLMEngine:
     exactly; bfloat16 is the usual choice on GPU, with the mismatch logged and optionally corrected
     by importance sampling).
     """
-    from llm_zoo_train.engines.vllm_placement import engine_gpus, visible_devices
+    from llm_zoo_train.engines.vllm.placement import engine_gpus, visible_devices
     from llm_zoo_train.models.policy import resolve_model_path
 
     try:
@@ -455,7 +455,7 @@ def engine_from_config(config: Any, policy: Any) -> VLLMEngine:
     tensor_parallel_size = int(getattr(section, "tensor_parallel_size", 1) or 1)
     if tensor_parallel_size > 1:
         llm_kwargs["tensor_parallel_size"] = tensor_parallel_size
-    # Each process's engine on its own GPU (or tensor-parallel group): engines/vllm_placement.py.
+    # Each process's engine on its own GPU (or tensor-parallel group): engines/vllm/placement.py.
     with visible_devices(engine_gpus(world_size, tensor_parallel_size)):
         return VLLMEngine(
             resolve_model_path(config.model.name_or_path, config.model.cache_dir),

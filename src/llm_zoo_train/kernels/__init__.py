@@ -1,0 +1,35 @@
+"""CPU speed kernels: faster ways to run the policy's products and attention on a CPU.
+
+The policy (:mod:`llm_zoo_train.models`) is a frozen base model with LoRA adapters; the modules
+here make its forward and backward cheaper on a CPU without changing what it computes. None of them
+runs on a GPU: each checks the device, dtype and shape it is given and otherwise leaves the
+layer to transformers and peft. Each module's docstring gives its measurements.
+
+What each buys, and where:
+
+* :mod:`~llm_zoo_train.kernels.packed_linear` (``rollout.decode_kernel``): a decode step's
+  float32 products by weights packed once for MKL (same bits, checked; the Intel Xeon's choice)
+  or for oneDNN (other rounding; about twice as fast on the AMD EPYC, where MKL is slow).
+* :mod:`~llm_zoo_train.kernels.merged_lora`: where oneDNN's packed products run, each LoRA
+  layer's merged weight packed too, so a decode layer is one product.
+* :mod:`~llm_zoo_train.kernels.lora_inference`: peft's LoRA forward while generating, with less
+  work around the two small products (same bits; an untrained adapter costs nothing).
+* :mod:`~llm_zoo_train.kernels.frozen_linear` (``training.update_kernel``): the update's frozen
+  float32 layers multiplied by oneDNN's packed copies, forward and input gradient (the EPYC).
+* :mod:`~llm_zoo_train.kernels.lora_rank_rows` (``training.update_kernel``): the update's LoRA
+  products with the rank as the rows, where MKL is slow at eight columns (the EPYC).
+* :mod:`~llm_zoo_train.kernels.lora_training`: peft's LoRA forward in the update with the scaling
+  and the sum folded into one ``addmm`` (same bits, probed per shape; every CPU).
+* :mod:`~llm_zoo_train.kernels.lora_forward`: swapping a LoRA layer's ``forward`` for one block,
+  shared by the two above.
+* :mod:`~llm_zoo_train.kernels.attention`: sdpa that reads grouped key/value heads in place while
+  generating (same numbers), and a decode step's attention as grouped products where torch's
+  kernel is slower (bfloat16 on the EPYC).
+* :mod:`~llm_zoo_train.kernels.precision`: which attention implementation a model runs and
+  whether the CPU computes bfloat16 in hardware (AVX512-BF16, AMX).
+* :mod:`~llm_zoo_train.kernels.choices`: the ``"auto"`` choices above are timed once per process;
+  this is their record, which a checkpoint keeps so that a resumed run chooses as the first did.
+
+The kernels sit below :mod:`llm_zoo_train.models` in the stages (``tests/test_layering.py``): the
+policy and the engines use them; they import neither.
+"""
