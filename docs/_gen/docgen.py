@@ -180,6 +180,7 @@ API_EXCLUDED: dict[str, str] = {
     "llm_zoo.sandbox.cleanup": "the sandbox's internals; llm_zoo.sandbox documents how it isolates programs",
     "llm_zoo.sandbox.jail": "the sandbox's internals; llm_zoo.sandbox documents how it isolates programs",
     "llm_zoo.sandbox.layers": "the sandbox's internals; llm_zoo.sandbox documents how it isolates programs",
+    "llm_zoo.sandbox.pool": "the implementation of llm_zoo.sandbox's public API, re-exported and documented there",
     "llm_zoo.sandbox.protocol": "the sandbox's internals; llm_zoo.sandbox documents how it isolates programs",
     "llm_zoo.sandbox.runner": "the sandbox's internals; llm_zoo.sandbox documents how it isolates programs",
     "llm_zoo.sandbox.seccomp": "the sandbox's internals; llm_zoo.sandbox documents how it isolates programs",
