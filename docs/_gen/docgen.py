@@ -39,6 +39,8 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.family", "llm_zoo.family"),
     ("llm_zoo.integrations.trl", "llm_zoo.integrations.trl"),
     ("llm_zoo.reward_hacks", "llm_zoo.reward_hacks"),
+    ("llm_zoo.reward_hacks.policies", "llm_zoo.reward_hacks.policies"),
+    ("llm_zoo.reward_hacks.search", "llm_zoo.reward_hacks.search"),
     ("llm_zoo.parsing", "llm_zoo.parsing"),
     ("llm_zoo.sandbox", "llm_zoo.sandbox"),
     ("llm_zoo.checkers.call_harness", "llm_zoo.checkers.call_harness"),
