@@ -63,6 +63,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.envs.plan_path", "llm_zoo.envs.plan_path"),
     ("llm_zoo.envs.sokoban", "llm_zoo.envs.sokoban"),
     ("llm_zoo.envs.grid_agents", "llm_zoo.envs.grid_agents"),
+    ("llm_zoo.envs.grid_answers", "llm_zoo.envs.grid_answers"),
     ("llm_zoo.envs.code", "llm_zoo.envs.code"),
     ("llm_zoo.envs.code_judge", "llm_zoo.envs.code_judge"),
     ("llm_zoo.envs.code_prompts", "llm_zoo.envs.code_prompts"),
