@@ -66,6 +66,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo.envs.grid_answers", "llm_zoo.envs.grid_answers"),
     ("llm_zoo.envs.code", "llm_zoo.envs.code"),
     ("llm_zoo.envs.code_judge", "llm_zoo.envs.code_judge"),
+    ("llm_zoo.envs.code_tester_reward", "llm_zoo.envs.code_tester_reward"),
     ("llm_zoo.envs.code_prompts", "llm_zoo.envs.code_prompts"),
     ("llm_zoo.envs.code_impossible", "llm_zoo.envs.code_impossible"),
     ("llm_zoo.envs.code_mutants", "llm_zoo.envs.code_mutants"),
