@@ -18,7 +18,7 @@ import time
 import pytest
 
 from llm_zoo import sandbox
-from llm_zoo.sandbox import cgroup, runner, server
+from llm_zoo.sandbox import cgroup, pool, runner, server
 from test_sandbox_hostile import SETUPS, make_box
 
 # Sends ``count`` pipes, each holding 1 MiB, over a Unix socket that travels in its own queue: once
@@ -194,7 +194,7 @@ class _RefusingThenWorkingServer:
 def test_a_server_that_retires_before_a_job_costs_that_job_nothing(monkeypatch):
     """The host's side: no result, ``retire`` from the server means the jobs never ran; they run on
     another server, with no error, and nobody is blamed."""
-    monkeypatch.setattr(sandbox, "Worker", _RefusingThenWorkingServer)
+    monkeypatch.setattr(pool, "Worker", _RefusingThenWorkingServer)
     monkeypatch.setattr(_RefusingThenWorkingServer, "started", 0)
     with sandbox.Sandbox("rlimits", workers=1) as box:
         results = box.run_many([sandbox.Job(f"print({i})", memory_mb=16) for i in range(3)])
@@ -224,7 +224,7 @@ class _DyingOnceServer:
             self.ran.append(code)
             if code == b"print('die')" and self is type(self).instances[0]:
                 self.alive = False
-                raise sandbox.WorkerDied("killed from outside", started=len(replies) + 1)
+                raise pool.WorkerDied("killed from outside", started=len(replies) + 1)
             replies.append((dict(_RAN), code, b""))
         return replies, False
 
@@ -237,7 +237,7 @@ class _DyingOnceServer:
 def test_a_suspects_rerun_gets_a_server_that_ran_nothing_else(monkeypatch):
     """A server that other jobs used may carry what they left: the rerun that decides whether a
     job killed its server runs on a new one."""
-    monkeypatch.setattr(sandbox, "Worker", _DyingOnceServer)
+    monkeypatch.setattr(pool, "Worker", _DyingOnceServer)
     monkeypatch.setattr(_DyingOnceServer, "instances", [])
     with sandbox.Sandbox("rlimits", workers=1) as box:
         # Chunks of every other job: the first holds the jobs 0, 2, 4, 6, and job 0 kills its server.

@@ -182,7 +182,6 @@ Version history:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import json
@@ -192,22 +191,26 @@ from typing import Any
 import numpy as np
 
 from llm_zoo.arguments import MAX_MEMORY_MB, MAX_TIMEOUT_S, check_int, check_number
-from llm_zoo.checkers.call_harness import call_text, literal, value_text
+from llm_zoo.checkers.call_harness import literal, value_text
 from llm_zoo.core import MAX_ACTION_CHARS, Outcome, TextAECEnv
 from llm_zoo.data.code import TestCase, load_code_problems
 from llm_zoo.envs.code_impossible import IMPOSSIBLE_SPLIT, impossible_problems
-from llm_zoo.envs.code_judge import CallJudge, judge_for, outputs_match, run_program_on_inputs
-from llm_zoo.envs.code_mutants import known_wrong_mutants
-from llm_zoo.envs.code_prompts import (
-    MAX_TESTS_JSON_CHARS,
-    ROLE_INTRO,
-    call_test_json,
-    parse_tests,
-    task_text,
-    test_json,
+from llm_zoo.envs.code_judge import MAX_TIMEOUTS, CallJudge, judge_for, outputs_match, run_program_on_inputs
+from llm_zoo.envs.code_prompts import MAX_TESTS_JSON_CHARS, ROLE_INTRO, parse_tests, state_text, task_text
+from llm_zoo.envs.code_tester_reward import (
+    INVALID_TEST_SCORE,
+    MAX_MUTANTS,
+    MUTANT_TIMEOUT_S,
+    TesterReward,
 )
+from llm_zoo.envs.code_tester_reward import MIN_MUTANT_TIMEOUT_S as MIN_MUTANT_TIMEOUT_S
+from llm_zoo.envs.code_tester_reward import MUTANT_TIME_FACTOR as MUTANT_TIME_FACTOR
+from llm_zoo.envs.code_tester_reward import statement_examples as statement_examples
 from llm_zoo.parsing import ParseError, extract_code_block
 from llm_zoo.sandbox import RunResult
+
+# Imported "as" themselves: the tester reward's limits and statement_examples were defined here
+# before they moved to code_tester_reward, and stay importable from the env's module.
 
 __all__ = [
     "FORMAT_PENALTY",
@@ -223,18 +226,6 @@ __all__ = [
 ]
 
 FORMAT_PENALTY = -1.0
-INVALID_TEST_SCORE = -0.5
-#: Most known-wrong mutants kept per problem (the ``mutants`` argument).
-MAX_MUTANTS = 16
-#: Most seconds a mutant's run may take (at most the env's ``timeout``; per problem
-#: :data:`MUTANT_TIME_FACTOR` times the reference's slowest hidden-test run, at least
-#: :data:`MIN_MUTANT_TIMEOUT_S`): one that times out on a hidden test is not kept, one that times
-#: out on a tester's test is caught by it.
-MUTANT_TIMEOUT_S = 1.0
-MIN_MUTANT_TIMEOUT_S = 0.2
-MUTANT_TIME_FACTOR = 4.0
-#: Once a program has timed out this often in one evaluation, its remaining batches fail unrun.
-MAX_TIMEOUTS = 2
 #: Most characters of program output (stdout, and the kept stderr tails) cached per episode.
 MAX_CACHED_OUTPUT_CHARS = 4_000_000
 #: The tail of a cached run's stderr that is kept (prompts show its last 4 lines).
@@ -244,55 +235,10 @@ MAX_PROGRAM_CHARS = MAX_ACTION_CHARS
 #: Most ``max_tests``: every generated test runs once per program, and a tester answer is at most
 #: 65,536 characters anyway (about 1,000 of the shortest tests).
 MAX_TESTS = 1000
-_SHOWN_CHARS = 400  # per input / output in prompts
-_SHOWN_DISAGREEMENTS = 5
 _CHUNK = 8  # tests run per batch call; time-outs are counted between batches
 
 
-# ---------------------------------------------------------------------------------------- text
-
-
-def _clip(text: str, limit: int = _SHOWN_CHARS) -> str:
-    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
-
-
-def _shown(label: str, text: str) -> str:
-    """A labelled block of program text for a prompt: fenced, clipped, ``(empty)`` when empty."""
-    body = _clip(text).rstrip("\n")
-    return f"{label}:\n```\n{body}\n```" if body.strip() else f"{label}: (empty)"
-
-
 # ---------------------------------------------------------------------------------------- env
-
-
-def statement_examples(problem: Any, judge: Any) -> frozenset[str]:
-    """The judge's input keys of the hidden tests that the statement shows as examples: a stdin
-    whose whitespace-separated tokens appear, in order and together, in the statement's; a call
-    whose every argument appears, written as Python or JSON without spaces, in the statement
-    without spaces. A unit tester's copy of one is valid but tells the coder nothing new."""
-    text = " ".join(problem.statement.split())
-    packed = "".join(problem.statement.split())
-    examples = set()
-    for test in problem.tests:
-        if problem.call is None:
-            shown = " ".join(test.input.split())
-            if shown and f" {shown} " in f" {text} ":
-                examples.add(judge.input_key(test.input))
-            continue
-        try:
-            args = literal(test.input)
-        except ValueError:
-            continue
-        if isinstance(args, list) and args and all(_written_in(arg, packed) for arg in args):
-            examples.add(judge.input_key(test.input))
-    return frozenset(examples)
-
-
-def _written_in(value: Any, packed: str) -> bool:
-    forms = ["".join(repr(value).split())]
-    with contextlib.suppress(TypeError, ValueError):  # not JSON: its repr alone
-        forms.append("".join(json.dumps(value).split()))
-    return any(form in packed for form in forms)
 
 
 class _SharedCache(dict):
@@ -310,7 +256,7 @@ class _Problems(tuple):
         return self
 
 
-class CodeEnv(TextAECEnv):
+class CodeEnv(TesterReward, TextAECEnv):
     """Coder + unit tester on programming problems, stdin/stdout or call-based. See the module docstring.
 
     Args:
@@ -476,23 +422,6 @@ class CodeEnv(TextAECEnv):
         """``(passed, shown output)`` of ``code`` on each test, judged by the problem's kind."""
         return self.judge.evaluate(code, tests, self._run, self.timeout)
 
-    def _validity(self, tests: list[TestCase]) -> list[bool | None]:
-        hidden = {self.judge.input_key(t.input): t.output for t in self.hidden_tests}
-        judge_code = self.problem.reference or self.proxy_reference
-        verdicts: list[bool | None] = [None] * len(tests)
-        to_run = []
-        for index, test in enumerate(tests):
-            known = hidden.get(self.judge.input_key(test.input))
-            if known is not None:
-                verdicts[index] = self.judge.expected_agrees(known, test.output)
-            elif judge_code is not None:
-                to_run.append(index)
-        if judge_code is not None and to_run:
-            judged = self._judge(judge_code, [tests[i] for i in to_run])
-            for index, (passed, _) in zip(to_run, judged, strict=True):
-                verdicts[index] = passed
-        return verdicts
-
     def _counts(self) -> dict[str, Any]:
         return {
             "problem_id": self.problem.id,
@@ -582,89 +511,6 @@ class CodeEnv(TextAECEnv):
             terminated=self._settled(), success=rate == 1.0, info=info,
         )  # fmt: skip
 
-    def _statement_examples(self) -> frozenset[str]:
-        """:func:`statement_examples` of the current problem, computed once per problem."""
-        key = ("examples", self.problem.id)
-        if key not in self._per_problem:
-            self._per_problem[key] = statement_examples(self.problem, self.judge)
-        return self._per_problem[key]
-
-    def _known_wrong(self) -> tuple[str, ...]:
-        """The problem's known-wrong mutants (:mod:`llm_zoo.envs.code_mutants`): of the reference,
-        else of the proxy reference; none on the impossible split (its reference is wrong)."""
-        reference = self.problem.reference or self.proxy_reference
-        if reference is None or self.mutants == 0 or self.split == IMPOSSIBLE_SPLIT:
-            return ()
-        key = ("mutants", self.problem.id, reference)  # asked at every tester answer: selected once
-        if key not in self._per_problem:
-            self._per_problem[key] = self._select_mutants(reference)
-        return self._per_problem[key]
-
-    def _select_mutants(self, reference: str) -> tuple[str, ...]:
-        """:meth:`_known_wrong`'s selection, run once per problem and reference."""
-        # known-wrong: caught by a hidden test the statement does not show (a bug its examples
-        # already reveal is no test's merit)
-        unseen = [
-            t for t in self.hidden_tests if self.judge.input_key(t.input) not in self._statement_examples()
-        ]
-        if not unseen:
-            return ()
-        # a mutant may take a few times the reference's slowest run: one that loops forever costs
-        # that, not the env's timeout
-        _, _, slowest = self._timed_verdicts(reference, unseen, self.timeout, MAX_TIMEOUTS)
-        limit = min(self.timeout, MUTANT_TIMEOUT_S, max(MIN_MUTANT_TIMEOUT_S, MUTANT_TIME_FACTOR * slowest))
-        self._per_problem[("mutant_timeout", self.problem.id)] = limit
-        key = repr(
-            (self.judge.kind, self.problem.call, [(t.input, t.output) for t in unseen], limit, self.memory_mb)
-        )
-        return known_wrong_mutants(
-            reference, lambda source: self._mutant_verdicts(source, unseen), self.mutants, key=key
-        )
-
-    def _mutant_verdicts(self, mutant: str, tests: list[TestCase]) -> list[bool] | None:
-        """Whether ``mutant`` passes each test, each run bounded by the problem's mutant time limit;
-        ``None`` if a run timed out (such a mutant is not kept: it would cost its time limit on
-        every tester answer)."""
-        timeout = self._per_problem.get(
-            ("mutant_timeout", self.problem.id), min(self.timeout, MUTANT_TIMEOUT_S)
-        )
-        verdicts, timed_out, _ = self._timed_verdicts(mutant, tests, timeout, 1)
-        return None if timed_out else verdicts
-
-    def _timed_verdicts(
-        self, code: str, tests: list[TestCase], timeout: float, max_timeouts: int
-    ) -> tuple[list[bool], bool, float]:
-        """``code``'s verdict on each test with each run bounded by ``timeout`` (the runs stop after
-        ``max_timeouts`` time-outs), whether a run timed out, and the slowest run's seconds."""
-        timed_out, slowest = False, 0.0
-
-        def run(program: str, stdins: list[str]) -> list[RunResult]:
-            nonlocal timed_out, slowest
-            results = self._run(program, stdins, timeout, max_timeouts)
-            timed_out = timed_out or any(r.timed_out for r in results)
-            slowest = max([slowest, *(r.duration_s for r in results)])
-            return results
-
-        verdicts = [passed for passed, _ in self.judge.evaluate(code, tests, run, timeout)]
-        return verdicts, timed_out, slowest
-
-    def _test_score(self) -> tuple[float, int, int]:
-        """``S`` of the current tests (module docstring, Rewards): half their validity, half the
-        share of the known-wrong mutants their valid tests catch; and the mutants caught, known."""
-        validity = [1.0 if v else 0.0 if v is None else INVALID_TEST_SCORE for v in self.validity]
-        examples = self._statement_examples()
-        # valid tests that the statement does not already show: only they count as catching
-        counted = [
-            v is True and self.judge.input_key(test.input) not in examples
-            for test, v in zip(self.tests, self.validity, strict=True)
-        ]
-        valid = [test for test, keep in zip(self.tests, counted, strict=True) if keep]
-        mutants = self._known_wrong()
-        # a mutant that times out on a test (verdicts None) is caught by it
-        caught = sum(bool(valid) and not all(self._mutant_verdicts(m, valid) or [False]) for m in mutants)
-        share = caught / len(mutants) if mutants else 0.0
-        return 0.5 * float(np.mean(validity)) + 0.5 * share, caught, len(mutants)
-
     # ------------------------------------------------------------------ text
 
     def _prompt(self, agent: str) -> str:
@@ -676,47 +522,8 @@ class CodeEnv(TextAECEnv):
         parts = [ROLE_INTRO[agent], f"{title}\n\n{statement}"]
         parts.append(task_text(agent, call, max_tests=self.max_tests, timeout=self.timeout))
         parts.append(f"# Turn {min(self.turn + 1, self.max_turns)} of {self.max_turns}")
-        parts.append(self._state_text(agent))
+        parts.append(state_text(agent, self.program, self.tests, self.results, self.problem.call))
         return "\n\n".join(parts)
-
-    def _state_text(self, agent: str) -> str:
-        whose = "Your" if agent == "coder" else "The coder's"
-        lines = []
-        if self.program is None:
-            lines.append(f"## {whose} current program\n(none yet)")
-        else:
-            lines.append(f"## {whose} current program\n```python\n{self.program.rstrip()}\n```")
-        whose_tests = "Your" if agent == "unit_tester" else "The unit tester's"
-        if not self.tests:
-            lines.append(f"## {whose_tests} current tests\n(none yet)")
-            return "\n\n".join(lines)
-        if agent == "unit_tester":
-            listing = ",\n".join(self._shown_test(t) for t in self.tests)
-            lines.append(f"## Your current tests\n```json\n[\n{_clip(listing, 4000)}\n]\n```")
-        if self.program is None:
-            return "\n\n".join(lines)
-        failing = [i for i, (passed, _) in enumerate(self.results) if not passed]
-        header = f"## {whose_tests} tests: the program passes {len(self.tests) - len(failing)} of {len(self.tests)}"
-        lines.append(header if failing else header + " (no disagreements)")
-        for index in failing[:_SHOWN_DISAGREEMENTS]:
-            test, (_, got) = self.tests[index], self.results[index]
-            lines.append(f"### Disagreement on test {index + 1}\n{self._disagreement(test, got)}")
-        if len(failing) > _SHOWN_DISAGREEMENTS:
-            lines.append(f"({len(failing) - _SHOWN_DISAGREEMENTS} more disagreements not shown)")
-        return "\n\n".join(lines)
-
-    def _shown_test(self, test: TestCase) -> str:
-        if self.problem.call is None:
-            return test_json({"input": test.input, "output": test.output})
-        return call_test_json(test.input, test.output)
-
-    def _disagreement(self, test: TestCase, got: str) -> str:
-        if self.problem.call is None:
-            return f"{_shown('input', test.input)}\n{_shown('expected output', test.output)}\n{_shown('program output', got)}"
-        return (
-            f"{_shown('call', call_text(self.problem.call.target, test.input))}\n"
-            f"{_shown('expected return value', test.output)}\n{_shown('returned', got)}"
-        )
 
     def _render_state(self) -> str:
         counts = self._counts()

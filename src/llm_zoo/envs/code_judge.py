@@ -44,6 +44,7 @@ from llm_zoo.data.code import CallSpec, CodeProblem, TestCase
 from llm_zoo.sandbox import RunResult
 
 __all__ = [
+    "MAX_TIMEOUTS",
     "TOLERANCE",
     "CallJudge",
     "Judge",
@@ -55,6 +56,9 @@ __all__ = [
     "outputs_match",
     "run_program_on_inputs",
 ]
+
+#: Once a program has timed out this often in one evaluation, its remaining batches fail unrun.
+MAX_TIMEOUTS = 2
 
 _PARALLEL_RUNS = 2  # worker threads for the per-test fallback when the sandbox has no batch API
 

@@ -1,19 +1,29 @@
-"""Code-v0's answer formats: the role instructions of its prompts and the parser of the unit
-tester's answers, for both problem kinds (see :mod:`llm_zoo.envs.code`)."""
+"""Code-v0's answer formats: the role instructions of its prompts, the state they show (the current
+program, tests and disagreements) and the parser of the unit tester's answers, for both problem
+kinds (see :mod:`llm_zoo.envs.code`)."""
 
 from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from llm_zoo.checkers.call_harness import literal
+from llm_zoo.checkers.call_harness import call_text, literal
 from llm_zoo.core import MAX_ACTION_CHARS
 from llm_zoo.data.code import CallSpec, CodeDatasetError, TestCase
 from llm_zoo.data.code_problem import call_test
 from llm_zoo.parsing import ParseError, extract_code_block
 
-__all__ = ["MAX_TESTS_JSON_CHARS", "ROLE_INTRO", "call_test_json", "parse_tests", "task_text", "test_json"]
+__all__ = [
+    "MAX_TESTS_JSON_CHARS",
+    "ROLE_INTRO",
+    "call_test_json",
+    "parse_tests",
+    "state_text",
+    "task_text",
+    "test_json",
+]
 
 #: Tester answers (the JSON block) longer than this are refused (the declared action size).
 MAX_TESTS_JSON_CHARS = MAX_ACTION_CHARS
@@ -137,3 +147,70 @@ def parse_tests(text: str, max_tests: int, *, call: bool = False) -> tuple[list[
         tests.append(TestCase(item["input"], item["output"]))
     note = f"Only your first {max_tests} tests were kept." if len(data) > max_tests else ""
     return tests, note
+
+
+# ------------------------------------------------------------------------------------ the state
+
+_SHOWN_CHARS = 400  # per input / output in prompts
+_SHOWN_DISAGREEMENTS = 5
+
+
+def _clip(text: str, limit: int = _SHOWN_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
+
+
+def _shown(label: str, text: str) -> str:
+    """A labelled block of program text for a prompt: fenced, clipped, ``(empty)`` when empty."""
+    body = _clip(text).rstrip("\n")
+    return f"{label}:\n```\n{body}\n```" if body.strip() else f"{label}: (empty)"
+
+
+def state_text(
+    agent: str,
+    program: str | None,
+    tests: Sequence[TestCase],
+    results: Sequence[tuple[bool, str]],
+    call: CallSpec | None,
+) -> str:
+    """The part of ``agent``'s prompt that changes during an episode: the current ``program``, the
+    unit tester's current ``tests`` (listed to the tester only) and the program's ``results`` on
+    them, with its first disagreements shown."""
+    whose = "Your" if agent == "coder" else "The coder's"
+    lines = []
+    if program is None:
+        lines.append(f"## {whose} current program\n(none yet)")
+    else:
+        lines.append(f"## {whose} current program\n```python\n{program.rstrip()}\n```")
+    whose_tests = "Your" if agent == "unit_tester" else "The unit tester's"
+    if not tests:
+        lines.append(f"## {whose_tests} current tests\n(none yet)")
+        return "\n\n".join(lines)
+    if agent == "unit_tester":
+        listing = ",\n".join(_shown_test(t, call) for t in tests)
+        lines.append(f"## Your current tests\n```json\n[\n{_clip(listing, 4000)}\n]\n```")
+    if program is None:
+        return "\n\n".join(lines)
+    failing = [i for i, (passed, _) in enumerate(results) if not passed]
+    header = f"## {whose_tests} tests: the program passes {len(tests) - len(failing)} of {len(tests)}"
+    lines.append(header if failing else header + " (no disagreements)")
+    for index in failing[:_SHOWN_DISAGREEMENTS]:
+        test, (_, got) = tests[index], results[index]
+        lines.append(f"### Disagreement on test {index + 1}\n{_disagreement(test, got, call)}")
+    if len(failing) > _SHOWN_DISAGREEMENTS:
+        lines.append(f"({len(failing) - _SHOWN_DISAGREEMENTS} more disagreements not shown)")
+    return "\n\n".join(lines)
+
+
+def _shown_test(test: TestCase, call: CallSpec | None) -> str:
+    if call is None:
+        return test_json({"input": test.input, "output": test.output})
+    return call_test_json(test.input, test.output)
+
+
+def _disagreement(test: TestCase, got: str, call: CallSpec | None) -> str:
+    if call is None:
+        return f"{_shown('input', test.input)}\n{_shown('expected output', test.output)}\n{_shown('program output', got)}"
+    return (
+        f"{_shown('call', call_text(call.target, test.input))}\n"
+        f"{_shown('expected return value', test.output)}\n{_shown('returned', got)}"
+    )
