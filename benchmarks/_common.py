@@ -152,40 +152,6 @@ def bar_chart(
     plt.close(figure)
 
 
-def plot_rollout_speed(result: dict[str, Any], png: Path, engine: str) -> None:
-    """The rollout benchmarks' chart: best tokens/s of every generation path, the whole tree
-    rollouts and their raw replay."""
-    rates = dict(result["tokens_per_s_best"])
-    rates["tree_rollout"] = result["tree_rollout"]["tokens_per_s_best"]
-    rates["raw_replay"] = result["tree_rollout"]["raw_replay_tokens_per_s_best"]
-    title = (
-        f"{engine}, {result['model']}: {result['envs']} envs x K={result['k']}, {result['max_tokens']} tokens"
-    )
-    bar_chart(
-        png,
-        title,
-        list(rates),
-        {"tokens/s (best repeat)": list(rates.values())},
-        "generated tokens per second",
-    )
-
-
-class RecordingEngine:
-    """Wraps an engine and records every ``generate`` call, so the same requests can be replayed
-    on a raw generation path and the rollout's own overhead measured against it."""
-
-    def __init__(self, engine: Any):
-        self.engine = engine
-        self.calls: list[tuple[list[str], list[str | None], int, Any]] = []
-
-    def generate(self, prompts: Sequence[str], adapters: Sequence[str | None], n: int, sampling: Any) -> Any:
-        self.calls.append((list(prompts), list(adapters), n, sampling))
-        return self.engine.generate(prompts, adapters, n, sampling)
-
-    def load_adapters(self, paths: Any, version: int) -> None:
-        self.engine.load_adapters(paths, version)
-
-
 def parse_with_overrides(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None
 ) -> tuple[argparse.Namespace, list[str]]:
