@@ -152,89 +152,26 @@ def bar_chart(
     plt.close(figure)
 
 
-def plot_rollout_speed(result: dict[str, Any], png: Path, engine: str) -> None:
-    """The rollout benchmarks' chart: best tokens/s of every generation path, the whole tree
-    rollouts and their raw replay."""
-    rates = dict(result["tokens_per_s_best"])
-    rates["tree_rollout"] = result["tree_rollout"]["tokens_per_s_best"]
-    rates["raw_replay"] = result["tree_rollout"]["raw_replay_tokens_per_s_best"]
-    title = (
-        f"{engine}, {result['model']}: {result['envs']} envs x K={result['k']}, {result['max_tokens']} tokens"
-    )
-    bar_chart(
-        png,
-        title,
-        list(rates),
-        {"tokens/s (best repeat)": list(rates.values())},
-        "generated tokens per second",
-    )
+def parse_with_overrides(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> tuple[argparse.Namespace, list[str]]:
+    """``parser``'s arguments, and the rest as config overrides (``--section.field VALUE``).
 
-
-class RecordingEngine:
-    """Wraps an engine and records every ``generate`` call, so the same requests can be replayed
-    on a raw generation path and the rollout's own overhead measured against it."""
-
-    def __init__(self, engine: Any):
-        self.engine = engine
-        self.calls: list[tuple[list[str], list[str | None], int, Any]] = []
-
-    def generate(self, prompts: Sequence[str], adapters: Sequence[str | None], n: int, sampling: Any) -> Any:
-        self.calls.append((list(prompts), list(adapters), n, sampling))
-        return self.engine.generate(prompts, adapters, n, sampling)
-
-    def load_adapters(self, paths: Any, version: int) -> None:
-        self.engine.load_adapters(paths, version)
-
-
-def parse_learning_args(
-    description: str, variants: Sequence[str], argv: Sequence[str] | None, *, seeds: bool = False
-) -> tuple[argparse.Namespace, list[str], list[str]]:
-    """The command line of the learning benchmarks: ``(args, variant names, config overrides)``.
-
-    Options: ``--quick``, ``--output-dir``, ``--variants`` (a comma-separated subset of
-    ``variants``), ``--threads``, ``--workdir``, and with ``seeds`` ``--seeds`` (comma-separated
-    training seeds, ``args.seeds`` a list of ints; default ``0,1``); any other ``--section.field
-    VALUE`` is a config override. A stray positional argument, an unknown variant or a bad seed
-    exits with a message naming the valid choices.
-    """
-    parser = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke run: tiny random model, 1 step, 4 eval tasks"
-    )
-    parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
-    parser.add_argument(
-        "--variants", default=",".join(variants), help=f"comma-separated subset of {list(variants)}"
-    )
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument(
-        "--workdir", type=Path, default=None, help="where the runs go (default: a temporary dir)"
-    )
-    if seeds:
-        parser.add_argument(
-            "--seeds",
-            default="0,1",
-            help="comma-separated training seeds, each variant trained once per seed",
-        )
-    parser.epilog = "Any other --section.field VALUE is a config override, e.g. --training.max_steps 5."
+    A stray positional argument exits with a message: it would otherwise be read as an override's
+    value and fail far from the command line."""
     args, overrides = parser.parse_known_args(argv)
     if overrides[:1] and not overrides[0].startswith("--"):
         parser.error(
             f"unexpected argument {overrides[0]!r}: config overrides look like --section.field VALUE"
         )
-    names = [name for name in args.variants.split(",") if name]
-    unknown = [name for name in names if name not in variants]
-    if unknown:
-        parser.error(f"unknown variants {unknown}; choose from {list(variants)}")
-    if seeds:
-        parts = [part.strip() for part in args.seeds.split(",") if part.strip()]
-        if not parts or not all(part.isdigit() for part in parts) or len(set(parts)) != len(parts):
-            parser.error(
-                f"--seeds must be distinct integers >= 0 separated by commas, e.g. 0,1; got {args.seeds!r}"
-            )
-        args.seeds = [int(part) for part in parts]
-    return args, names, list(overrides)
+    return args, list(overrides)
+
+
+def add_workdir_argument(parser: argparse.ArgumentParser) -> None:
+    """``--workdir``: where the training runs go."""
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="where the runs go (default: a temporary dir)"
+    )
 
 
 def quick_overrides(workdir: Path) -> list[str]:

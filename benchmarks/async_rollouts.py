@@ -38,7 +38,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import RESULTS_DIR, bar_chart, finish, quick_overrides, run_facts
+from _common import (
+    RESULTS_DIR,
+    add_workdir_argument,
+    bar_chart,
+    finish,
+    parse_with_overrides,
+    quick_overrides,
+    run_facts,
+)
 
 from llm_zoo_train.config import load_config
 from llm_zoo_train.trainer import Trainer
@@ -73,15 +81,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
         default=",".join(MODES),
         help=f"comma-separated modes to run, of {', '.join(MODES)} (sync and async are required)",
     )
-    parser.add_argument(
-        "--workdir", type=Path, default=None, help="where the runs go (default: a temporary dir)"
-    )
+    add_workdir_argument(parser)
     parser.epilog = "Any other --section.field VALUE is a config override."
-    args, overrides = parser.parse_known_args(argv)
-    if overrides[:1] and not overrides[0].startswith("--"):
-        parser.error(
-            f"unexpected argument {overrides[0]!r}: config overrides look like --section.field VALUE"
-        )
+    args, overrides = parse_with_overrides(parser, argv)
     cores = sorted(os.sched_getaffinity(0))
     for option in ("trainer_core", "worker_core"):
         if getattr(args, option) not in cores:

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import RESULTS_DIR, bar_chart, finish, quick_overrides, run_facts
+from _common import RESULTS_DIR, bar_chart, finish, parse_with_overrides, quick_overrides, run_facts
 
 from llm_zoo_train.config import eval_env_kwargs, load_config
 from llm_zoo_train.engines.hf.engine import HFEngine
@@ -140,11 +140,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     )
     parser.add_argument("--shuffle-seed", type=int, default=1)
     parser.add_argument("--repeat", action="store_true", help="also repeat the reference composition")
-    args, overrides = parser.parse_known_args(argv)
-    if overrides[:1] and not overrides[0].startswith("--"):
-        parser.error(
-            f"unexpected argument {overrides[0]!r}: config overrides look like --section.field VALUE"
-        )
+    args, overrides = parse_with_overrides(parser, argv)
     try:
         args.batch_sizes = [int(part) for part in args.batch_sizes.split(",") if part.strip()]
     except ValueError:

@@ -67,18 +67,16 @@ run and commit.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import tempfile
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from _common import finish, parse_learning_args, quick_overrides, run_facts
+from _common import finish
+from _learning import QUIET_LOGGING, parse_learning_args, start_run, with_trainer, workspace
 
 from llm_zoo_train.config import Config, config_to_dict, eval_env_kwargs, load_config
 from llm_zoo_train.engines.base import Engine
@@ -275,13 +273,23 @@ def run_variant(
     ]
     config_file = task.config
     config = load_config(config_file, common)
-    quiet = ["--eval.num_episodes", "0", "--logging.progress_bar", "false", "--logging.plot", "false"]
+    quiet = ["--eval.num_episodes", "0", *QUIET_LOGGING]  # evaluated here, on the pairs' tasks
     print(
         f"\n=== {LABELS[name]}, seed {seed}: {config.env.kwargs}, adapters {config.agents.adapters}",
         flush=True,
     )
     start = time.perf_counter()
-    trainer = Trainer(load_config(config_file, [*common, *quiet]))
+    return with_trainer(
+        load_config(config_file, [*common, *quiet]),
+        lambda trainer: train_variant(name, seed, config, trainer, befores, task, start),
+    )
+
+
+def train_variant(
+    name: str, seed: int, config: Config, trainer: Trainer, befores: dict[str, Any], task: Task, start: float
+) -> dict[str, dict[str, Any]]:
+    """Evaluate the untrained adapters (once per env), train, evaluate; the role swap and
+    majority@K rows of the same adapters where the variant has them."""
     adapters = dict(trainer.plan.agent_adapters)
     if BEFORE[name] not in befores:
         befores[BEFORE[name]] = evaluation(trainer, config, adapters)
@@ -305,9 +313,6 @@ def run_variant(
         }
         print(f"{LABELS['role_swap']}, seed {seed}: {describe(runs['role_swap']['after'])}", flush=True)
     runs[name]["wall_seconds"] = time.perf_counter() - start
-    trainer.close()
-    del trainer
-    gc.collect()
     return runs
 
 
@@ -324,15 +329,10 @@ def run_separate(seed: int, overrides: list[str], workdir: Path, task: Task) -> 
         common = [*overrides, *VARIANTS["separate"], "--agents.frozen", f"[{partner}]", "--training.seed", str(seed),
                   "--training.output_dir", str(run_dir)]  # fmt: skip
         config = load_config(task.config, common)
-        quiet = ["--eval.num_episodes", "0", "--logging.progress_bar", "false", "--logging.plot", "false"]
+        quiet = ["--eval.num_episodes", "0", *QUIET_LOGGING]
         print(f"\n=== {LABELS['separate']}, seed {seed}: training {agent}, {partner} frozen", flush=True)
-        trainer = Trainer(load_config(task.config, [*common, *quiet]))
-        trainer.train()
-        histories[agent] = trainer.history
+        histories[agent] = with_trainer(load_config(task.config, [*common, *quiet]), train_history)
         adapters[agent] = run_dir / "adapters" / agent
-        trainer.close()
-        del trainer
-        gc.collect()
     assert config is not None
     engine = local_engine(config, adapters)
     try:
@@ -344,6 +344,12 @@ def run_separate(seed: int, overrides: list[str], workdir: Path, task: Task) -> 
     print(f"{LABELS['separate']}, seed {seed}, after: {describe(after)}", flush=True)
     return {"seed": seed, "config": config_to_dict(config), "agent_adapters": {a: str(p) for a, p in adapters.items()},
             "after": after, "history": [], "histories": histories, "wall_seconds": time.perf_counter() - start}  # fmt: skip
+
+
+def train_history(trainer: Trainer) -> list[dict[str, Any]]:
+    """Train; the per-step history."""
+    trainer.train()
+    return trainer.history
 
 
 def pooled(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -494,15 +500,8 @@ def main(argv: list[str] | None = None) -> None:
         merged["merged_from"] = list(known.merge)
         finish(merged, args.output_dir / f"{merged['result_name']}.json", lambda png: plot(merged, png))
         return
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore", category=UserWarning)
-    facts = run_facts(__file__, argv)
-    with tempfile.TemporaryDirectory(prefix="learning_math-") as tmp:
-        workdir = args.workdir or Path(tmp)
-        overrides = [*task.eval_overrides, *extra]
-        if args.quick:
-            overrides = [*task.eval_overrides, *quick_overrides(Path(tmp)), *extra]
+    facts = start_run(args, __file__, argv)
+    with workspace(args, "learning_math-", extra, task.eval_overrides) as (workdir, overrides):
         start = time.perf_counter()
         variants: dict[str, list[dict[str, Any]]] = {}
         befores: dict[str, Any] = {}

@@ -29,17 +29,15 @@ and the machine facts to ``OUTPUT_DIR/learning_plan_path.json`` and a learning-c
 
 from __future__ import annotations
 
-import gc
-import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from _common import finish, parse_learning_args, quick_overrides, run_facts
+from _common import finish
+from _learning import QUIET_LOGGING, parse_learning_args, start_run, with_trainer, workspace
 
-from llm_zoo_train.config import config_to_dict, eval_env_kwargs, load_config
+from llm_zoo_train.config import Config, config_to_dict, eval_env_kwargs, load_config
 from llm_zoo_train.engines.base import SamplingParams
 from llm_zoo_train.evaluation.evaluate import EvalResult, evaluate
 from llm_zoo_train.trainer import Trainer
@@ -113,10 +111,7 @@ def run_variant(name: str, overrides: list[str], workdir: Path, *, evaluate_befo
             str(workdir / name),
             "--eval.eval_on_start",
             str(evaluate_before).lower(),
-            "--logging.progress_bar",
-            "false",
-            "--logging.plot",
-            "false",
+            *QUIET_LOGGING,
         ],
     )
     print(
@@ -124,7 +119,11 @@ def run_variant(name: str, overrides: list[str], workdir: Path, *, evaluate_befo
         flush=True,
     )
     start = time.perf_counter()
-    trainer = Trainer(config)
+    return with_trainer(config, lambda trainer: train_variant(name, config, trainer, start))
+
+
+def train_variant(name: str, config: Config, trainer: Trainer, start: float) -> dict[str, Any]:
+    """Train ``trainer``; its evaluations, history and (for ``per_agent``) the role swap."""
     outcome = trainer.train()
     result: dict[str, Any] = {
         "config": config_to_dict(config),
@@ -146,9 +145,6 @@ def run_variant(name: str, overrides: list[str], workdir: Path, *, evaluate_befo
         result["role_swap"] = {"agent_adapters": swapped, "after": eval_record(swap)}
         print(f"role swap {swapped}: {swap.describe()}", flush=True)
     result["wall_seconds"] = time.perf_counter() - start
-    trainer.close()
-    del trainer
-    gc.collect()
     return result
 
 
@@ -223,16 +219,9 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     args, names, extra = parse_learning_args(__doc__ or "", list(VARIANTS), argv)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore", category=UserWarning)
-    facts = run_facts(__file__, argv)
+    facts = start_run(args, __file__, argv)
 
-    with tempfile.TemporaryDirectory(prefix="learning_plan_path-") as tmp:
-        workdir = args.workdir or Path(tmp)
-        overrides = list(extra)
-        if args.quick:
-            overrides = [*quick_overrides(Path(tmp)), *overrides]
+    with workspace(args, "learning_plan_path-", extra) as (workdir, overrides):
         start = time.perf_counter()
         variants = {}
         for name in names:

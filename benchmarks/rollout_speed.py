@@ -52,7 +52,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _common import RecordingEngine, finish, plot_rollout_speed, run_facts
+from _common import finish, run_facts
+from _rollouts import (
+    ADAPTER,
+    RecordingEngine,
+    add_rollout_arguments,
+    count_tokens,
+    env_prompts,
+    parse_rollout_args,
+    plot_rollout_speed,
+)
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -66,7 +75,6 @@ from llm_zoo_train.rollout.team_credit import LOOKAHEAD_ROUND, generated_tokens
 from llm_zoo_train.rollout.tree import tree_rollout
 
 RESULTS = Path(__file__).parent / "results" / "rollout_speed.json"
-ADAPTER = "policy"
 
 
 def load_model(name: str, dtype: str):
@@ -86,19 +94,6 @@ def load_model(name: str, dtype: str):
     lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     model = get_peft_model(model, lora, adapter_name=ADAPTER).eval()
     return model, tokenizer
-
-
-def env_prompts(env_id: str, count: int) -> list[str]:
-    prompts = []
-    for seed in range(count):
-        env = llm_zoo.make(env_id)
-        env.reset(seed=seed)
-        prompts.append(env.observe(env.agent_selection)["prompt"])
-    return prompts
-
-
-def count_tokens(results) -> int:
-    return sum(len(c.token_ids) for row in results for c in row)
 
 
 def time_engine(engine: HFEngine, prompts, k: int, sampling: SamplingParams) -> tuple[float, int]:
@@ -153,21 +148,11 @@ def time_raw_generate(model, tokenizer, prompts, k: int, sampling: SamplingParam
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: 2 envs x K=2, 8 tokens, 1 repeat")
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="alias, local path or hub id")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--env", default="PlanPath-v0", help="env whose prompts are used")
-    parser.add_argument("--envs", type=int, default=4, help="E: prompts (live envs) per step")
-    parser.add_argument("--k", type=int, default=4, help="K: candidates per prompt")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--turns", type=int, default=1, help="max_turns of the timed tree rollouts")
+    add_rollout_arguments(parser, model_help="alias, local path or hub id")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--skip-engine-methods", action="store_true", help="time only the tree rollouts")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.envs, args.k, args.max_tokens, args.repeats = 2, 2, 8, 1
+    args = parse_rollout_args(parser, argv)
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)

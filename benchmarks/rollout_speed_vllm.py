@@ -35,10 +35,18 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import RecordingEngine, finish, plot_rollout_speed, run_facts
+from _common import finish, run_facts
+from _rollouts import (
+    ADAPTER,
+    RecordingEngine,
+    add_rollout_arguments,
+    count_tokens,
+    env_prompts,
+    parse_rollout_args,
+    plot_rollout_speed,
+)
 
 RESULTS = Path(__file__).parent / "results" / "rollout_speed_vllm.json"
-ADAPTER = "policy"
 
 
 def save_random_adapter(model_path: str, directory: Path) -> str:
@@ -58,21 +66,6 @@ def save_random_adapter(model_path: str, directory: Path) -> str:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.01)
     model.save_pretrained(directory)
     return str(directory / ADAPTER)
-
-
-def env_prompts(env_id: str, count: int) -> list[str]:
-    import llm_zoo
-
-    prompts = []
-    for seed in range(count):
-        env = llm_zoo.make(env_id)
-        env.reset(seed=seed)
-        prompts.append(env.observe(env.agent_selection)["prompt"])
-    return prompts
-
-
-def count_tokens(results) -> int:
-    return sum(len(c.token_ids) for row in results for c in row)
 
 
 def cold_cache(engine) -> None:
@@ -175,21 +168,11 @@ def time_replay(engine, calls) -> tuple[float, int]:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: 2 envs x K=2, 8 tokens, 1 repeat")
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="alias or local directory")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--env", default="PlanPath-v0", help="env whose prompts are used")
-    parser.add_argument("--envs", type=int, default=4, help="E: prompts (live envs) per step")
-    parser.add_argument("--k", type=int, default=4, help="K: candidates per prompt")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--turns", type=int, default=1, help="max_turns of the timed tree rollouts")
+    add_rollout_arguments(parser)
     parser.add_argument("--no-prefix-caching", action="store_true", help="turn off vLLM's prefix cache")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV-cache size (GiB)")
     parser.add_argument("--output", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.envs, args.k, args.max_tokens, args.repeats = 2, 2, 8, 1
+    args = parse_rollout_args(parser, argv)
 
     import llm_zoo
     from llm_zoo_train.engines.base import SamplingParams

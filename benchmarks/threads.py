@@ -40,7 +40,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS_DIR, bar_chart, finish, quick_overrides, run_facts
+from _common import (
+    RESULTS_DIR,
+    add_workdir_argument,
+    bar_chart,
+    finish,
+    parse_with_overrides,
+    quick_overrides,
+    run_facts,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "examples" / "math_smollm2_cpu.yaml"
@@ -66,15 +74,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     )
     parser.add_argument("--repeats", type=int, default=2, help="runs of each setting, interleaved")
     parser.add_argument("--busy-procs", type=int, default=None, help="spinning processes (default 2 per CPU)")
-    parser.add_argument(
-        "--workdir", type=Path, default=None, help="where the runs go (default: a temporary dir)"
-    )
+    add_workdir_argument(parser)
     parser.epilog = "Any other --section.field VALUE is a config override of the main job."
-    args, overrides = parser.parse_known_args(argv)
-    if overrides[:1] and not overrides[0].startswith("--"):
-        parser.error(
-            f"unexpected argument {overrides[0]!r}: config overrides look like --section.field VALUE"
-        )
+    args, overrides = parse_with_overrides(parser, argv)
     for option, valid in (("jobs", JOBS), ("states", STATES)):
         chosen = [name for name in getattr(args, option).split(",") if name]
         unknown = [name for name in chosen if name not in valid]

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 from _common import bar_chart, finish, run_facts
-from rollout_speed_vllm import ADAPTER, count_tokens, env_prompts, save_random_adapter
+from _rollouts import ADAPTER, add_rollout_arguments, count_tokens, env_prompts, parse_rollout_args
+from rollout_speed_vllm import save_random_adapter
 
 RESULTS = Path(__file__).parent / "results" / "vllm_server_speed.json"
 
@@ -71,20 +72,15 @@ def time_tree_rollout(engine, env_id, turns, envs, agents, k, sampling, repeat) 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: 2 envs x K=2, 8 tokens, 1 repeat")
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="alias or local directory")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--env", default="PlanPath-v0", help="env of the rollouts and prompts")
-    parser.add_argument("--envs", type=int, default=4, help="E: prompts (live envs) per call")
-    parser.add_argument("--k", type=int, default=4, help="K: candidates per prompt")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--turns", type=int, default=1, help="max_turns of the timed tree rollouts")
+    add_rollout_arguments(
+        parser,
+        env_help="env of the rollouts and prompts",
+        envs_help="E: prompts (live envs) per call",
+        repeats=3,
+    )
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV-cache size of each engine (GiB)")
     parser.add_argument("--output", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.envs, args.k, args.max_tokens, args.repeats = 2, 2, 8, 1
+    args = parse_rollout_args(parser, argv)
 
     import llm_zoo
     from llm_zoo_train.engines.base import SamplingParams

@@ -12,6 +12,9 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import report  # noqa: E402
+import reporting.format  # noqa: E402
+import reporting.learning  # noqa: E402
+import reporting.rewards  # noqa: E402
 import reproduce_paper  # noqa: E402
 
 
@@ -32,7 +35,7 @@ def test_every_published_result_is_summarized_with_its_plot(name):
     formatter = next(f for n, _, f in report.SECTIONS if n == name)
     text = formatter(result)
     assert "could not be summarized" not in text and "|" in text
-    assert report.created(result), f"{path.name} lacks its date: rerun the benchmark"
+    assert reporting.format.created(result), f"{path.name} lacks its date: rerun the benchmark"
     for key in ("command", "machine"):
         assert key in result, f"{path.name} lacks {key!r}: rerun the benchmark"
     assert (BENCHMARKS / "results" / f"{name}.png").exists(), f"{name}.png missing"
@@ -89,7 +92,7 @@ def test_the_paired_math_comparison_is_summarized_with_its_p_values():
             "verdict": {"team above the tool agent alone's interval": False, "met": False},
         },
     }
-    text = report.learning_math(result)
+    text = reporting.learning.learning_math(result)
     # No per-step history in this result: its budget columns say so.
     assert "| team | 25.0% (10.0-50.0, 1/4) | 37.5% (10.0-70.0, 3/8) | 25.0%, 50.0% | - | - | 1.0 |" in text
     assert "| tool agent alone | - |" in text
@@ -104,7 +107,9 @@ def test_the_reward_hack_search_benchmark_reports_time_and_margins(tmp_path):
     assert entry["violations"] == 0 and entry["episodes"] > 10 and entry["seconds"] > 0
     # solving pays more than anything else the search tried
     assert entry["worst_succeeding"]["team"] > entry["best_failing"]["team"]
-    text = report.reward_hack_search(json.loads((tmp_path / "reward_hack_search.json").read_text()))
+    text = reporting.rewards.reward_hack_search(
+        json.loads((tmp_path / "reward_hack_search.json").read_text())
+    )
     assert "| Math-v0 |" in text and (tmp_path / "reward_hack_search.png").exists()
     with pytest.raises(SystemExit):
         reward_hack_search.main(["--env", "Nope-v0", "--output-dir", str(tmp_path)])
@@ -137,8 +142,6 @@ def test_the_update_lora_choice_is_reported_where_recorded():
 
 
 def test_the_math_comparison_shows_budgets_and_each_seeds_paired_test():
-    import report
-
     step = {"a/completion_length": 10.0, "a/samples": 8.0, "b/completion_length": 5.0, "b/samples": 8.0,
             "rollout/lookahead_tokens": 20.0, "update/a/samples": 6.0, "update/b/samples": 2.0}  # fmt: skip
     run = {"seed": 0, "wall_seconds": 60.0, "history": [step, step]}
@@ -159,7 +162,7 @@ def test_the_math_comparison_shows_budgets_and_each_seeds_paired_test():
         "summary": {"table": {"per_agent": row}, "comparisons": {"per_agent vs tool_alone": paired},
                     "verdict": {"met": False}},
     }  # fmt: skip
-    text = report.learning_math(result)
+    text = reporting.learning.learning_math(result)
     # (10*8 + 5*8 + 20) tokens a step, two steps: 280 tokens; 8 samples trained a step.
     assert "| 0.3k | 16 | 1.0 |" in text, text
     assert "| per_agent vs tool_alone | 2 | 1 | 0 | 1 | 0: 1/0, p=1 |" in text, text

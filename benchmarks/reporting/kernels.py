@@ -1,0 +1,92 @@
+"""The sentences that name the kernels a run chose on its machine (decode products, prefills,
+decode attention, the update's frozen layers and LoRA products): the rollout and trainer
+sections both quote them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def prefill_choice(choice: dict[str, Any]) -> str:
+    """How a recorded decode-kernel choice ran prefills (absent from runs before it was recorded)."""
+    if choice.get("prefill_onednn_s") is None:
+        return ""
+    return (
+        f", prefills on {'oneDNN' if choice.get('any_rows') else 'F.linear'} (128 rows:"
+        f" {1e3 * choice['prefill_onednn_s']:.1f} ms oneDNN, {1e3 * choice['prefill_exact_s']:.1f} ms F.linear)"
+    )
+
+
+def decode_kernel_line(result: dict[str, Any]) -> str:
+    choices = result.get("decode_kernel_choices")
+    if not choices:
+        return ""
+    return (
+        " Our engine's float32 decode products (`rollout.decode_kernel: auto`, measured on this machine): "
+        + "; ".join(
+            f"{c['rows']} rows {'oneDNN' if c['kernel'] == 'onednn' else 'MKL (exact)'}"
+            + (
+                f" ({1e3 * c['onednn_s']:.1f} ms a pass oneDNN, {1e3 * c['exact_s']:.1f} ms exact)"
+                if c.get("exact_s")
+                else ""
+            )
+            + prefill_choice(c)
+            for c in choices
+        )
+        + "."
+    )
+
+
+def decode_attention_line(result: dict[str, Any]) -> str:
+    choices = result.get("decode_attention_choices")
+    if not choices:
+        return ""
+    return (
+        " A decode step's attention (measured on this machine): "
+        + "; ".join(
+            f"{where.split('/')[-1]} {'grouped products' if c['kernel'] == 'grouped' else 'sdpa'}"
+            f" ({1e6 * c['sdpa_s']:.0f} us a layer sdpa, {1e6 * c['grouped_s']:.0f} us grouped)"
+            for where, c in choices.items()
+        )
+        + "."
+    )
+
+
+def update_kernel_line(result: dict[str, Any]) -> str:
+    choices = result.get("update_kernel_choices")
+    if not choices:
+        return ""
+    return (
+        " The update's frozen layers (`training.update_kernel: auto`, measured on this machine): "
+        + "; ".join(
+            ("oneDNN's packed copies" if c["kernel"] == "onednn" else "F.linear")
+            + (
+                f" ({1e3 * c['onednn_s']:.0f} ms a pass oneDNN, {1e3 * c['f_linear_s']:.0f} ms F.linear)"
+                if c.get("f_linear_s")
+                else ""
+            )
+            for c in choices
+        )
+        + "."
+        + update_lora_line(result)
+    )
+
+
+def update_lora_line(result: dict[str, Any]) -> str:
+    choices = result.get("update_lora_choices")
+    if not choices:
+        return ""
+    return (
+        " Its LoRA products: "
+        + "; ".join(
+            ("the rank as the rows" if c["rank_rows"] else "peft's")
+            + (
+                f" ({1e3 * c['rank_rows_s']:.0f} ms a pass, peft's {1e3 * c['peft_s']:.0f} ms)"
+                if c.get("peft_s")
+                else ""
+            )
+            for c in choices
+        )
+        + "."
+    )
