@@ -261,8 +261,10 @@ def test_learning_benchmark_quick_run(tmp_path, monkeypatch):
     benchmark.main(argv)
     result = json.loads((tmp_path / "learning_math.json").read_text())
     assert (tmp_path / "learning_math.png").stat().st_size > 0
-    assert set(result["variants"]) == {"per_agent", "tool_alone", "role_swap"}
+    # tool_alone brings its majority@K row: the single agent at the team's sample count.
+    assert set(result["variants"]) == {"per_agent", "tool_alone", "tool_alone_majority", "role_swap"}
     assert [run["seed"] for run in result["variants"]["per_agent"]] == [0, 1]
+    assert [run["seed"] for run in result["variants"]["tool_alone_majority"]] == [0, 1]
     swap = result["variants"]["role_swap"][0]
     assert swap["agent_adapters"] == {"tool_agent": "reasoner", "reasoner": "tool_agent"}
     team_before = result["befores"]["team"]
