@@ -7,7 +7,8 @@
   :mod:`~llm_zoo_train.engines.vllm.server_client` and checked by
   :mod:`~llm_zoo_train.engines.vllm.server_checks`;
   :mod:`~llm_zoo_train.engines.vllm.server_launch` starts one on this machine.
-* :mod:`~llm_zoo_train.engines.vllm.requests`: the sampling requests and results both share.
+* :mod:`~llm_zoo_train.engines.vllm.requests`: what both share: LoRA ranks and adapters as vLLM
+  takes them, and one request's sampling fields.
 
 Nothing here imports vLLM until an engine is built, so the package imports where vLLM is absent.
 """
