@@ -168,3 +168,37 @@ def test_no_module_takes_another_modules_private_name(package):
                 private = [n for n in names if n.startswith("_") and not n.startswith("__")]
                 taken += [f"{module}: from {imported} import {n}" for n in private]
     assert taken == []
+
+
+#: Most lines a module of src/ may hold, its module docstring apart: one concept per module. An env
+#: module's docstring is the env's documentation (PettingZoo's style) and may be long.
+MAX_MODULE_LINES = 600
+
+
+def code_lines(path: Path) -> int:
+    """The module's lines without its module docstring."""
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    first = tree.body[0] if tree.body else None
+    docstring = (
+        first.end_lineno - first.lineno + 1
+        if isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+        else 0
+    )
+    return len(source.splitlines()) - (docstring or 0)
+
+
+@pytest.mark.parametrize("package", ["llm_zoo", "llm_zoo_train"])
+def test_no_module_is_over_600_lines_of_code(package):
+    long = {module: code_lines(path) for module, path in modules(package).items()}
+    assert {m: n for m, n in long.items() if n > MAX_MODULE_LINES} == {}
+
+
+def test_code_lines_leave_out_the_module_docstring_only(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('"""One.\n\nThree."""\n\nx = 1\n"""not the module docstring"""\n', encoding="utf-8")
+    assert code_lines(module) == 3
+    module.write_text("x = 1\n", encoding="utf-8")
+    assert code_lines(module) == 1
