@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reporting.format import fmt, markdown_table
+from reporting.format import fmt, load_averages, markdown_table
 
 
 def env_speed(result: dict[str, Any]) -> str:
@@ -42,12 +42,11 @@ def env_server_speed(result: dict[str, Any]) -> str:
         f" {protocol['served_ms_per_step']:.3f} ms per step served against {protocol['in_process_ms_per_step']:.3f}"
         f" ms in-process, {protocol['overhead_ms_per_step']:.3f} ms per step for the round trip."
     )
-    machine = result.get("machine", {})
-    start, end = machine.get("load_average_at_start"), machine.get("load_average_at_end")
-    if start and end:
+    loads = load_averages(result)
+    if loads:
         text += (
-            f" Load average (1, 5, 15 min) {', '.join(map(str, start))} at the start and"
-            f" {', '.join(map(str, end))} at the end, on {machine.get('usable_cpus', '?')} usable cores: the"
+            f" Load average (1, 5, 15 min) {loads[0]} at the start and {loads[1]} at the end, on"
+            f" {result.get('machine', {}).get('usable_cpus', '?')} usable cores: the"
             " servers compete with each other and with the client for them, so the ratios say what this"
             " machine allows, not what separate CPU machines would give."
         )
@@ -82,12 +81,9 @@ def env_server_load(result: dict[str, Any]) -> str:
         f"made their env again on the other server and played {kill['steps_after_kill_on_the_other_server']} "
         f"steps there; {kill['unexpected_errors']} unexpected errors, {kill['clients_hung']} clients hung."
     )
-    machine = result.get("machine", {})
-    start, end = machine.get("load_average_at_start"), machine.get("load_average_at_end")
-    if start and end:
-        text += (
-            f" Load average {', '.join(map(str, start))} at the start, {', '.join(map(str, end))} at the end."
-        )
+    loads = load_averages(result)
+    if loads:
+        text += f" Load average {loads[0]} at the start, {loads[1]} at the end."
     return text
 
 

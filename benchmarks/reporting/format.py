@@ -43,6 +43,16 @@ def _machine(result: dict[str, Any]) -> str:
     return f"{machine.get('cpu', 'CPU')} x {cpus}{memory}{load_text}"
 
 
+def load_averages(result: dict[str, Any]) -> tuple[str, str] | None:
+    """The run's load averages (1, 5, 15 min) at its start and end, each as ``"a, b, c"``, or
+    ``None`` where the run did not record both."""
+    machine = result.get("machine", {})
+    start, end = machine.get("load_average_at_start"), machine.get("load_average_at_end")
+    if not (start and end):
+        return None
+    return ", ".join(map(str, start)), ", ".join(map(str, end))
+
+
 def created(result: dict[str, Any]) -> str | None:
     """When the run started (``created``; ``date_utc`` in trainer_vs_trl.py's results)."""
     return result.get("created") or result.get("date_utc")

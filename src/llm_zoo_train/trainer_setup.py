@@ -18,6 +18,7 @@ holds the results.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,7 @@ def make_engine(config: Config, plan: AgentPlan, policy: Any, *, sharded: bool) 
 
 
 def make_optimizers(
-    policy: Any, trainable: Any, training: TrainingConfig, accelerator: Any
+    policy: Any, trainable: Iterable[str], training: TrainingConfig, accelerator: Any
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One AdamW optimizer (prepared by ``accelerator``) and one learning-rate schedule per
     trainable adapter, by adapter name."""
