@@ -152,6 +152,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/sandbox_speed.py", "--quick", "--output", f"{out}/sandbox_speed.json")
     session.run("python", "benchmarks/rollout_speed.py", "--quick", "--output", f"{out}/rollout_speed.json")
     session.run("python", "benchmarks/trainer_vs_trl.py", "--quick", "--output-dir", out)
+    session.run("python", "benchmarks/step_profile.py", "--quick", "--output-dir", out)
     session.run("python", "benchmarks/main_job_speed.py", "--quick", "--output-dir", out)
     session.run("python", "benchmarks/attention_speed.py", "--quick", "--output-dir", out)
     session.run("python", "benchmarks/learning_plan_path.py", "--quick", "--output-dir", out)

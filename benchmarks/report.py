@@ -32,6 +32,7 @@ from reporting.trainer import (
     attention_speed,
     fsdp_memory,
     main_job_speed,
+    step_profile_by_cpu,
     threads,
     trainer_vs_trl,
     trainer_vs_trl_by_cpu,
@@ -123,6 +124,11 @@ SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
         "trainer_vs_trl_bfloat16",
         "Trainer speed against TRL's GRPOTrainer in bfloat16 on the AMD EPYC",
         trainer_vs_trl,
+    ),
+    (
+        "step_profile",
+        "Where our trainer's step goes, against the machine's limits (trainer_vs_trl's job, our side)",
+        step_profile_by_cpu,
     ),
     ("fsdp_memory", "Memory per process: training.strategy ddp against fsdp2 (2 CPU processes)", fsdp_memory),
     (

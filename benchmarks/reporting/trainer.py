@@ -308,3 +308,51 @@ def attention_speed(result: dict[str, Any]) -> str:
         + markdown_table(["dtype", "phase", "eager s", "sdpa s", "sdpa / eager"], rows)
         + (f"\n\nLargest completion log-prob difference between the two: {gaps}." if gaps else "")
     )
+
+
+def step_profile_by_cpu(result: dict[str, Any]) -> str:
+    """One table per result of step_profile.py (each CPU model and dtype), the AMD EPYC's float32
+    first (``result``)."""
+    paths = sorted(RESULTS_DIR.glob("step_profile*.json"), key=lambda p: (p.stem != "step_profile", p.stem))
+    return "\n\n".join(
+        _step_profile(json.loads(path.read_text()), path.name) for path in paths
+    ) or step_profile(result)
+
+
+def _step_profile(result: dict[str, Any], name: str) -> str:
+    machine, settings, limits = result.get("machine", {}), result["settings"], result["limits"]
+    summary = result["summary"]
+    dtype = settings["dtype"]
+    peaks = limits["products"][dtype]
+    peak = max(peaks.values())
+    shape = " x ".join(str(n) for n in limits["product_shape"])
+    flags = ", ".join(machine.get("cpu_flags") or []) or "not recorded"
+    rows = []
+    for phase, seconds in summary["phases_s"].items():
+        rate = summary["product_gflops"].get(phase)
+        rows.append([
+            phase, f"{seconds:.3f}", f"{100 * seconds / summary['step_s']:.1f}%",
+            f"{summary['product_gflop'][phase]:.0f}" if phase in summary["product_gflop"] else "",
+            f"{rate:.0f}" if rate is not None else "", f"{100 * rate / peak:.0f}%" if rate is not None else "",
+        ])  # fmt: skip
+    decode_s = summary["phases_s"].get("generation/decode body", 0.0)
+    passes = summary["decode_rows_per_step"] / max(
+        1, settings["prompts_per_step"] * settings["num_generations"]
+    )
+    read = summary["body_weight_bytes"] * passes / decode_s / 1e9 if decode_s else float("nan")
+    return (
+        f"**{machine.get('cpu', '?')}** ({flags}), {dtype}, {settings['threads']} thread(s), commit"
+        f" {result.get('git_commit') or '?'}, {created(result) or '?'} (`{name}`, `{result['command']}`). Load"
+        f" average {machine.get('load_average_at_start', ['?'])[0]} at the start,"
+        f" {machine.get('load_average_at_end', ['?'])[0]} at the end. Median of {settings['steps']} steps after"
+        f" {settings['warmup_steps']} warm-up: **{summary['step_s']:.2f} s a step**. Limits measured in the same"
+        f" process: {dtype} products of {shape} "
+        + ", ".join(f"{name} {value:.0f} GFLOP/s" for name, value in peaks.items())
+        + f"; memory read {limits['read_gbs']:.1f} GB/s, copy {limits['copy_gbs']:.1f} GB/s. The decode passes"
+        f" read the frozen weights at {read:.1f} GB/s.\n\n"
+        + markdown_table(["phase", "s / step", "share", "product GFLOP", "GFLOP/s", "of peak"], rows)
+    )
+
+
+def step_profile(result: dict[str, Any]) -> str:
+    return _step_profile(result, "step_profile.json")
