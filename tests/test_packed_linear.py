@@ -1,10 +1,13 @@
-"""Packed frozen float32 linear layers while the engine decodes
-(llm_zoo_train.kernels.packed_linear). MKL's ("exact"): the same bits as F.linear for every row
-count, packing only where it applies, re-packed when the weight changes, and the engine's tokens
-and logprobs unchanged. oneDNN's: F.linear's values to float32 rounding. "auto": the faster of
-the two by a margin, measured once per row count."""
+"""Packed frozen linear layers while the engine decodes (llm_zoo_train.kernels.packed_linear).
+float32: MKL's ("exact"): the same bits as F.linear for every row count, packing only where it
+applies, re-packed when the weight changes, and the engine's tokens and logprobs unchanged.
+oneDNN's: F.linear's values to float32 rounding. "auto": the faster of the two by a margin,
+measured once per row count. bfloat16: oneDNN's copies only where probed to F.linear's bits (the
+engine's tokens and logprobs unchanged), "auto" weighing them against F.linear."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 
@@ -80,9 +83,9 @@ def test_packing_is_used_for_the_decode_row_counts(monkeypatch):
     assert calls == [16]
 
 
-def test_small_or_not_float32_layers_are_left_alone():
+def test_small_or_float16_layers_are_left_alone():
     small = frozen_linear(8, 576)  # a LoRA-sized side
-    half = frozen_linear(128, 128).to(torch.bfloat16)
+    half = frozen_linear(128, 128).to(torch.float16)  # bfloat16 is packed (oneDNN's, probed), float16 not
     model = torch.nn.ModuleList([small, half])
     with PackedLinearWeights("exact").applied(model, 16):
         assert all("forward" not in vars(layer) for layer in model)
@@ -310,3 +313,76 @@ def test_auto_measures_a_shape_once_per_process(monkeypatch):
         pass
     assert measured > 0 and len(timed) == measured
     assert list(first.choices.values()) == list(second.choices.values())
+
+
+@needs_onednn
+def test_bfloat16_layers_take_onednn_copies_only_where_probed_to_f_linears_bits(monkeypatch):
+    model = torch.nn.Sequential(frozen_linear(128, 256), frozen_linear(256, 128, seed=1)).to(torch.bfloat16)
+    x = torch.randn(16, 128).to(torch.bfloat16)
+    with torch.no_grad():
+        plain = [model(x[:rows]) for rows in (16, 5, 1)]
+    calls = count_packed_calls(monkeypatch, "_onednn_forward")
+    weights = PackedLinearWeights("exact")
+    with torch.no_grad(), weights.applied(model, 16):
+        packed = [model(x[:rows]) for rows in (16, 5, 1)]
+    [choice] = weights.choices.values()
+    assert (choice.dtype, choice.kernel) == ("bfloat16", "onednn")
+    assert len(calls) == 6  # both layers, every row count: a decode keeps fewer rows as they finish
+    for got, want in zip(packed, plain, strict=True):
+        assert torch.equal(got, want)
+
+    # A shape whose probe differs keeps F.linear, and is not packed (nor probed) again.
+    monkeypatch.setattr(torch, "equal", lambda a, b: False)
+    other = PackedLinearWeights("exact")
+    with torch.no_grad(), other.applied(model, 4):
+        model(x[:4])
+    assert other.row_counts(model[0]) == [] and len(calls) == 6
+
+
+@needs_onednn
+@pytest.mark.parametrize(("onednn_s", "chosen"), [(0.010 / ONEDNN_MIN_SPEEDUP, "onednn"), (0.0095, None)])
+def test_auto_in_bfloat16_weighs_onednn_against_f_linear(monkeypatch, onednn_s, chosen):
+    timed = timed_passes(monkeypatch, {"mkl": 0.010, "onednn": onednn_s})
+    model = torch.nn.Sequential(frozen_linear(128, 256), frozen_linear(256, 128, seed=1)).to(torch.bfloat16)
+    weights = PackedLinearWeights("auto")
+    with torch.no_grad(), weights.applied(model, 16):
+        model(torch.randn(16, 128).to(torch.bfloat16))
+    [choice] = weights.choices.values()
+    assert (choice.dtype, choice.kernel, choice.exact_s, choice.onednn_s) == (
+        "bfloat16",
+        chosen,
+        0.010,
+        onednn_s,
+    )
+    assert timed.count("onednn") == packed_linear.TIMED_PASSES + 1
+    [entry] = packed_linear.measurements()  # the record a checkpoint keeps names the dtype
+    assert entry["dtype"] == "bfloat16"
+    forget_measurements()
+    packed_linear.adopt_measurements([entry])
+    again = PackedLinearWeights("auto")
+    with torch.no_grad(), again.applied(model, 16):
+        model(torch.randn(16, 128).to(torch.bfloat16))
+    assert list(again.choices.values()) == [choice]
+    assert timed.count("onednn") == packed_linear.TIMED_PASSES + 1  # adopted, not measured again
+
+
+@needs_onednn
+@pytest.mark.parametrize("kernel", ["auto", "exact"])
+def test_engine_in_bfloat16_gives_the_same_bits_with_onednn_copies(model_and_tokenizer, kernel, monkeypatch):
+    model, tokenizer = model_and_tokenizer
+    model = copy.deepcopy(model).to(torch.bfloat16)  # the fixture's model stays float32
+    prompts = ["hello", "apple banana cherry, reply with one word", "U D L R", "1 2 3 4"]
+    sampling = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
+
+    def completions(pack: bool):
+        engine = HFEngine(model, tokenizer, pack_base_weights=pack, decode_kernel=kernel)
+        return [
+            [(c.token_ids, c.logprobs) for c in row]
+            for row in engine.generate(prompts, ["agent"] * len(prompts), 4, sampling)
+        ]
+
+    plain = completions(False)
+    calls = count_packed_calls(monkeypatch, "_onednn_forward")
+    monkeypatch.setattr(packed_linear, "ONEDNN_MIN_SPEEDUP", 0.0)  # "auto" takes them whatever the times
+    assert completions(True) == plain
+    assert 16 in calls  # 4 prompts x 4 samples decoded on oneDNN's copies

@@ -13,7 +13,8 @@ What each buys, and where:
 * :mod:`~llm_zoo_train.kernels.packed_linear` (``rollout.decode_kernel``): a decode step's
   float32 products by weights packed once for MKL (same bits, checked; the Intel Xeon's choice)
   or for oneDNN (other rounding; on the AMD EPYC, where MKL is slow, a 576 x 1536 product at 16
-  rows took 0.38 ms against ``F.linear``'s 0.68).
+  rows took 0.38 ms against ``F.linear``'s 0.68); in bfloat16, oneDNN's copies where a probe gives
+  ``F.linear``'s bits (same tokens; a decode step's products at 16 rows 1.3x faster on the EPYC).
 * :mod:`~llm_zoo_train.kernels.merged_lora`: where oneDNN's packed products run, each LoRA
   layer's merged weight packed too, so a decode layer is one product.
 * :mod:`~llm_zoo_train.kernels.lora_inference`: peft's LoRA forward while generating, with less

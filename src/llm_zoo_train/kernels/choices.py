@@ -83,7 +83,8 @@ def describe_kernel_choices(record: Mapping[str, Any]) -> str:
     """``record`` (:func:`measured_kernel_choices`) in one line, e.g. ``decode products at 16 rows:
     onednn; update products: onednn; decode attention cpu/float32: sdpa``."""
     parts = [
-        f"decode products at {entry.get('rows')} rows: {entry.get('kernel') or 'F.linear'}"
+        f"{'' if entry.get('dtype', 'float32') == 'float32' else entry['dtype'] + ' '}decode products"
+        f" at {entry.get('rows')} rows: {entry.get('kernel') or 'F.linear'}"
         for entry in record.get("decode_products") or ()
     ]
     parts += [

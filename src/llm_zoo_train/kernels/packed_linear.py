@@ -1,5 +1,5 @@
-"""Float32 linear layers pre-packed for MKL while an engine decodes on a CPU: the same bits,
-less time per decode step.
+"""Linear layers pre-packed while an engine decodes on a CPU: float32 for MKL (the same bits) or
+oneDNN, bfloat16 for oneDNN (the same bits, probed); less time per decode step.
 
 A decode step multiplies a few rows by every weight matrix of the model. In float32 on a CPU,
 torch hands each product to MKL's ``sgemm``, which re-packs the weight matrix into its kernel's
@@ -59,6 +59,18 @@ takes a ``kernel``:
 On the AMD EPYC, one thread: a pass over SmolLM2-135M's 211 layers at 16 rows 103.8 ms exact
 against 63.3 ms oneDNN; 128 rows through one layer's shapes 13.3 ms with ``F.linear`` against
 9.7 ms with oneDNN's copies.
+
+**bfloat16.** torch multiplies bfloat16 on a CPU with oneDNN already, but ``F.linear`` hands it
+the weight unpacked, so every call reorders it first. A copy packed once skips that: on the AMD
+EPYC (one thread, 16 rows) a 576 x 1536 projection 0.23 -> 0.17 ms, a 576 x 192 one 0.052 ->
+0.030 ms. MKL has no bfloat16 packing, and oneDNN's packed product gave ``F.linear``'s bits there,
+so bfloat16 layers are packed by oneDNN only, each packing probed like MKL's (inputs of the
+packed row count, of one row and of :data:`PREFILL_ROWS` rows, every output bit compared) and
+unused for its shape where a bit differs: the tokens and logprobs are those of the unpacked model.
+``"exact"`` and ``"onednn"`` take these copies; ``"auto"`` times a pass over the model with them
+against one with ``F.linear`` and takes them at :data:`ONEDNN_MIN_SPEEDUP` or faster (as for
+float32, prefills by a pass of their own). LoRA layers keep their adapters apart in bfloat16
+(their base layer runs the packed copy): a merged bfloat16 weight would round a small update away.
 """
 
 from __future__ import annotations
@@ -107,6 +119,9 @@ KERNELS = ("auto", "exact", "onednn")
 ONEDNN_MIN_SPEEDUP = 1.15
 #: Timed passes per kernel when ``"auto"`` measures (the fastest counts).
 TIMED_PASSES = 3
+#: The dtypes whose layers are packed: float32 (MKL's or oneDNN's copies) and bfloat16 (oneDNN's,
+#: only where a probe gives ``F.linear``'s bits).
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
 #: Rows of the pass ``"auto"`` times to decide whether oneDNN's copies also serve prefills (the
 #: prefix cache's block).
 PREFILL_ROWS = 128
@@ -142,6 +157,9 @@ class KernelChoice:
     any_rows: bool = False
     prefill_exact_s: float | None = None
     prefill_onednn_s: float | None = None
+    #: The layers' dtype: float32, or bfloat16 (oneDNN's copies only, where probed to F.linear's
+    #: bits; "exact" there means F.linear and those copies).
+    dtype: str = "float32"
 
 
 @dataclass
@@ -157,10 +175,10 @@ def _packable(module: torch.nn.Module) -> bool:
         return False  # a subclass or a replaced forward (accelerate's hooks) may do more
     weight = module.weight
     return (
-        weight.dtype == torch.float32
+        weight.dtype in PACKED_DTYPES
         and weight.device.type == "cpu"
         and min(weight.shape) >= MIN_SIDE
-        and (module.bias is None or module.bias.dtype == torch.float32)
+        and (module.bias is None or module.bias.dtype == weight.dtype)
     )
 
 
@@ -177,16 +195,33 @@ def _pack(module: torch.nn.Linear, rows: int, generator: torch.Generator) -> tor
     return packed if same else None
 
 
-def _pack_onednn(module: torch.nn.Linear, rows: int) -> torch.Tensor:
-    """``module``'s weight packed by oneDNN for ``rows`` rows (other bits than ``F.linear``)."""
-    return torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), rows)
+def _pack_onednn(module: torch.nn.Linear, rows: int, generator: torch.Generator) -> torch.Tensor | None:
+    """``module``'s weight packed by oneDNN for ``rows`` rows: in float32 with other bits than
+    ``F.linear``; in bfloat16 ``None`` unless probe inputs of ``rows``, one and :data:`PREFILL_ROWS`
+    rows multiplied by the packed copy give every bit of ``F.linear`` (torch runs bfloat16
+    products on oneDNN too)."""
+    weight = module.weight.detach()
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+    if weight.dtype == torch.float32:
+        return packed
+    for probe_rows in sorted({rows, 1, PREFILL_ROWS}):
+        probe = torch.randn(probe_rows, weight.shape[1], generator=generator).to(weight.dtype)
+        if not torch.equal(
+            torch.ops.mkldnn._linear_pointwise(probe, packed, module.bias, "none", [], ""),
+            F.linear(probe, weight, module.bias),
+        ):
+            return None
+    return packed
 
 
-def _takes_packed(x: torch.Tensor, rows: int, *, fewer: bool = False) -> bool:
-    """``x`` may go through a copy packed for ``rows`` rows (``fewer``: or for at least as many)."""
+def _takes_packed(
+    x: torch.Tensor, rows: int, *, fewer: bool = False, dtype: torch.dtype = torch.float32
+) -> bool:
+    """``x`` may go through a copy of a ``dtype`` weight packed for ``rows`` rows (``fewer``: or for
+    at least as many)."""
     return (
         not torch.is_grad_enabled()
-        and x.dtype == torch.float32
+        and x.dtype == dtype
         and x.is_contiguous()
         and x.dim() >= 2
         and (x.numel() <= rows * x.shape[-1] if fewer else x.numel() == rows * x.shape[-1])
@@ -201,18 +236,20 @@ def _packed_forward(
     return torch.ops.mkl._mkl_linear(x, packed, module.weight, module.bias, rows)
 
 
-def _onednn_takes(x: torch.Tensor, rows: int, any_rows: bool) -> bool:
+def _onednn_takes(x: torch.Tensor, rows: int, any_rows: bool, dtype: torch.dtype = torch.float32) -> bool:
     # oneDNN's copy serves any row count (the count it was packed for is a tuning hint), so the
     # rows a decode keeps after others finish use it too: 4 rows by a 576 x 1536 projection took
     # 220 us against 400 us for F.linear (AMD EPYC, one thread); with ``any_rows``, a prefill's
     # rows as well (128 rows through SmolLM2-135M's layer shapes 13.3 -> 9.7 ms).
-    return _takes_packed(x, rows, fewer=True) or (any_rows and _takes_packed(x, x.numel() // x.shape[-1]))
+    return _takes_packed(x, rows, fewer=True, dtype=dtype) or (
+        any_rows and _takes_packed(x, x.numel() // x.shape[-1], dtype=dtype)
+    )
 
 
 def _onednn_forward(
     module: torch.nn.Linear, packed: torch.Tensor, rows: int, x: torch.Tensor, any_rows: bool = False
 ) -> torch.Tensor:
-    if not _onednn_takes(x, rows, any_rows):
+    if not _onednn_takes(x, rows, any_rows, module.weight.dtype):
         return F.linear(x, module.weight, module.bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
 
@@ -227,7 +264,7 @@ def _pass_seconds(calls: list[Callable[[], torch.Tensor]]) -> float:
 
 # "auto"'s measurements, per (row count, layer shapes), shared by every engine of the process: two
 # engines on one model (training and evaluation, a prefix-cache view) then multiply the same way.
-_measured: dict[tuple[int, tuple[tuple[int, ...], ...]], KernelChoice] = {}
+_measured: dict[tuple[int, str, tuple[tuple[int, ...], ...]], KernelChoice] = {}
 
 
 def forget_measurements() -> None:
@@ -239,7 +276,7 @@ def measurements() -> list[dict[str, Any]]:
     """``"auto"``'s measurements in this process, JSON-ready (:func:`adopt_measurements` takes them)."""
     return [
         {"layers": [list(shape) for shape in shapes], **asdict(choice)}
-        for (_, shapes), choice in _measured.items()
+        for (_, _, shapes), choice in _measured.items()
     ]
 
 
@@ -253,7 +290,10 @@ def adopt_measurements(entries: Iterable[Mapping[str, Any]], *, replace: bool = 
         choice = KernelChoice(**{k: v for k, v in entry.items() if k != "layers"})
         if choice.kernel not in ("mkl", "onednn", None):
             raise ValueError(f"unknown kernel {choice.kernel!r}")
-        parsed[(int(choice.rows), tuple((int(o), int(i), bool(b)) for o, i, b in entry["layers"]))] = choice
+        if choice.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"unknown dtype {choice.dtype!r}")
+        shapes = tuple((int(o), int(i), bool(b)) for o, i, b in entry["layers"])
+        parsed[(int(choice.rows), choice.dtype, shapes)] = choice
     for key, choice in parsed.items():
         if replace or key not in _measured:
             _measured[key] = choice
@@ -301,8 +341,9 @@ class PackedLinearWeights:
         ``None`` where MKL's packed product gives other bits for this shape (probed once per
         shape)."""
         weight = module.weight
-        shape = (*weight.shape, rows, module.bias is not None)
-        if kernel == "mkl" and shape in self._other_bits:
+        probed = kernel == "mkl" or weight.dtype != torch.float32  # copies used only with F.linear's bits
+        shape = (*weight.shape, rows, module.bias is not None, str(weight.dtype))
+        if probed and shape in self._other_bits:
             return None
         kept = self._by_layer.setdefault(module, OrderedDict())
         packing = kept.get(rows)
@@ -312,8 +353,12 @@ class PackedLinearWeights:
             or packing.storage != weight.data_ptr()
             or packing.version != weight._version
         ):
-            packed = _pack(module, rows, self._generator) if kernel == "mkl" else _pack_onednn(module, rows)
-            if packed is None:  # MKL's kernel choice depends on the shape, not the values
+            packed = (
+                _pack(module, rows, self._generator)
+                if kernel == "mkl"
+                else _pack_onednn(module, rows, self._generator)
+            )
+            if packed is None:  # the kernel's choice of algorithm depends on the shape, not the values
                 self._other_bits.add(shape)
                 kept.pop(rows, None)
                 return None
@@ -325,26 +370,34 @@ class PackedLinearWeights:
         return packing
 
     def _choice(self, layers: list[torch.nn.Linear], rows: int) -> KernelChoice:
-        key = (rows, tuple((*layer.weight.shape, layer.bias is not None) for layer in layers))
+        dtype = str(layers[0].weight.dtype).removeprefix("torch.")
+        key = (rows, dtype, tuple((*layer.weight.shape, layer.bias is not None) for layer in layers))
         choice = self.choices.get(key)
         if choice is None:
             mkl, onednn = mkl_packing_available(), onednn_packing_available()
-            if self.kernel == "exact" or (self.kernel == "auto" and not onednn):
-                choice = KernelChoice(rows, "mkl" if mkl else None)
-            elif self.kernel == "onednn" or not mkl:
-                choice = KernelChoice(rows, "onednn" if onednn else None, any_rows=onednn)
+            if dtype != "float32":  # bfloat16: oneDNN's copies where probed exact, else F.linear
+                mkl = False
+            if dtype != "float32" and self.kernel != "auto":  # the copies give F.linear's bits
+                choice = KernelChoice(rows, "onednn" if onednn else None, any_rows=onednn, dtype=dtype)
+            elif self.kernel == "exact" or (self.kernel == "auto" and not onednn):
+                choice = KernelChoice(rows, "mkl" if mkl else None, dtype=dtype)
+            elif self.kernel == "onednn" or (not mkl and dtype == "float32"):
+                choice = KernelChoice(rows, "onednn" if onednn else None, any_rows=onednn, dtype=dtype)
             elif key in _measured:  # another engine of this process measured these shapes
                 choice = _measured[key]
             else:
                 choice = _measured[key] = self._measure(layers, rows)
+                exact = "MKL's exact ones" if mkl else "F.linear"
                 logger.info(
-                    "float32 decode products at %d rows: oneDNN's packed copies took %.1f ms a pass"
-                    " over the model's %d linear layers, MKL's exact ones %.1f ms: using %s%s",
+                    "%s decode products at %d rows: oneDNN's packed copies took %.1f ms a pass"
+                    " over the model's %d linear layers, %s %.1f ms: using %s%s",
+                    dtype,
                     rows,
                     1e3 * choice.onednn_s,
                     len(layers),
+                    exact,
                     1e3 * choice.exact_s,
-                    "oneDNN's" if choice.kernel == "onednn" else "MKL's",
+                    "oneDNN's" if choice.kernel == "onednn" else exact.removesuffix(" exact ones"),
                     ""
                     if choice.prefill_onednn_s is None
                     else f"; prefills ({PREFILL_ROWS} rows: {1e3 * choice.prefill_onednn_s:.1f} ms oneDNN,"
@@ -355,21 +408,24 @@ class PackedLinearWeights:
         return choice
 
     def _measure(self, layers: list[torch.nn.Linear], rows: int) -> KernelChoice:
-        """Times a pass over ``layers`` with each kernel (``"auto"``) and keeps the chosen packings."""
+        """Times a pass over ``layers`` with each kernel (``"auto"``) and keeps the chosen packings:
+        oneDNN's copies against MKL's exact ones in float32, against ``F.linear`` in bfloat16."""
+        dtype = layers[0].weight.dtype
+        exact_kernel = "mkl" if dtype == torch.float32 else None
         inputs = {
-            features: torch.randn(rows, features, generator=self._generator)
+            features: torch.randn(rows, features, generator=self._generator).to(dtype)
             for features in {layer.in_features for layer in layers}
         }
         calls: dict[str, list[Callable[[], torch.Tensor]]] = {}
-        onednn_packed: list[torch.Tensor] = []
+        onednn_packed: list[torch.Tensor | None] = []
         # MKL's copies last, so they are the ones kept when they win: packing them again would
         # probe again, while oneDNN's packing is a plain reorder.
         for kernel, forward in (("onednn", _onednn_forward), ("mkl", _packed_forward)):
             calls[kernel] = []
             for layer in layers:
-                packing = self._packing(layer, rows, kernel)
+                packing = self._packing(layer, rows, kernel) if kernel == "onednn" or exact_kernel else None
                 if kernel == "onednn":
-                    onednn_packed.append(packing.packed)
+                    onednn_packed.append(packing.packed if packing is not None else None)
                 x = inputs[layer.in_features]
                 calls[kernel].append(
                     partial(forward, layer, packing.packed, rows, x)
@@ -383,8 +439,9 @@ class PackedLinearWeights:
                 if timed:  # the first pass of each warms oneDNN's primitives and the caches
                     seconds[kernel].append(elapsed)
         exact_s, onednn_s = min(seconds["mkl"]), min(seconds["onednn"])
+        name = str(dtype).removeprefix("torch.")
         if exact_s < ONEDNN_MIN_SPEEDUP * onednn_s:
-            return KernelChoice(rows, "mkl", exact_s, onednn_s)
+            return KernelChoice(rows, exact_kernel, exact_s, onednn_s, dtype=name)
         prefill = self._prefill_seconds(layers, onednn_packed, rows)
         return KernelChoice(
             rows,
@@ -394,15 +451,18 @@ class PackedLinearWeights:
             any_rows=prefill["F.linear"] >= ONEDNN_MIN_SPEEDUP * prefill["onednn"],
             prefill_exact_s=prefill["F.linear"],
             prefill_onednn_s=prefill["onednn"],
+            dtype=name,
         )
 
     def _prefill_seconds(
-        self, layers: list[torch.nn.Linear], onednn_packed: list[torch.Tensor], rows: int
+        self, layers: list[torch.nn.Linear], onednn_packed: list[torch.Tensor | None], rows: int
     ) -> dict[str, float]:
         """The fastest of two passes of :data:`PREFILL_ROWS` rows over ``layers`` with ``F.linear``
         and with their oneDNN copies packed for ``rows``, after one untimed pass of each."""
         inputs = {
-            features: torch.randn(PREFILL_ROWS, features, generator=self._generator)
+            features: torch.randn(PREFILL_ROWS, features, generator=self._generator).to(
+                layers[0].weight.dtype
+            )
             for features in {layer.in_features for layer in layers}
         }
         calls = {
@@ -411,6 +471,8 @@ class PackedLinearWeights:
             ],
             "onednn": [
                 partial(_onednn_forward, layer, packed, rows, inputs[layer.in_features], True)
+                if packed is not None
+                else partial(F.linear, inputs[layer.in_features], layer.weight, layer.bias)
                 for layer, packed in zip(layers, onednn_packed, strict=True)
             ],
         }
@@ -446,9 +508,13 @@ class PackedLinearWeights:
         """Route ``model``'s packable layers to their packed copies (recorded in ``swapped``) and,
         with oneDNN's copies, its LoRA layers to their merged ones (undone when ``merging`` closes)."""
         layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and _packable(m)]
+        if layers:  # one dtype per pass (the model's): a layer kept in another dtype runs F.linear
+            dtypes = [layer.weight.dtype for layer in layers]
+            layers = [layer for layer in layers if layer.weight.dtype == max(set(dtypes), key=dtypes.count)]
         choice = self._choice(layers, rows) if layers else None
         kernel = choice.kernel if choice is not None else None
-        if kernel == "onednn" and self.merge_adapters:
+        # bfloat16 keeps its adapters apart: a merged bfloat16 weight would round a small update away.
+        if kernel == "onednn" and self.merge_adapters and choice.dtype == "float32":
             accepts = partial(_onednn_takes, rows=rows, any_rows=choice.any_rows)
             merged = merging.enter_context(self.merged.applied(model, rows, accepts))
             served = {id(layer.base_layer) for layer in merged}

@@ -129,10 +129,10 @@ class HFEngine:
             batched prefill (nothing to reuse). Off by default here (0); the trainer's default is
             :func:`prefix_cache_mb_for`.
         prefix_block: The block size of that prefill (tokens).
-        pack_base_weights: In float32 on a CPU with MKL, decode with MKL-packed copies of the
-            model's linear layers (:mod:`~llm_zoo_train.kernels.packed_linear`): the same bits,
-            less time per decode step, about the base model's size again in memory. No effect
-            elsewhere.
+        pack_base_weights: On a CPU, decode with packed copies of the model's linear layers
+            (:mod:`~llm_zoo_train.kernels.packed_linear`; float32: MKL's with the same bits, or
+            oneDNN's; bfloat16: oneDNN's where probed to the same bits): less time per decode
+            step, about the base model's size again in memory. No effect elsewhere.
         decode_kernel: Which packed product: ``"exact"`` (MKL's, the same bits as unpacked, the
             decode only), ``"onednn"`` (oneDNN's, decode and prefill, other float32 rounding) or
             ``"auto"`` (oneDNN's where a pass over the model measures at least 1.15x faster, else
