@@ -340,8 +340,9 @@ def test_bfloat16_layers_take_onednn_copies_only_where_probed_to_f_linears_bits(
 
 
 @needs_onednn
-@pytest.mark.parametrize(("onednn_s", "chosen"), [(0.010 / ONEDNN_MIN_SPEEDUP, "onednn"), (0.0095, None)])
-def test_auto_in_bfloat16_weighs_onednn_against_f_linear(monkeypatch, onednn_s, chosen):
+@pytest.mark.parametrize(("onednn_s", "chosen"), [(0.0095, "onednn"), (0.0105, None)])
+def test_auto_in_bfloat16_takes_the_faster_of_onednn_and_f_linear(monkeypatch, onednn_s, chosen):
+    """No margin in bfloat16 (both give the same bits), unlike float32's."""
     timed = timed_passes(monkeypatch, {"mkl": 0.010, "onednn": onednn_s})
     model = torch.nn.Sequential(frozen_linear(128, 256), frozen_linear(256, 128, seed=1)).to(torch.bfloat16)
     weights = PackedLinearWeights("auto")
