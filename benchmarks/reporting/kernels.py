@@ -22,12 +22,18 @@ def decode_kernel_line(result: dict[str, Any]) -> str:
     choices = result.get("decode_kernel_choices")
     if not choices:
         return ""
+    # bfloat16's exact side is F.linear (results before it was packed hold float32 choices only)
+    dtype = choices[0].get("dtype", "float32")
+    exact = "MKL (exact)" if dtype == "float32" else "F.linear"
+    same_bits = "" if dtype == "float32" else ", oneDNN's copies probed to F.linear's bits"
     return (
-        " Our engine's float32 decode products (`rollout.decode_kernel: auto`, measured on this machine): "
+        f" Our engine's {dtype} decode products (`rollout.decode_kernel: auto`, measured on this machine"
+        f"{same_bits}): "
         + "; ".join(
-            f"{c['rows']} rows {'oneDNN' if c['kernel'] == 'onednn' else 'MKL (exact)'}"
+            f"{c['rows']} rows {'oneDNN' if c['kernel'] == 'onednn' else exact}"
             + (
-                f" ({1e3 * c['onednn_s']:.1f} ms a pass oneDNN, {1e3 * c['exact_s']:.1f} ms exact)"
+                f" ({1e3 * c['onednn_s']:.1f} ms a pass oneDNN, {1e3 * c['exact_s']:.1f} ms"
+                f" {'exact' if dtype == 'float32' else exact})"
                 if c.get("exact_s")
                 else ""
             )

@@ -189,7 +189,7 @@ class RolloutConfig:
     """hf engine only, with pack_base_weights, on a CPU: which packed product. In bfloat16 the only
     packed product is oneDNN's, with the unpacked product's bits where used: exact and onednn take
     it, auto where a pass over the model measures faster than F.linear (on an AMD EPYC, one
-    thread, the trainer-vs-TRL job's generation 3.56 -> 2.78 s a step). In float32, exact:
+    thread, the trainer-vs-TRL job's generation 3.64 -> 3.07 s a step). In float32, exact:
     MKL's, only where every bit equals the unpacked product (the tokens of transformers'
     generate). onednn: oneDNN's, for the decode and the prefill, which sum in another order
     (float32 rounding: tokens can differ from generate's where two are that close). auto: measured

@@ -70,9 +70,10 @@ unused for its shape where a bit differs: the tokens and logprobs are those of t
 ``"exact"`` and ``"onednn"`` take these copies; ``"auto"`` times a pass over the model with them
 against one with ``F.linear`` and takes the faster (no margin: either gives the same tokens;
 prefills by a pass of their own, as for float32). In place, the trainer-vs-TRL job's generation
-in bfloat16 took 2.78 s a step with them against 3.56 s without (the same step run alternately,
-6 times each, AMD EPYC, one thread), where the pass ``"auto"`` times measured 46.5 against 54.9
-ms: weights that come from memory pay the reorder more. LoRA layers keep their adapters apart in bfloat16
+in bfloat16 took 3.07 s a step with them against 3.64 s without (after 3 training steps, the same
+step run alternately 6 times each with the update off, AMD EPYC, one thread; 2.78 against 3.56 s
+with untrained adapters, whose products are skipped), where the pass ``"auto"`` times measured
+46.5 against 54.9 ms: weights that come from memory pay the reorder more. LoRA layers keep their adapters apart in bfloat16
 (their base layer runs the packed copy): a merged bfloat16 weight would round a small update away.
 """
 
