@@ -25,6 +25,7 @@ from llm_zoo_train.kernels.packed_linear import (  # noqa: E402
     PackedLinearWeights,
     forget_measurements,
     mkl_packing_available,
+    onednn_bfloat16_packing_available,
     onednn_packing_available,
 )
 from tiny_model import build_tokenizer, tiny_llama_config  # noqa: E402
@@ -315,7 +316,26 @@ def test_auto_measures_a_shape_once_per_process(monkeypatch):
     assert list(first.choices.values()) == list(second.choices.values())
 
 
-@needs_onednn
+needs_bfloat16_packing = pytest.mark.skipif(
+    not onednn_bfloat16_packing_available(), reason="oneDNN does not pack bfloat16 on this CPU (AVX2 only)"
+)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "exact", "onednn"])
+def test_bfloat16_layers_run_f_linear_where_onednn_cannot_pack_them(monkeypatch, kernel):
+    monkeypatch.setattr(packed_linear, "onednn_bfloat16_packing_available", lambda: False)
+    calls = count_packed_calls(monkeypatch, "_onednn_forward")
+    model = torch.nn.Sequential(frozen_linear(128, 256), frozen_linear(256, 128, seed=1)).to(torch.bfloat16)
+    x = torch.randn(16, 128).to(torch.bfloat16)
+    weights = PackedLinearWeights(kernel)
+    with torch.no_grad(), weights.applied(model, 16):
+        packed = model(x)
+    with torch.no_grad():
+        assert torch.equal(packed, model(x))
+    assert calls == [] and [c.kernel for c in weights.choices.values()] == [None]
+
+
+@needs_bfloat16_packing
 def test_bfloat16_layers_take_onednn_copies_only_where_probed_to_f_linears_bits(monkeypatch):
     model = torch.nn.Sequential(frozen_linear(128, 256), frozen_linear(256, 128, seed=1)).to(torch.bfloat16)
     x = torch.randn(16, 128).to(torch.bfloat16)
@@ -339,7 +359,7 @@ def test_bfloat16_layers_take_onednn_copies_only_where_probed_to_f_linears_bits(
     assert other.row_counts(model[0]) == [] and len(calls) == 6
 
 
-@needs_onednn
+@needs_bfloat16_packing
 @pytest.mark.parametrize(("onednn_s", "chosen"), [(0.0095, "onednn"), (0.0105, None)])
 def test_auto_in_bfloat16_takes_the_faster_of_onednn_and_f_linear(monkeypatch, onednn_s, chosen):
     """No margin in bfloat16 (both give the same bits), unlike float32's."""
@@ -367,7 +387,7 @@ def test_auto_in_bfloat16_takes_the_faster_of_onednn_and_f_linear(monkeypatch, o
     assert timed.count("onednn") == packed_linear.TIMED_PASSES + 1  # adopted, not measured again
 
 
-@needs_onednn
+@needs_bfloat16_packing
 @pytest.mark.parametrize("kernel", ["auto", "exact"])
 def test_engine_in_bfloat16_gives_the_same_bits_with_onednn_copies(model_and_tokenizer, kernel, monkeypatch):
     model, tokenizer = model_and_tokenizer

@@ -64,7 +64,8 @@ against 63.3 ms oneDNN; 128 rows through one layer's shapes 13.3 ms with ``F.lin
 the weight unpacked, so every call reorders it first. A copy packed once skips that: on the AMD
 EPYC (one thread, 16 rows) a 576 x 1536 projection 0.23 -> 0.17 ms, a 576 x 192 one 0.052 ->
 0.030 ms. MKL has no bfloat16 packing, and oneDNN's packed product gave ``F.linear``'s bits there,
-so bfloat16 layers are packed by oneDNN only, each packing probed like MKL's (inputs of the
+so bfloat16 layers are packed by oneDNN only (where it packs bfloat16 at all: not on an AVX2-only
+CPU, :func:`onednn_bfloat16_packing_available`), each packing probed like MKL's (inputs of the
 packed row count, of one row and of :data:`PREFILL_ROWS` rows, every output bit compared) and
 unused for its shape where a bit differs: the tokens and logprobs are those of the unpacked model.
 ``"exact"`` and ``"onednn"`` take these copies; ``"auto"`` times a pass over the model with them
@@ -79,6 +80,7 @@ with untrained adapters, whose products are skipped), where the pass ``"auto"`` 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import weakref
@@ -107,6 +109,7 @@ __all__ = [
     "forget_measurements",
     "measurements",
     "mkl_packing_available",
+    "onednn_bfloat16_packing_available",
     "onednn_packing_available",
 ]
 
@@ -146,6 +149,19 @@ def onednn_packing_available() -> bool:
     return _has_ops(
         torch.backends.mkldnn.is_available(), "mkldnn", "_reorder_linear_weight", "_linear_pointwise"
     )
+
+
+@functools.cache
+def onednn_bfloat16_packing_available() -> bool:
+    """oneDNN packs bfloat16 weights on this CPU: it refuses where the CPU lacks AVX512-BW/VL/DQ
+    and AVX-NE-CONVERT (an AVX2-only CPU, or oneDNN capped there by ``ONEDNN_MAX_CPU_ISA``)."""
+    if not onednn_packing_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(MIN_SIDE, MIN_SIDE, dtype=torch.bfloat16), 1)
+    except RuntimeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -205,6 +221,8 @@ def _pack_onednn(module: torch.nn.Linear, rows: int, generator: torch.Generator)
     rows multiplied by the packed copy give every bit of ``F.linear`` (torch runs bfloat16
     products on oneDNN too)."""
     weight = module.weight.detach()
+    if weight.dtype != torch.float32 and not onednn_bfloat16_packing_available():
+        return None
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
     if weight.dtype == torch.float32:
         return packed
@@ -380,7 +398,7 @@ class PackedLinearWeights:
         if choice is None:
             mkl, onednn = mkl_packing_available(), onednn_packing_available()
             if dtype != "float32":  # bfloat16: oneDNN's copies where probed exact, else F.linear
-                mkl = False
+                mkl, onednn = False, onednn_bfloat16_packing_available()
             if dtype != "float32" and self.kernel != "auto":  # the copies give F.linear's bits
                 choice = KernelChoice(rows, "onednn" if onednn else None, any_rows=onednn, dtype=dtype)
             elif self.kernel == "exact" or (self.kernel == "auto" and not onednn):
