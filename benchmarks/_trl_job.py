@@ -85,6 +85,18 @@ trl_reward.calls = []  # type: ignore[attr-defined]
 # ---------------------------------------------------------------------- setup of both trainers
 
 
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The job's options, shared by every script that runs it (what :func:`make_ours` reads)."""
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="model alias, hub id or local dir")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--prompts-per-step", type=int, default=4)
+    parser.add_argument("--num-generations", type=int, default=4, help="K")
+    parser.add_argument("--max-completion-length", type=int, default=32)
+    parser.add_argument("--micro-batch", type=int, default=8, help="completions per forward/backward")
+    parser.add_argument("--learning-rate", type=float, default=1e-5)
+    parser.add_argument("--seed", type=int, default=0)
+
+
 def model_dir(args: argparse.Namespace, workdir: Path) -> str:
     if args.quick:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

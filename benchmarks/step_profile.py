@@ -54,7 +54,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from _common import RESULTS_DIR, bar_chart, finish, run_facts
-from _trl_job import ENV_ID, WriteAboutEnv, make_ours, model_dir
+from _trl_job import ENV_ID, WriteAboutEnv, add_job_arguments, make_ours, model_dir
 from trainer_vs_trl import cpu_isa_flags, result_stem
 
 import llm_zoo
@@ -262,7 +262,7 @@ def profile(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         if step >= args.warmup_steps:
             steps.append(measured)
             print(f"step {step}: {measured['step']:.2f} s", flush=True)
-    decode_passes = statistics.median(s["rows"].get("generation/decode body|body", 0) for s in steps)
+    decode_rows = statistics.median(s["rows"].get("generation/decode body|body", 0) for s in steps)
     median = {p: statistics.median(s["phases"][p] for s in steps) for p in PHASES}
     median_rows = {k: int(statistics.median(s["rows"].get(k, 0) for s in steps)) for k in steps[0]["rows"]}
     gflop = product_gflop(timers, median_rows)
@@ -272,7 +272,7 @@ def profile(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "phases_s": median,
         "product_gflop": gflop,
         "product_gflops": {p: g / median[p] for p, g in gflop.items() if median[p] > 0},
-        "decode_rows_per_step": decode_passes,
+        "decode_rows_per_step": decode_rows,
         "body_weight_bytes": timers.body_bytes,
     }
     trainer.close()
@@ -320,16 +320,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="model alias, hub id or local dir")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    add_job_arguments(parser)
     parser.add_argument("--steps", type=int, default=6, help="timed steps")
     parser.add_argument("--warmup-steps", type=int, default=1, help="untimed steps before them")
-    parser.add_argument("--prompts-per-step", type=int, default=4)
-    parser.add_argument("--num-generations", type=int, default=4, help="K")
-    parser.add_argument("--max-completion-length", type=int, default=32)
-    parser.add_argument("--micro-batch", type=int, default=8, help="completions per forward/backward")
-    parser.add_argument("--learning-rate", type=float, default=1e-5)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--bandwidth-mib", type=int, default=256, help="MiB read and copied for the bandwidth"
     )

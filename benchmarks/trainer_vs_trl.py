@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 import torch
 from _common import git_commit
-from _trl_job import ENV_ID, WriteAboutEnv, make_ours, make_trl, model_dir, trl_reward
+from _trl_job import ENV_ID, WriteAboutEnv, add_job_arguments, make_ours, make_trl, model_dir, trl_reward
 
 import llm_zoo
 from llm_zoo_train.kernels.attention import decode_attention_choices
@@ -319,17 +319,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="model alias, hub id or local dir")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    add_job_arguments(parser)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps-per-round", type=int, default=2)
     parser.add_argument("--warmup-steps", type=int, default=1, help="untimed steps per side before round 1")
-    parser.add_argument("--prompts-per-step", type=int, default=4)
-    parser.add_argument("--num-generations", type=int, default=4, help="K")
-    parser.add_argument("--max-completion-length", type=int, default=32)
-    parser.add_argument("--micro-batch", type=int, default=8, help="completions per forward/backward")
-    parser.add_argument("--learning-rate", type=float, default=1e-5)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--threads", type=int, default=0, help="torch CPU threads, both sides (0: torch's default)"
     )

@@ -74,8 +74,9 @@ prefills by a pass of their own, as for float32). In place, the trainer-vs-TRL j
 in bfloat16 took 3.07 s a step with them against 3.64 s without (after 3 training steps, the same
 step run alternately 6 times each with the update off, AMD EPYC, one thread; 2.78 against 3.56 s
 with untrained adapters, whose products are skipped), where the pass ``"auto"`` times measured
-46.5 against 54.9 ms: weights that come from memory pay the reorder more. LoRA layers keep their adapters apart in bfloat16
-(their base layer runs the packed copy): a merged bfloat16 weight would round a small update away.
+46.5 against 54.9 ms: weights that come from memory pay the reorder more. LoRA layers keep their
+adapters apart in bfloat16 (their base layer runs the packed copy): a merged bfloat16 weight would
+round a small update away.
 """
 
 from __future__ import annotations
@@ -360,8 +361,8 @@ class PackedLinearWeights:
 
     def _packing(self, module: torch.nn.Linear, rows: int, kernel: str) -> _Packing | None:
         """The ``kernel`` packing of ``module`` for ``rows`` rows, packed now if missing or stale;
-        ``None`` where MKL's packed product gives other bits for this shape (probed once per
-        shape)."""
+        ``None`` where MKL's packed product, or oneDNN's in bfloat16, gives other bits for this
+        shape (probed once per shape)."""
         weight = module.weight
         probed = kernel == "mkl" or weight.dtype != torch.float32  # copies used only with F.linear's bits
         shape = (*weight.shape, rows, module.bias is not None, str(weight.dtype))
