@@ -247,12 +247,72 @@ def product_gflop(timers: StepTimers, rows: dict[str, int]) -> dict[str, float]:
     }
 
 
+# ----------------------------------------------------------------------------- the update's operators
+
+#: Operators that multiply by a frozen weight in the update: oneDNN's and MKL's packed products
+#: serve only frozen layers; a plain product ``[M, K] x [K, N]`` counts when none of M, K, N is
+#: below 64 (a LoRA product has the rank, 8, as one of them, forward and backward).
+PACKED_PRODUCT_OPS = frozenset({"mkldnn::_linear_pointwise", "mkl::_mkl_linear"})
+PLAIN_PRODUCT_OPS = frozenset({"aten::mm", "aten::addmm"})
+
+
+def _product_sides(shapes: list[list[int]]) -> tuple[int, ...] | None:
+    """M, K and N of a plain product ``mm(a, b)`` or ``addmm(bias, a, b)`` from its input shapes."""
+    matrices = [shape for shape in shapes if len(shape) == 2]
+    if len(matrices) < 2:
+        return None
+    (rows, inner), (_, columns) = matrices[-2], matrices[-1]
+    return rows, inner, columns
+
+
+def update_operators(trainer: Any, step: int, unprofiled_s: float, top: int = 12) -> dict[str, Any]:
+    """Train step ``step`` with its update under torch's profiler (shapes recorded): the update's
+    operators' own CPU time, and the share spent in products by frozen weights.
+
+    The profiler's cost per operator is why the step's phases are timed without it; for the update
+    (mostly large products) it is small, and the result says how small: the profiled update's
+    seconds beside ``unprofiled_s``, the timed steps' median."""
+    from torch.profiler import ProfilerActivity, profile
+
+    own: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    totals = {"profiled_update_s": 0.0, "frozen_products_s": 0.0}
+    update = trainer.updater.update
+
+    def profiled(*args: Any, **kwargs: Any) -> Any:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiler:
+            start = time.perf_counter()
+            result = update(*args, **kwargs)
+            totals["profiled_update_s"] += time.perf_counter() - start
+        for event in profiler.key_averages(group_by_input_shape=True):
+            seconds = event.self_cpu_time_total / 1e6
+            own[event.key] += seconds
+            calls[event.key] += event.count
+            sides = _product_sides(event.input_shapes or []) if event.key in PLAIN_PRODUCT_OPS else None
+            if event.key in PACKED_PRODUCT_OPS or (sides is not None and min(sides) >= 64):
+                totals["frozen_products_s"] += seconds
+        return result
+
+    trainer.updater.update = profiled
+    try:
+        trainer.train_step(step)
+    finally:
+        trainer.updater.update = update
+    ranked = sorted(own, key=own.get, reverse=True)[:top]
+    return {
+        **totals,
+        "unprofiled_update_s": unprofiled_s,
+        "operators_s": sum(own.values()),
+        "top_operators": [{"name": name, "self_s": own[name], "calls": calls[name]} for name in ranked],
+    }
+
+
 # ----------------------------------------------------------------------------- the run
 
 
 def profile(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     path = model_dir(args, workdir)
-    trainer, _ = make_ours(args, path, workdir, args.warmup_steps + args.steps)
+    trainer, _ = make_ours(args, path, workdir, args.warmup_steps + args.steps + 1)
     timers = StepTimers(trainer)
     steps = []
     for step in range(args.warmup_steps + args.steps):
@@ -267,6 +327,10 @@ def profile(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     median_rows = {k: int(statistics.median(s["rows"].get(k, 0) for s in steps)) for k in steps[0]["rows"]}
     gflop = product_gflop(timers, median_rows)
     config = trainer.policy.model.get_base_model().config
+    update_s = statistics.median(
+        sum(v for p, v in s["phases"].items() if p.startswith("update/")) for s in steps
+    )
+    operators = update_operators(trainer, args.warmup_steps + args.steps, update_s)
     summary = {
         "step_s": statistics.median(s["step"] for s in steps),
         "phases_s": median,
@@ -281,7 +345,18 @@ def profile(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "product_shape": [256, config.hidden_size, config.intermediate_size],
         **memory_bandwidth(args.bandwidth_mib),
     }
-    return {"steps": steps, "summary": summary, "limits": limits, "kernel_choices": measured_kernel_choices()}
+    peak = max(limits["products"][args.dtype].values())
+    summary["products_at_peak_s"] = sum(gflop.values()) / peak
+    update_gflop = gflop["update/forward"] + gflop["update/backward"]
+    if operators["frozen_products_s"] > 0:
+        operators["frozen_products_gflops"] = update_gflop / operators["frozen_products_s"]
+    return {
+        "steps": steps,
+        "summary": summary,
+        "update_operators": operators,
+        "limits": limits,
+        "kernel_choices": measured_kernel_choices(),
+    }
 
 
 def print_summary(result: dict[str, Any]) -> None:
@@ -297,6 +372,15 @@ def print_summary(result: dict[str, Any]) -> None:
         if rate is not None:
             line += f"  {rate:6.1f} GFLOP/s ({100 * rate / peak:3.0f}% of peak)"
         print(line)
+    print(f"  every counted product at the peak: {summary['products_at_peak_s']:.2f} s a step")
+    operators = result["update_operators"]
+    rate = operators.get("frozen_products_gflops")
+    print(f"  the update under the profiler: {operators['profiled_update_s']:.2f} s "
+          f"(unprofiled {operators['unprofiled_update_s']:.2f} s); products by frozen weights "
+          f"{operators['frozen_products_s']:.2f} s of the operators' {operators['operators_s']:.2f} s"
+          + (f", {rate:.0f} GFLOP/s ({100 * rate / peak:.0f}% of peak)" if rate else ""))  # fmt: skip
+    for op in operators["top_operators"][:6]:
+        print(f"    {op['name'][:48]:48s} {op['self_s']:6.3f} s {op['calls']:6d} calls")
     print(f"  kernels: {describe_kernel_choices(result['kernel_choices'])}")
 
 
