@@ -73,6 +73,7 @@ from _trl_job import ENV_ID, WriteAboutEnv, add_job_arguments, make_ours, make_t
 import llm_zoo
 from llm_zoo_train.kernels.attention import decode_attention_choices
 from llm_zoo_train.kernels.lora_rank_rows import rank_rows_measurements
+from llm_zoo_train.kernels.update_attention import update_attention_choices
 from llm_zoo_train.runs.memory import keep_freed_memory
 
 RESULTS = Path(__file__).parent / "results"
@@ -474,6 +475,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "update_lora_choices": rank_rows_measurements(),
         # What a decode step's attention took in this process (llm_zoo_train.kernels.attention).
         "decode_attention_choices": decode_attention_choices(),
+        # And the update's (llm_zoo_train.kernels.update_attention).
+        "update_attention_choices": update_attention_choices(),
         "summary": summary,
         "steps": {"ours": callback.ours, "trl": callback.trl, "ours_old": callback.ours_old},
         "trl_own_step_time_metric_s": trl_step_time,

@@ -29,6 +29,7 @@ from llm_zoo_train.kernels.packed_linear import (  # noqa: E402
     forget_measurements,
     onednn_packing_available,
 )
+from llm_zoo_train.kernels.update_attention import forget_update_attention_choices  # noqa: E402
 from llm_zoo_train.runs.checkpoint import read_trainer_state  # noqa: E402
 from llm_zoo_train.trainer import Trainer  # noqa: E402
 from train_helpers import toy_config  # noqa: E402
@@ -43,6 +44,7 @@ def forget_all() -> None:
     forget_frozen_measurements()
     forget_rank_rows_measurements()
     forget_decode_attention_choices()
+    forget_update_attention_choices()
 
 
 @pytest.fixture(autouse=True)
@@ -102,6 +104,7 @@ def choose(layer: torch.nn.Linear) -> tuple[object, object, bool]:
 
 
 ATTENTION = {"cpu/float32": {"kernel": "grouped", "sdpa_s": 0.002, "grouped_s": 0.001}}
+UPDATE_ATTENTION = {"cpu/bfloat16": {"kernel": "grouped", "sdpa_s": 0.008, "grouped_s": 0.002}}
 
 
 @needs_onednn
@@ -109,9 +112,10 @@ def test_an_adopted_record_is_chosen_again_without_measuring(timings):
     layer = frozen(96, 160)
     measured = choose(layer)
     assert measured[0].kernel == "onednn" and measured[1].kernel == "onednn" and measured[2]
-    adopt_kernel_choices({"decode_attention": ATTENTION})
+    adopt_kernel_choices({"decode_attention": ATTENTION, "update_attention": UPDATE_ATTENTION})
     record = json.loads(json.dumps(measured_kernel_choices()))  # what a checkpoint keeps
     assert record["decode_attention"] == ATTENTION
+    assert record["update_attention"] == UPDATE_ATTENTION
     parts = ("decode_products", "update_products", "update_lora_products")
     assert [len(record[part]) for part in parts] == [1, 1, 1]
     timed_before = len(timings)
@@ -151,6 +155,7 @@ def test_replace_false_keeps_this_processes_own_choices(timings):
         ({"decode_attention": {"cpu/float33": ATTENTION["cpu/float32"]}}, "not a torch dtype"),
         ({"decode_attention": {"cpu/float32": {"kernel": "fast", "sdpa_s": 1, "grouped_s": 1}}}, "'fast'"),
         ({"decode_attention": {"cpu/float32": {"kernel": "sdpa"}}}, "KeyError"),
+        ({"update_attention": {"cpu/bfloat16": {"kernel": "eager", "sdpa_s": 1, "grouped_s": 1}}}, "'eager'"),
         ({"update_products": [{"layers": [[160, 96]], "kernel": "onednn", "speed": 2}]}, "speed"),
         ({"decode_products": [{"layers": [[160, 96, True]], "rows": 16, "kernel": "blas"}]}, "'blas'"),
         ({"update_lora_products": [{"layers": [[96, 160, 8]], "rank_rows": 1}]}, "true or false"),
@@ -169,6 +174,7 @@ def test_a_malformed_record_is_one_error_naming_the_problem(record, message):
         "update_products": [],
         "update_lora_products": [],
         "decode_attention": {},
+        "update_attention": {},
     }
 
 
@@ -242,9 +248,10 @@ def test_a_record_is_described_in_one_line():
         "update_products": [{"layers": [[160, 96]], "kernel": None}],
         "update_lora_products": [{"layers": [[96, 160, 8]], "rank_rows": True}],
         "decode_attention": ATTENTION,
+        "update_attention": UPDATE_ATTENTION,
     }
     assert describe_kernel_choices(record) == (
         "decode products at 16 rows: onednn; update products: F.linear; update LoRA products: the rank"
-        " as the rows; decode attention cpu/float32: grouped"
+        " as the rows; decode attention cpu/float32: grouped; update attention cpu/bfloat16: grouped"
     )
     assert describe_kernel_choices({}) == "none"

@@ -44,18 +44,27 @@ def decode_kernel_line(result: dict[str, Any]) -> str:
     )
 
 
-def decode_attention_line(result: dict[str, Any]) -> str:
-    choices = result.get("decode_attention_choices")
+def _attention_line(choices: dict[str, Any] | None, what: str, timed: str) -> str:
     if not choices:
         return ""
     return (
-        " A decode step's attention (measured on this machine): "
+        f" {what} (measured on this machine): "
         + "; ".join(
             f"{where.split('/')[-1]} {'grouped products' if c['kernel'] == 'grouped' else 'sdpa'}"
-            f" ({1e6 * c['sdpa_s']:.0f} us a layer sdpa, {1e6 * c['grouped_s']:.0f} us grouped)"
+            f" ({1e6 * c['sdpa_s']:.0f} us {timed} sdpa, {1e6 * c['grouped_s']:.0f} us grouped)"
             for where, c in choices.items()
         )
         + "."
+    )
+
+
+def decode_attention_line(result: dict[str, Any]) -> str:
+    return _attention_line(result.get("decode_attention_choices"), "A decode step's attention", "a layer")
+
+
+def update_attention_line(result: dict[str, Any]) -> str:
+    return _attention_line(
+        result.get("update_attention_choices"), "The update's attention", "a layer's forward and backward by"
     )
 
 

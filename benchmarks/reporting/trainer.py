@@ -8,7 +8,12 @@ import statistics
 from typing import Any
 
 from reporting.format import RESULTS_DIR, created, markdown_table
-from reporting.kernels import decode_attention_line, decode_kernel_line, update_kernel_line
+from reporting.kernels import (
+    decode_attention_line,
+    decode_kernel_line,
+    update_attention_line,
+    update_kernel_line,
+)
 
 
 def threads(result: dict[str, Any]) -> str:
@@ -102,7 +107,7 @@ def trainer_vs_trl(result: dict[str, Any]) -> str:
         f" {settings['micro_batch']}, one optimizer step per generation batch, {settings['torch_threads']} torch"
         f" thread(s) each, {settings['rounds']} alternating rounds of {settings['steps_per_round']} steps"
         f" ({settings['warmup']}). Same prompts on both sides:"
-        f" {result['prompt_check'].get('same_prompt_token_ids')} (token ids compared).{_allocator_line(settings)}{decode_kernel_line(result)}{update_kernel_line(result)}{decode_attention_line(result)}\n\n"
+        f" {result['prompt_check'].get('same_prompt_token_ids')} (token ids compared).{_allocator_line(settings)}{decode_kernel_line(result)}{update_kernel_line(result)}{decode_attention_line(result)}{update_attention_line(result)}\n\n"
     )
     text += markdown_table(["trainer", "median s/step", "mean", "range", "steps", "round means"], rows)
     breakdown = summary.get("breakdown_ours_mean_s", {})
@@ -351,7 +356,34 @@ def _step_profile(result: dict[str, Any], name: str) -> str:
         + f"; memory read {limits['read_gbs']:.1f} GB/s, copy {limits['copy_gbs']:.1f} GB/s. The decode passes"
         f" read the frozen weights at {read:.1f} GB/s.\n\n"
         + markdown_table(["phase", "s / step", "share", "product GFLOP", "GFLOP/s", "of peak"], rows)
+        + _step_profile_bounds(result, peak)
     )
+
+
+def _step_profile_bounds(result: dict[str, Any], peak: float) -> str:
+    """The step's floor (every counted product at the measured peak) and the update's operators."""
+    summary, operators = result["summary"], result.get("update_operators")
+    lines = []
+    if "products_at_peak_s" in summary:
+        lines.append(
+            f"Every counted product at the measured peak, and nothing else: {summary['products_at_peak_s']:.2f} s"
+            f" a step ({100 * summary['products_at_peak_s'] / summary['step_s']:.0f}% of the measured step)."
+        )
+    if operators:
+        rate = operators.get("frozen_products_gflops")
+        top = ", ".join(
+            f"{op['name']} {op['self_s']:.2f} s ({op['calls']} calls)"
+            for op in operators["top_operators"][:6]
+        )
+        lines.append(
+            f"One more step's update under torch's profiler: {operators['profiled_update_s']:.2f} s"
+            f" (unprofiled median {operators['unprofiled_update_s']:.2f} s). Products by frozen weights,"
+            f" forward and input gradients: {operators['frozen_products_s']:.2f} s of the operators'"
+            f" {operators['operators_s']:.2f} s"
+            + (f", {rate:.0f} GFLOP/s ({100 * rate / peak:.0f}% of the peak)" if rate else "")
+            + f". Most own time: {top}."
+        )
+    return "".join(f"\n\n{line}" for line in lines)
 
 
 def step_profile(result: dict[str, Any]) -> str:

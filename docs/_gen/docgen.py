@@ -110,6 +110,8 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.kernels", "llm_zoo_train.kernels"),
     ("llm_zoo_train.kernels.precision", "llm_zoo_train.kernels.precision"),
     ("llm_zoo_train.kernels.attention", "llm_zoo_train.kernels.attention"),
+    ("llm_zoo_train.kernels.update_attention", "llm_zoo_train.kernels.update_attention"),
+    ("llm_zoo_train.kernels.attention_choices", "llm_zoo_train.kernels.attention_choices"),
     ("llm_zoo_train.kernels.lora_forward", "llm_zoo_train.kernels.lora_forward"),
     ("llm_zoo_train.kernels.lora_inference", "llm_zoo_train.kernels.lora_inference"),
     ("llm_zoo_train.kernels.lora_training", "llm_zoo_train.kernels.lora_training"),

@@ -71,6 +71,14 @@ class ModelConfig:
     resumed run takes the checkpoint's choice); `sdpa`: torch's kernel always (the bits of
     transformers' sdpa); `grouped`: the grouped products always (other float32 rounding). Set
     `sdpa` for separate runs that must match bit for bit. `llm_zoo_train.kernels.attention`."""
+    update_attention: Literal["auto", "sdpa", "grouped"] = "auto"
+    """With `llm_zoo_sdpa` (`attn_implementation: auto` on a CPU): how the update's attention
+    (autograd on) is computed. `auto`: in bfloat16/float16, timed once per dtype in each process
+    (forward and backward), eager attention as grouped batched products where torch's kernel is
+    at least 1.15x slower (on an AMD EPYC in bfloat16 the update 4.30 -> 3.77 s; a resumed run takes
+    the checkpoint's choice); float32 keeps sdpa (measured no faster, transformers' bits); `sdpa`:
+    torch's kernel always; `grouped`: the grouped products always (other rounding).
+    `llm_zoo_train.kernels.update_attention`."""
     system_prompt: str | None = None
     """System message put before every env prompt by the chat template (None: none)."""
     trust_remote_code: bool = False

@@ -16,7 +16,9 @@ each query head from its shared key/value head without copying and gives the sam
 (``tests/test_attention.py`` checks an engine's tokens and logprobs bit for bit). Everywhere else
 (the update's forward and backward, GPUs, no mask) it is transformers' ``sdpa`` unchanged: with
 autograd on, the backward through ``enable_gqa`` sums the key/value gradients of a group in another
-order (different rounding) and was not faster in bfloat16, so the update keeps the measured path.
+order (different rounding) and was not faster in bfloat16, so the update keeps the measured path,
+except where :mod:`llm_zoo_train.kernels.update_attention` measured its grouped products faster
+(bfloat16 on the CPU).
 
 **A decode step's attention, measured.** For one query position torch's CPU kernel is a
 flash-attention loop built for many; on an AMD EPYC (Zen 4, AVX-512 BF16, no AMX) in bfloat16 it
@@ -42,6 +44,9 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from llm_zoo_train.kernels.attention_choices import AttentionChoices
+from llm_zoo_train.kernels.update_attention import grouped_update_attention, update_uses_grouped
 
 __all__ = [
     "DECODE_ATTENTION",
@@ -73,7 +78,7 @@ GROUPED_MIN_SPEEDUP = 1.15
 
 # "auto"'s choice per (device type, dtype): whether the grouped products won, and the timings
 # (seconds: torch's kernel, the grouped products) for the log and benchmarks.
-_measured: dict[tuple[str, torch.dtype], tuple[bool, float, float]] = {}
+_measured = AttentionChoices("decode attention")
 
 
 def set_decode_attention(choice: str) -> None:
@@ -94,36 +99,14 @@ def forget_decode_attention_choices() -> None:
 
 def decode_attention_choices() -> dict[str, dict[str, Any]]:
     """What ``"auto"`` measured and chose in this process, by ``"device/dtype"``."""
-    return {
-        f"{device}/{str(dtype).removeprefix('torch.')}": {
-            "kernel": "grouped" if grouped else "sdpa",
-            "sdpa_s": sdpa_s,
-            "grouped_s": grouped_s,
-        }
-        for (device, dtype), (grouped, sdpa_s, grouped_s) in _measured.items()
-    }
+    return _measured.record()
 
 
 def adopt_decode_attention_choices(choices: Mapping[str, Mapping[str, Any]], *, replace: bool = True) -> None:
     """Take ``choices`` (:func:`decode_attention_choices` of another process or an earlier run) as
     this process's, so that ``"auto"`` chooses as they did without measuring; with
     ``replace=False`` only for device types and dtypes not measured here yet."""
-    parsed: dict[tuple[str, torch.dtype], tuple[bool, float, float]] = {}  # all first: one bad adopts none
-    for where, choice in choices.items():
-        device, dtype_name = where.split("/")
-        dtype = getattr(torch, dtype_name, None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"not a torch dtype: {dtype_name!r}")
-        if choice["kernel"] not in ("sdpa", "grouped"):
-            raise ValueError(f"unknown decode attention {choice['kernel']!r}")
-        parsed[(device, dtype)] = (
-            choice["kernel"] == "grouped",
-            float(choice["sdpa_s"]),
-            float(choice["grouped_s"]),
-        )
-    for key, measured in parsed.items():
-        if replace or key not in _measured:
-            _measured[key] = measured
+    _measured.adopt(choices, replace=replace)
 
 
 def grouped_decode_attention(
@@ -173,7 +156,7 @@ def _grouped_faster(query, key, value, attention_mask, scaling) -> bool:
                 if timed:  # the first of each warms the kernels
                     seconds[name].append(time.perf_counter() - start)
         sdpa_s, grouped_s = min(seconds["sdpa"]), min(seconds["grouped"])
-        _measured[where] = (sdpa_s >= GROUPED_MIN_SPEEDUP * grouped_s, sdpa_s, grouped_s)
+        _measured.choose(where, sdpa_s, grouped_s, GROUPED_MIN_SPEEDUP)
         logger.info(
             "decode attention in %s on the %s (%d rows, %d positions): torch's sdpa %.0f us a layer,"
             " grouped products %.0f us: using %s",
@@ -183,9 +166,9 @@ def _grouped_faster(query, key, value, attention_mask, scaling) -> bool:
             key.shape[2],
             1e6 * sdpa_s,
             1e6 * grouped_s,
-            "the grouped products" if _measured[where][0] else "sdpa",
+            "the grouped products" if _measured.grouped(where) else "sdpa",
         )
-    return _measured[where][0]
+    return _measured.grouped(where)
 
 
 def _reads_in_place(module: Any, query: torch.Tensor, attention_mask: Any, kwargs: dict[str, Any]) -> bool:
@@ -219,6 +202,10 @@ def sdpa_shared_kv_forward(
         if DECODE_ATTENTION == "grouped" or _grouped_faster(query, key, value, attention_mask, scale):
             output = grouped_decode_attention(query, key, value, attention_mask, scale)
             return output.transpose(1, 2).contiguous(), None
+    if torch.is_grad_enabled():
+        scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+        if update_uses_grouped(module, query, key, value, attention_mask, dropout, scale, kwargs):
+            return grouped_update_attention(query, key, value, attention_mask, scale), None
     if not _reads_in_place(module, query, attention_mask, kwargs):
         return sdpa_attention_forward(
             module,

@@ -1,10 +1,11 @@
 """What the ``"auto"`` kernel choices measured, as one record a run keeps and passes on.
 
-Four choices are timed on the machine rather than assumed, once per process: the decode's
+Five choices are timed on the machine rather than assumed, once per process: the decode's
 packed products (``rollout.decode_kernel``, :mod:`llm_zoo_train.kernels.packed_linear`), the
 update's frozen-layer products and its LoRA products (``training.update_kernel``,
-:mod:`llm_zoo_train.kernels.frozen_linear`, :mod:`llm_zoo_train.kernels.lora_rank_rows`) and a decode
-step's attention (:mod:`llm_zoo_train.kernels.attention`). Each alternative rounds
+:mod:`llm_zoo_train.kernels.frozen_linear`, :mod:`llm_zoo_train.kernels.lora_rank_rows`), a decode
+step's attention (:mod:`llm_zoo_train.kernels.attention`) and the update's attention
+(:mod:`llm_zoo_train.kernels.update_attention`). Each alternative rounds
 differently, and where the two are close in time a timing can go either way. A process that
 measured again could then choose otherwise, and its tokens, logprobs and gradients would differ
 from the run it continues in the last float32 bits, so that a resumed run would not repeat the
@@ -30,6 +31,7 @@ from llm_zoo_train.kernels.attention import adopt_decode_attention_choices, deco
 from llm_zoo_train.kernels.frozen_linear import adopt_frozen_measurements, frozen_measurements
 from llm_zoo_train.kernels.lora_rank_rows import adopt_rank_rows_measurements, rank_rows_measurements
 from llm_zoo_train.kernels.packed_linear import adopt_measurements, measurements
+from llm_zoo_train.kernels.update_attention import adopt_update_attention_choices, update_attention_choices
 
 __all__ = ["KernelChoicesError", "adopt_kernel_choices", "describe_kernel_choices", "measured_kernel_choices"]
 
@@ -43,13 +45,14 @@ class KernelChoicesError(ValueError):
 def measured_kernel_choices() -> dict[str, Any]:
     """Every ``"auto"`` choice this process measured or adopted, JSON-ready: ``decode_products``,
     ``update_products``, ``update_lora_products`` (lists of the layer shapes with the choice and
-    its timings) and
-    ``decode_attention`` (by ``"device/dtype"``)."""
+    its timings),
+    ``decode_attention`` and ``update_attention`` (by ``"device/dtype"``)."""
     return {
         "decode_products": measurements(),
         "update_products": frozen_measurements(),
         "update_lora_products": rank_rows_measurements(),
         "decode_attention": decode_attention_choices(),
+        "update_attention": update_attention_choices(),
     }
 
 
@@ -65,6 +68,7 @@ def adopt_kernel_choices(record: Mapping[str, Any], *, replace: bool = True) -> 
         "update_products": adopt_frozen_measurements,
         "update_lora_products": adopt_rank_rows_measurements,
         "decode_attention": adopt_decode_attention_choices,
+        "update_attention": adopt_update_attention_choices,
     }
     unknown = sorted(set(record) - set(adopters))
     if unknown:
@@ -98,5 +102,9 @@ def describe_kernel_choices(record: Mapping[str, Any]) -> str:
     parts += [
         f"decode attention {where}: {choice.get('kernel')}"
         for where, choice in (record.get("decode_attention") or {}).items()
+    ]
+    parts += [
+        f"update attention {where}: {choice.get('kernel')}"
+        for where, choice in (record.get("update_attention") or {}).items()
     ]
     return "; ".join(parts) or "none"

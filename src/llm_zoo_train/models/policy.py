@@ -33,6 +33,7 @@ import torch
 from llm_zoo_train.config import ConfigError, LoraSettings, ModelConfig
 from llm_zoo_train.kernels.attention import set_decode_attention
 from llm_zoo_train.kernels.precision import choose_attention, warn_if_emulated
+from llm_zoo_train.kernels.update_attention import set_update_attention
 from llm_zoo_train.runs.checkpoint import make_world_readable
 from llm_zoo_train.runs.sharded_state import full_tensor, is_sharded, local_part
 
@@ -227,6 +228,7 @@ def load_base_model(config: ModelConfig, device: torch.device | str | None = Non
     move_to(model, device)
     model.set_attn_implementation(choose_attention(config.attn_implementation, model))
     set_decode_attention(config.decode_attention)
+    set_update_attention(config.update_attention)
     warn_if_emulated(model)
     model.requires_grad_(False)
     return model, tokenizer
