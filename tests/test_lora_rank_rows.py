@@ -100,9 +100,33 @@ def test_a_model_s_logprobs_and_gradients_are_as_accurate_as_peft_s(tiny_model_d
     assert all("forward" not in vars(m) for m in model.modules())  # peft's forward is back
 
 
-def test_a_bfloat16_model_keeps_peft_s_products(tiny_model_dir, monkeypatch):
+def test_a_bfloat16_model_with_bfloat16_adapters_keeps_peft_s_products(tiny_model_dir, monkeypatch):
     model = peft_model(tiny_model_dir, 8.0).to(torch.bfloat16)
     assert logprobs_and_gradients(model, "onednn", monkeypatch)[2] == 0
+
+
+@pytest.mark.parametrize("alpha", [8.0, 6.0], ids=["scaling-2", "scaling-1.5"])
+def test_a_bfloat16_model_s_float32_adapters_take_the_rank_as_the_rows_as_accurately(
+    tiny_model_dir, alpha, monkeypatch
+):
+    """peft keeps a bfloat16 model's adapters in float32 and casts the input up: the rank-as-rows
+    products do the same casts, as accurately."""
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
+    config = LoraConfig(r=4, lora_alpha=alpha, target_modules="all-linear", init_lora_weights=False)
+    model = get_peft_model(base, config).train()
+    adapters = [p for name, p in model.named_parameters() if "lora_" in name]
+    assert adapters and all(p.dtype == torch.float32 for p in adapters)
+    layers = sum(type(m).__name__ == "Linear" and hasattr(m, "lora_A") for m in model.modules())
+    peft = logprobs_and_gradients(model, None, monkeypatch)
+    rank_rows = logprobs_and_gradients(model, "onednn", monkeypatch)
+    exact = logprobs_and_gradients(copy.deepcopy(model).double(), None, monkeypatch)
+    assert rank_rows[2] == 2 * layers
+    for part in (lambda run: [run[0]], lambda run: run[1]):
+        ours, theirs = relative_error(part(rank_rows), part(exact)), relative_error(part(peft), part(exact))
+        assert ours < 0.05 and ours < 1.1 * theirs + 1e-5
+    assert [g.dtype for g in rank_rows[1]] == [torch.float32] * len(adapters)
+    assert logprobs_and_gradients(model, "exact", monkeypatch)[2] == 0
 
 
 @pytest.fixture
