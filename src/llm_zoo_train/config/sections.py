@@ -75,7 +75,7 @@ class ModelConfig:
     """With `llm_zoo_sdpa` (`attn_implementation: auto` on a CPU): how the update's attention
     (autograd on) is computed. `auto`: in bfloat16/float16, timed once per dtype in each process
     (forward and backward), eager attention as grouped batched products where torch's kernel is
-    at least 1.15x slower (on an AMD EPYC in bfloat16 the update 4.30 -> 3.77 s; a resumed run takes
+    at least 1.15x slower (on an AMD EPYC in bfloat16 the update 4.14 -> 3.66 s; a resumed run takes
     the checkpoint's choice); float32 keeps sdpa (measured no faster, transformers' bits); `sdpa`:
     torch's kernel always; `grouped`: the grouped products always (other rounding).
     `llm_zoo_train.kernels.update_attention`."""

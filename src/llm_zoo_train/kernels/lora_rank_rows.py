@@ -15,8 +15,8 @@ gradients differ from peft's by float32 rounding (about 1e-7 relative per produc
 part of ``training.update_kernel`` with the frozen layers' oneDNN copies
 (:mod:`~llm_zoo_train.kernels.frozen_linear`): ``"exact"`` never takes it (peft's bits, through
 :mod:`~llm_zoo_train.kernels.lora_training`'s fused form), ``"onednn"`` always does for float32
-adapters on a CPU (a bfloat16 model's too: its input is cast to float32, as peft does), and ``"auto"`` times one forward and backward of each of the model's LoRA shapes both
-ways at :data:`~llm_zoo_train.kernels.frozen_linear.MEASURED_ROWS` rows, once per process and set
+adapters on a CPU (a bfloat16 model's too: its input is cast to float32, as peft does), and
+``"auto"`` times one forward and backward of each of the model's LoRA shapes both ways at :data:`~llm_zoo_train.kernels.frozen_linear.MEASURED_ROWS` rows, once per process and set
 of shapes (weighted by how many layers have the shape), and takes the rank as the rows only where
 it is at least :data:`~llm_zoo_train.kernels.packed_linear.ONEDNN_MIN_SPEEDUP` times faster; an
 ``INFO`` line says which. Like the other timed choices, the measurement travels with the run
