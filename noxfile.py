@@ -36,7 +36,7 @@ KERNEL_TESTS = [
     "tests/test_attention.py", "tests/test_frozen_linear.py", "tests/test_hf_decode.py",
     "tests/test_kernel_choices.py", "tests/test_lora_inference.py", "tests/test_lora_rank_rows.py",
     "tests/test_lora_training.py", "tests/test_merged_lora.py", "tests/test_packed_linear.py",
-    "tests/test_update_attention.py", "tests/test_attention_choices.py",
+    "tests/test_update_attention.py", "tests/test_attention_choices.py", "tests/test_rollout_activations.py",
 ]  # fmt: skip
 CPU_PATHS = {
     "no AMX (oneDNN capped at AVX-512 BF16)": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},

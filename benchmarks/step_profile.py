@@ -25,7 +25,9 @@ Phases of a step (median seconds over the timed steps):
 
 For the phases made mostly of linear products it counts their floating-point operations from the
 rows that went through: 2 x rows x the frozen layers' weights, and for the backward the same count
-again (the input gradients through the frozen weights; the update's forward counts are used).
+again (the input gradients through the frozen weights; the update's forward counts are used). A
+completion pass that took the rollout's recorded outputs (``training.rollout_activations_mb``)
+multiplies by no frozen weight in its forward: its rows count for the backward only.
 Attention and the LoRA products are not counted, so the achieved GFLOP/s are lower bounds. The
 decode passes also get the frozen weights' bytes read per second (each pass reads every weight
 once) against the measured read bandwidth.
@@ -47,7 +49,8 @@ import tempfile
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,7 @@ from trainer_vs_trl import cpu_isa_flags, result_stem
 import llm_zoo
 from llm_zoo_train.kernels.choices import describe_kernel_choices, measured_kernel_choices
 from llm_zoo_train.runs.memory import keep_freed_memory
+from llm_zoo_train.training import update as update_module
 
 #: The step's phases, in the order they are reported.
 PHASES = (
@@ -135,6 +139,7 @@ class StepTimers:
         base = policy_model.get_base_model() if hasattr(policy_model, "get_base_model") else policy_model
         self.hidden = int(base.config.hidden_size)
         self._pass_phase = "generation/prefill"
+        self._watch_replays()
         self.body_weights = sum(
             module.in_features * module.out_features
             for name, module in base.model.named_modules()
@@ -157,6 +162,24 @@ class StepTimers:
         merged = getattr(getattr(trainer.engine, "packed_weights", None), "merged", None)
         if merged is not None:
             self._wrap(merged, "_packing", "generation/merge adapters")
+
+    def _watch_replays(self) -> None:
+        """Notes while the update's completion pass takes the rollout's recorded outputs
+        (``training.rollout_activations_mb``): its forward then multiplies by no frozen weight, and
+        its rows count for the backward's products only."""
+        self._replaying = False
+        replay = update_module.replayed_completion_pass
+
+        @contextmanager
+        def noted(*args: Any, **kwargs: Any) -> Iterator[None]:
+            with replay(*args, **kwargs):
+                self._replaying = True
+                try:
+                    yield
+                finally:
+                    self._replaying = False
+
+        update_module.replayed_completion_pass = noted
 
     @staticmethod
     def _body_rows(args: tuple, kwargs: dict[str, Any]) -> int:
@@ -188,7 +211,8 @@ class StepTimers:
 
         def before(mod: Any, args: tuple, kwargs: dict[str, Any]) -> None:
             name = phase(args, kwargs)
-            self.rows[f"{name}|{part}"] += rows(args, kwargs)
+            counted = "update/replayed" if name == "update/forward" and self._replaying else name
+            self.rows[f"{counted}|{part}"] += rows(args, kwargs)
             started.append((time.perf_counter(), name))
 
         def after(mod: Any, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
@@ -237,13 +261,14 @@ def product_gflop(timers: StepTimers, rows: dict[str, int]) -> dict[str, float]:
             / 1e9
         )
 
-    forward = gflop("update/forward")
+    forward = gflop("update/forward")  # the passes computed; replayed ones multiply by nothing
     return {
         "generation/prefill": gflop("generation/prefill"),
         "generation/decode body": gflop("generation/decode body"),
         "generation/decode vocabulary": gflop("generation/decode vocabulary"),
         "update/forward": forward,
-        "update/backward": forward,  # the input gradients through the same frozen weights
+        # The input gradients through the same frozen weights, of every pass.
+        "update/backward": forward + gflop("update/replayed"),
     }
 
 

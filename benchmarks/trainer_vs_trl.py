@@ -73,6 +73,7 @@ from _trl_job import ENV_ID, WriteAboutEnv, add_job_arguments, make_ours, make_t
 import llm_zoo
 from llm_zoo_train.kernels.attention import decode_attention_choices
 from llm_zoo_train.kernels.lora_rank_rows import rank_rows_measurements
+from llm_zoo_train.kernels.rollout_activations import attached
 from llm_zoo_train.kernels.update_attention import update_attention_choices
 from llm_zoo_train.runs.memory import keep_freed_memory
 
@@ -167,6 +168,18 @@ def make_callback(ours, args: argparse.Namespace, ours_old=None):
             self.mark = time.perf_counter()
 
     return Alternate()
+
+
+def _rollout_activations(trainer: Any) -> dict[str, Any]:
+    store = attached(trainer.policy.model)
+    if store is None:
+        return {"on": False}
+    return {
+        "on": True,
+        "max_mb": store.max_bytes / 2**20,
+        "replayed_rows": store.replayed_rows,
+        "missed_rows": store.missed_rows,
+    }
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -477,6 +490,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "decode_attention_choices": decode_attention_choices(),
         # And the update's (llm_zoo_train.kernels.update_attention).
         "update_attention_choices": update_attention_choices(),
+        # How many of the update's rows took the rollout's recorded outputs for their completion pass
+        # (training.rollout_activations_mb; llm_zoo_train.kernels.rollout_activations).
+        "rollout_activations": _rollout_activations(ours),
         "summary": summary,
         "steps": {"ours": callback.ours, "trl": callback.trl, "ours_old": callback.ours_old},
         "trl_own_step_time_metric_s": trl_step_time,

@@ -239,6 +239,10 @@ def test_eval_command_reproduces_the_trainers_evaluation_and_refuses_the_swap(tr
 
 def test_replayed_steps_give_the_same_adapters_on_both_base_models(tiny_model_dir, gpt2_dir, tmp_path):
     common = [*two_model_overrides(gpt2_dir), "--training.max_steps", "2", "--eval.num_episodes", "2"]
+    common += [
+        "--training.rollout_activations_mb",
+        "0",
+    ]  # a replay computes every pass (tests/test_replay.py)
     recorded = Trainer(
         toy_config(tiny_model_dir, tmp_path / "recorded", [*common, "--rollout.save_rollouts", "true"])
     )

@@ -20,6 +20,12 @@ from train_helpers import history_without_timing, toy_config  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+#: A replay computes every update pass (a recording holds tokens, not the decode's activations), so
+#: only a run that computed them too is repeated bit for bit; with the rollout's activations reused
+#: (training.rollout_activations_mb, on by default on a CPU) a replay agrees to float rounding.
+COMPUTED_UPDATES = ["--training.rollout_activations_mb", "0"]
+
+
 def _weights(trainer):
     return {name: trainer.policy.adapter_state_dict(name) for name in trainer.plan.adapters}
 
@@ -33,6 +39,7 @@ def test_replayed_steps_give_bit_identical_adapters(tiny_model_dir, tmp_path, mo
         mode,
         "--eval.num_episodes",
         "2" if mode == "tree" else "0",
+        *COMPUTED_UPDATES,
     ]
     recorded = Trainer(
         toy_config(tiny_model_dir, tmp_path / "recorded", [*common, "--rollout.save_rollouts", "true"])
@@ -67,6 +74,7 @@ NO_LOOKAHEAD = [
     "0",
     "--rollout.team_credit_lookahead",
     "0",
+    *COMPUTED_UPDATES,
 ]
 
 

@@ -68,6 +68,20 @@ def update_attention_line(result: dict[str, Any]) -> str:
     )
 
 
+def rollout_activations_line(result: dict[str, Any]) -> str:
+    record = result.get("rollout_activations")
+    if not record:
+        return ""
+    if not record.get("on"):
+        return " The update computed every pass (`training.rollout_activations_mb: 0`)."
+    replayed, missed = record.get("replayed_rows", 0), record.get("missed_rows", 0)
+    return (
+        f" The update's completion passes took the rollout's recorded linear-layer outputs"
+        f" (`training.rollout_activations_mb`, {record.get('max_mb', 0):.0f} MiB) for {replayed} rows"
+        f" ({missed} looked for in vain, computed)."
+    )
+
+
 def update_kernel_line(result: dict[str, Any]) -> str:
     choices = result.get("update_kernel_choices")
     if not choices:

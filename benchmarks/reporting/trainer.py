@@ -11,6 +11,7 @@ from reporting.format import RESULTS_DIR, created, markdown_table
 from reporting.kernels import (
     decode_attention_line,
     decode_kernel_line,
+    rollout_activations_line,
     update_attention_line,
     update_kernel_line,
 )
@@ -107,7 +108,7 @@ def trainer_vs_trl(result: dict[str, Any]) -> str:
         f" {settings['micro_batch']}, one optimizer step per generation batch, {settings['torch_threads']} torch"
         f" thread(s) each, {settings['rounds']} alternating rounds of {settings['steps_per_round']} steps"
         f" ({settings['warmup']}). Same prompts on both sides:"
-        f" {result['prompt_check'].get('same_prompt_token_ids')} (token ids compared).{_allocator_line(settings)}{decode_kernel_line(result)}{update_kernel_line(result)}{decode_attention_line(result)}{update_attention_line(result)}\n\n"
+        f" {result['prompt_check'].get('same_prompt_token_ids')} (token ids compared).{_allocator_line(settings)}{decode_kernel_line(result)}{update_kernel_line(result)}{decode_attention_line(result)}{update_attention_line(result)}{rollout_activations_line(result)}\n\n"
     )
     text += markdown_table(["trainer", "median s/step", "mean", "range", "steps", "round means"], rows)
     breakdown = summary.get("breakdown_ours_mean_s", {})

@@ -118,6 +118,7 @@ API_MODULES: list[tuple[str, str]] = [
     ("llm_zoo_train.kernels.lora_rank_rows", "llm_zoo_train.kernels.lora_rank_rows"),
     ("llm_zoo_train.kernels.packed_linear", "llm_zoo_train.kernels.packed_linear"),
     ("llm_zoo_train.kernels.merged_lora", "llm_zoo_train.kernels.merged_lora"),
+    ("llm_zoo_train.kernels.rollout_activations", "llm_zoo_train.kernels.rollout_activations"),
     ("llm_zoo_train.kernels.frozen_linear", "llm_zoo_train.kernels.frozen_linear"),
     ("llm_zoo_train.kernels.choices", "llm_zoo_train.kernels.choices"),
     ("llm_zoo_train.engines.base", "llm_zoo_train.engines.base"),

@@ -56,6 +56,7 @@ from llm_zoo_train.engines.hf.engine import HFEngine
 from llm_zoo_train.evaluation.evaluate import EvalResult, evaluate, summarize
 from llm_zoo_train.evaluation.plan import eval_sampling
 from llm_zoo_train.evaluation.tasks import eval_tasks
+from llm_zoo_train.kernels.rollout_activations import attached
 from llm_zoo_train.models.policy import Policy
 from llm_zoo_train.models.sharding import gathered, policy_models, saveable
 from llm_zoo_train.reporting.model_card import write_model_cards
@@ -361,6 +362,12 @@ class Trainer:
             metrics.setdefault(f"update/{adapter}/samples", 0.0)
         if wake_up is not None:
             wake_up()
+        # The rollout's recorded outputs have served this step's updates: none is of use after them
+        # (frozen adapters' included, whose records would otherwise pile up to the store's limit).
+        for model in {id(m): m for m in map(self._model_of, self.plan.adapters)}.values():
+            store = attached(model)
+            if store is not None:
+                store.clear()
         for adapter, scheduler in self.schedulers.items():
             metrics[f"update/{adapter}/learning_rate"] = float(scheduler.get_last_lr()[0])
             with warnings.catch_warnings():

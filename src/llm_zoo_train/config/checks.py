@@ -199,6 +199,8 @@ def check_values(config: Any) -> None:
     if t.gradient_accumulation_steps is not None:
         require_positive("training.gradient_accumulation_steps", t.gradient_accumulation_steps)
     require_positive("training.save_steps", t.save_steps, allow_zero=True)
+    if t.rollout_activations_mb is not None:
+        require_positive("training.rollout_activations_mb", t.rollout_activations_mb, allow_zero=True)
     _check_strategy(config)
     require_positive("training.warmup_steps", t.warmup_steps, allow_zero=True)
     if t.save_total_limit is not None:

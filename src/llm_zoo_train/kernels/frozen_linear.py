@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -63,6 +63,7 @@ __all__ = [
     "adopt_frozen_measurements",
     "forget_frozen_measurements",
     "frozen_measurements",
+    "input_gradient",
 ]
 
 logger = logging.getLogger(__name__)
@@ -129,6 +130,20 @@ class _PackedProduct(torch.autograd.Function):
             return None, None, None, None
         grad_x = torch.ops.mkldnn._linear_pointwise(grad.contiguous(), ctx.packed_t, None, "none", [], "")
         return grad_x, None, None, None
+
+
+def input_gradient(module: torch.nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``grad -> grad W``, the input's gradient through the frozen layer ``module``: by ``W^T``'s
+    packed copy while :meth:`FrozenLinearPackings.applied` serves the layer with them, else
+    ``matmul`` (autograd's own for ``F.linear``)."""
+    forward = vars(module).get("forward")
+    if isinstance(forward, partial) and forward.func is _packed_forward:
+        packed_t = forward.args[2]
+        return lambda grad: torch.ops.mkldnn._linear_pointwise(
+            grad.contiguous(), packed_t, None, "none", [], ""
+        )
+    weight = module.weight
+    return lambda grad: torch.matmul(grad, weight.detach())
 
 
 def _frozen(module: torch.nn.Module) -> bool:

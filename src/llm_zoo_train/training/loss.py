@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -78,6 +79,7 @@ def _logits_with_shared_prompts(
     unique_rows: list[int],
     prompt_ids: list[list[int]],
     prompt_width: int,
+    completion_pass: Callable[[int], AbstractContextManager[Any]] | None = None,
 ) -> list[torch.Tensor] | None:
     """The logits that predict each completion token, running each distinct prompt through the
     model once (GRPO's K samples of a group share their prompt): ``[B, 1, V]`` from the prompt
@@ -89,7 +91,8 @@ def _logits_with_shared_prompts(
     copied to every row that continues it; the rows then run only their completion tokens on top.
     The same attention, positions and masks as one forward over prompt + completion, so the values
     and gradients are the same up to float rounding. ``None`` (the caller falls back to the plain
-    forward) for models whose cache cannot be built or indexed this way."""
+    forward) for models whose cache cannot be built or indexed this way. ``completion_pass(width)``,
+    when given, is entered around the completion pass (``width`` positions)."""
     try:
         from transformers import DynamicCache
 
@@ -115,13 +118,14 @@ def _logits_with_shared_prompts(
             return [first]
         cache.batch_select_indices(row_to_unique)
         # The completion pass: every completion token but the last (whose prediction is unused).
-        rest = model(
-            input_ids=input_ids[:, prompt_width:-1],
-            attention_mask=attention_mask[:, :-1],
-            position_ids=position_ids[:, prompt_width:-1],
-            past_key_values=cache,
-            use_cache=True,
-        ).logits
+        with completion_pass(width - 1) if completion_pass is not None else nullcontext():
+            rest = model(
+                input_ids=input_ids[:, prompt_width:-1],
+                attention_mask=attention_mask[:, :-1],
+                position_ids=position_ids[:, prompt_width:-1],
+                past_key_values=cache,
+                use_cache=True,
+            ).logits
     except (AttributeError, NotImplementedError, TypeError, ValueError) as err:
         _shared_prompts_unsupported.add(type(model).__name__)
         warnings.warn(
@@ -143,6 +147,7 @@ def completion_logprobs(
     temperature: float | Sequence[float] = 1.0,
     with_entropy: bool = False,
     share_prompts: bool = True,
+    completion_pass: Callable[[int], AbstractContextManager[Any]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of each completion token given its prompt.
 
@@ -167,6 +172,9 @@ def completion_logprobs(
         share_prompts: Run each distinct prompt once for the rows that share it (two forwards,
             or one); ``False``: exactly one forward over every row (``training.strategy: fsdp2``,
             whose processes must run the same forwards).
+        completion_pass: With ``share_prompts``, a context entered around the pass over the
+            completions, given its number of positions (the updater's
+            :func:`~llm_zoo_train.kernels.rollout_activations.replayed_completion_pass`).
 
     Returns:
         ``(logprobs, mask, entropy)``: ``[B, T]`` float tensors with ``T`` the longest completion;
@@ -205,9 +213,21 @@ def completion_logprobs(
 
     pieces = None
     unique_rows = _first_rows_of_each_prompt(prompt_ids)
-    if share_prompts and len(unique_rows) < batch and _can_share_prompts(model):
+    # Replaying the completion pass needs it apart from the prompts' even where no prompt repeats.
+    if (
+        share_prompts
+        and (len(unique_rows) < batch or completion_pass is not None)
+        and _can_share_prompts(model)
+    ):
         pieces = _logits_with_shared_prompts(
-            model, input_ids, attention_mask, position_ids, unique_rows, prompt_ids, prompt_width
+            model,
+            input_ids,
+            attention_mask,
+            position_ids,
+            unique_rows,
+            prompt_ids,
+            prompt_width,
+            completion_pass,
         )
     if pieces is None:
         kwargs: dict[str, Any] = dict(

@@ -30,6 +30,7 @@ from llm_zoo_train.config.agent_plan import AgentPlan
 from llm_zoo_train.config.base_models import base_model_label, label_model
 from llm_zoo_train.engines.base import Completion, Engine, SamplingParams, check_generate_args
 from llm_zoo_train.engines.hf.engine import HFEngine, prefix_cache_mb_for
+from llm_zoo_train.kernels.rollout_activations import RolloutActivations, attach
 from llm_zoo_train.models.policy import Policy, load_base_model, save_each_adapter
 from llm_zoo_train.rollout.samples import Sample
 from llm_zoo_train.runs.seeding import derive_seed
@@ -237,6 +238,19 @@ def make_updater(
     return UpdaterByModel(updaters, owners)
 
 
+#: MiB of rollout activations that ``training.rollout_activations_mb: null`` gives a model on a CPU.
+CPU_ROLLOUT_ACTIVATIONS_MB = 2048.0
+
+
+def rollout_activations_mb_for(setting: float | None, model: Any) -> float:
+    """The store of rollout activations for ``model``: ``setting`` when given, else
+    :data:`CPU_ROLLOUT_ACTIVATIONS_MB` on a CPU and 0 (off) elsewhere."""
+    if setting is not None:
+        return float(setting)
+    device = next(model.parameters()).device
+    return CPU_ROLLOUT_ACTIVATIONS_MB if device.type == "cpu" else 0.0
+
+
 def live_engine(
     config: Config, plan: AgentPlan, policy: Policy | PolicyGroup, *, sharded: bool = False
 ) -> HFEngine | ModelRouter:
@@ -246,6 +260,14 @@ def live_engine(
     whole base in every process between rollouts."""
     max_rows = config.rollout.max_rows_per_generate_call
     pack_base_weights = config.rollout.pack_base_weights and not sharded
+
+    def activations(model: Any) -> RolloutActivations | None:
+        # fsdp2's update runs one forward over every row (lockstep): no completion pass to replay.
+        megabytes = (
+            0.0 if sharded else rollout_activations_mb_for(config.training.rollout_activations_mb, model)
+        )
+        return attach(model, int(megabytes * 2**20)) if megabytes > 0 else None
+
     if isinstance(policy, Policy):
         settings = next(iter(plan.models.values()))
         return HFEngine(
@@ -256,6 +278,7 @@ def live_engine(
             pack_base_weights=pack_base_weights,
             decode_kernel=config.rollout.decode_kernel,
             prefix_cache_mb=prefix_cache_mb_for(config.rollout.prefix_cache_mb, policy.model),
+            activations=activations(policy.model),
         )
     engines: dict[str, Engine] = {
         model: HFEngine(
@@ -266,6 +289,7 @@ def live_engine(
             pack_base_weights=pack_base_weights,
             decode_kernel=config.rollout.decode_kernel,
             prefix_cache_mb=prefix_cache_mb_for(config.rollout.prefix_cache_mb, member.model),
+            activations=activations(member.model),
         )
         for model, member in policy.policies.items()
     }

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,13 @@ import torch
 from llm_zoo_train.config import AlgorithmConfig, TrainingConfig
 from llm_zoo_train.kernels.frozen_linear import FrozenLinearPackings
 from llm_zoo_train.kernels.lora_training import fused_lora_forward
+from llm_zoo_train.kernels.rollout_activations import (
+    RecordedRow,
+    adapter_fingerprint,
+    attached,
+    replayable,
+    replayed_completion_pass,
+)
 from llm_zoo_train.models.policy import Policy
 from llm_zoo_train.rollout.samples import Sample
 from llm_zoo_train.runs.finite import gradient_error
@@ -91,6 +99,7 @@ class AdapterUpdater:
         self.pad_token_id = int(policy.tokenizer.pad_token_id)
         #: The frozen base layers' packed copies (``training.update_kernel``), kept across steps.
         self.frozen_linear = FrozenLinearPackings(training.update_kernel)
+        self._adapter: str | None = None  # the adapter being updated
 
     def update(
         self, adapter: str, samples: list[Sample], progress: Callable[[int, int], None] | None = None
@@ -108,6 +117,7 @@ class AdapterUpdater:
             return {}
         self.policy.activate(adapter)
         self.policy.model.train()
+        self._adapter = adapter
         per_step = training.gradient_accumulation_steps or micro_batches
         optimizer_steps = math.ceil(micro_batches / per_step)
         # One optimizer step on one pass: nothing moves before each micro-batch's own forward pass,
@@ -150,6 +160,9 @@ class AdapterUpdater:
                     loss, _, _ = self._micro_batch_loss([self._placeholder()], None, counts)
                     self.accelerator.backward(loss * 0.0)
                 grad_norms.append(self._optimizer_step(adapter))
+        store = attached(self.policy.model)
+        if store is not None:  # its rows were sampled with the weights this update has just changed
+            store.drop(adapter)
         metrics = {f"update/{adapter}/{k}": v / max(tokens_seen, 1.0) for k, v in totals.items()}
         metrics[f"update/{adapter}/grad_norm"] = float(np.mean(grad_norms))
         metrics[f"update/{adapter}/optimizer_steps"] = float(len(grad_norms))
@@ -171,6 +184,7 @@ class AdapterUpdater:
         algorithm = self.algorithm
         prompts = [s.prompt_token_ids for s in batch]
         completions = [s.completion_token_ids for s in batch]
+        recorded = self._recorded_rows(batch)
         with self.accelerator.autocast():
             # peft's LoRA forward with fewer passes over each layer's output (its bits, or the rank
             # as the rows), the frozen base layers by packed copies: as training.update_kernel chose.
@@ -186,6 +200,11 @@ class AdapterUpdater:
                     temperature=self._temperatures(batch),
                     share_prompts=not self.lockstep,
                     with_entropy=True,
+                    completion_pass=(
+                        partial(replayed_completion_pass, self.policy.model, self._adapter, recorded)
+                        if recorded is not None and replayable(self.policy.model, self._adapter)
+                        else None
+                    ),
                 )
             reference = None
             if algorithm.beta > 0:
@@ -232,6 +251,24 @@ class AdapterUpdater:
         metrics["loss"] = float(loss.detach())
         metrics["completion_length"] = tokens / len(batch)
         return loss * weight, metrics, tokens
+
+    def _recorded_rows(self, batch: list[Sample]) -> list[RecordedRow] | None:
+        """The rollout's recorded outputs of every row of ``batch``, where the engine kept them
+        with the adapter's present weights (:mod:`~llm_zoo_train.kernels.rollout_activations`);
+        ``None`` when any row lacks them (the micro-batch's passes are then computed)."""
+        store = attached(self.policy.model)
+        if store is None or self.lockstep or not len(store):
+            return None
+        fingerprint = adapter_fingerprint(self.policy.model, self._adapter)
+        rows = [
+            store.find(self._adapter, s.prompt_token_ids, s.completion_token_ids, fingerprint) for s in batch
+        ]
+        found = [row for row in rows if row is not None]
+        if len(found) < len(rows):
+            store.missed_rows += len(rows) - len(found)
+            return None
+        store.replayed_rows += len(found)
+        return found
 
     @torch.no_grad()
     def _logprobs_without_grad(self, samples: list[Sample]) -> list[torch.Tensor]:

@@ -49,7 +49,7 @@ record its logprobs and report its progress.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -182,6 +182,7 @@ def decode_compacting(
     preallocate_kv: bool = True,
     floor_rows: int | None = None,
     draws_as_generate: bool = False,
+    before_forward: Callable[[torch.Tensor, torch.Tensor, int], None] | None = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Generate up to ``max_new_tokens`` per row; each row's tokens and their logprobs.
 
@@ -212,6 +213,10 @@ def decode_compacting(
         draws_as_generate: Draw with ``generate``'s random numbers (the same tokens as
             ``generate`` for a seed) instead of :func:`draw_per_row` (the same distribution, at a
             fraction of the cost; module docstring).
+        before_forward: Called before each forward pass with the batch row each computed row
+            holds, the computed rows still generating (indices into them) and the index of the
+            completion token they feed (-1 for prompt tokens): what
+            :class:`~llm_zoo_train.kernels.rollout_activations.DecodeRecorder` records by.
 
     Returns:
         ``(tokens, logprobs)``: per row, the generated ids (ending with the end-of-sequence token
@@ -255,6 +260,9 @@ def decode_compacting(
             logits, first_logits = first_logits, None
         else:
             positions = (step_mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
+            if before_forward is not None:
+                fed = len(tokens[int(row_of[live[0]])]) - 1 if step_ids.shape[1] == 1 else -1
+                before_forward(row_of, live, fed)
             logits = model(
                 input_ids=step_ids,
                 attention_mask=step_mask,

@@ -68,6 +68,7 @@ from llm_zoo_train.engines.hf.prefix_cache import PREFIX_BLOCK, PrefixKVCache
 from llm_zoo_train.engines.hf.reading import reading_progress
 from llm_zoo_train.kernels.lora_inference import lean_lora_forward
 from llm_zoo_train.kernels.packed_linear import PackedLinearWeights
+from llm_zoo_train.kernels.rollout_activations import DecodeRecorder, RolloutActivations
 from llm_zoo_train.models.chat import encode_prompt
 
 __all__ = ["CPU_PREFIX_CACHE_MB", "HFEngine", "prefix_cache_mb_for"]
@@ -141,6 +142,10 @@ class HFEngine:
         merge_adapters: Where oneDNN's copies serve, each LoRA layer multiplies by a packed copy
             of its merged weight (one product instead of three;
             :mod:`~llm_zoo_train.kernels.merged_lora`), merged again after each optimizer step.
+        activations: Keep every linear layer's output of each decode step in this store, per
+            sampled row, for the update to take instead of computing it again
+            (:mod:`~llm_zoo_train.kernels.rollout_activations`; with ``compact_finished_rows``).
+            ``None``: nothing kept.
     """
 
     def __init__(
@@ -158,6 +163,7 @@ class HFEngine:
         pack_base_weights: bool = True,
         decode_kernel: str = "auto",
         merge_adapters: bool = True,
+        activations: RolloutActivations | None = None,
     ):
         if int(max_batch_size) < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
@@ -185,6 +191,7 @@ class HFEngine:
         self.packed_weights: PackedLinearWeights | None = (
             PackedLinearWeights(decode_kernel, merge_adapters=merge_adapters) if pack_base_weights else None
         )
+        self.activations = activations
 
     # ------------------------------------------------------------------ Engine interface
 
@@ -274,6 +281,7 @@ class HFEngine:
             return self
         view = copy.copy(self)
         view.prefix_cache = None
+        view.activations = None  # evaluation's answers are never trained on
         return view
 
     def clear_prefix_cache(self) -> None:
@@ -365,6 +373,7 @@ class HFEngine:
         generation_config: GenerationConfig,
         width: int,
         first_logits: torch.Tensor | None = None,
+        activation_recorder: DecodeRecorder | None = None,
     ) -> tuple[list[list[int]], list[list[float]]]:
         """Each row's new tokens and their logprobs, from prompts left-padded to ``width``
         (``first_logits``: the compacting loop's, from a prefill of whole prompts)."""
@@ -383,6 +392,9 @@ class HFEngine:
                 top_k=int(sampling.top_k) if sampling.top_k and sampling.top_k > 0 else 0,
                 top_p=float(sampling.top_p),
                 draws_as_generate=self.draws_as_generate,
+                before_forward=activation_recorder.before_forward
+                if activation_recorder is not None
+                else None,
             )
         recorder = GenerateLogprobRecorder(1.0 if sampling.greedy else float(sampling.temperature))
         with torch.no_grad():
@@ -428,7 +440,12 @@ class HFEngine:
             if self.packed_weights is not None
             else nullcontext()
         )
-        with packed:
+        recorder = (
+            DecodeRecorder(self.model, self.activations, adapter, len(prompt_ids))
+            if self.activations is not None and self.compact_finished_rows
+            else None
+        )
+        with packed, recorder if recorder is not None else nullcontext():
             cache = None
             if (
                 self.share_prefill
@@ -468,7 +485,10 @@ class HFEngine:
                 generation_config,
                 width,
                 first_logits,
+                recorder,
             )
+        if recorder is not None:
+            recorder.keep(prompt_ids, new_tokens)
 
         completions = []
         for row, ids in enumerate(prompt_ids):
