@@ -256,13 +256,21 @@ class DecodeRecorder:
         if self._overflow or not passes or any(len(o) != len(passes) for o in self._outputs):
             return 0
         width = max(position for _, _, position in passes) + 1
+        # Every row fed every position in row order (none ended early): one concatenation a layer.
+        whole = all(
+            rows.numel() == self.rows and position == index and bool((rows == torch.arange(self.rows)).all())
+            for index, (_, rows, position) in enumerate(passes)
+        )
         per_layer: list[torch.Tensor] = []
         nbytes = 0
         for outputs in self._outputs:
-            first = outputs[0]
-            buffer = first.new_zeros((self.rows, width, first.shape[-1]))
-            for (live, rows, position), output in zip(passes, outputs, strict=True):
-                buffer[rows.to(buffer.device), position] = output[live, -1]
+            if whole:
+                buffer = torch.cat([output[:, -1:] for output in outputs], dim=1)
+            else:  # positions a row did not feed stay unwritten: its record stops before them
+                first = outputs[0]
+                buffer = first.new_empty((self.rows, width, first.shape[-1]))
+                for (live, rows, position), output in zip(passes, outputs, strict=True):
+                    buffer[rows.to(buffer.device), position] = output[live, -1]
             per_layer.append(buffer)
             nbytes += buffer.numel() * buffer.element_size()
         self._outputs = [[] for _ in self.layers]  # the buffers hold them now
