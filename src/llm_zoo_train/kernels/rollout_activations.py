@@ -204,8 +204,9 @@ class DecodeRecorder:
         self.model, self.activations, self.adapter, self.rows = model, store, adapter, int(rows)
         self.layers = recorded_layers(model)
         self.fingerprint = adapter_fingerprint(model, adapter)
-        # Per recorded pass: the computed rows that feed a completion token, their batch rows, the position.
-        self._passes: list[tuple[torch.Tensor, torch.Tensor, int]] = []
+        # Per recorded pass: the computed rows that feed a completion token (None: all of them), their
+        # batch rows, the position.
+        self._passes: list[tuple[torch.Tensor | None, torch.Tensor, int]] = []
         self._outputs: list[list[torch.Tensor]] = [[] for _ in self.layers]
         self._armed = False
         self._thread = threading.get_ident()
@@ -244,7 +245,11 @@ class DecodeRecorder:
             self._overflow = True  # this call's rows would not fit: none of them is stored
             self._outputs = [[] for _ in self.layers]
             return
-        self._passes.append((live.clone(), computed_rows[live].cpu(), int(position)))
+        # Where the pass's live rows are all its rows, in order, its outputs are taken whole (a view).
+        everyone = live.numel() == computed_rows.numel() and bool(
+            (live == torch.arange(live.numel(), device=live.device)).all()
+        )
+        self._passes.append((None if everyone else live.clone(), computed_rows[live].cpu(), int(position)))
         self._thread = threading.get_ident()
         self._armed = True
 
@@ -261,6 +266,9 @@ class DecodeRecorder:
             rows.numel() == self.rows and position == index and bool((rows == torch.arange(self.rows)).all())
             for index, (_, rows, position) in enumerate(passes)
         )
+        # Otherwise each layer's outputs are gathered into one tensor and written to their (row,
+        # position) slots at once: two operations a layer instead of one a pass.
+        slots = torch.cat([rows * width + position for _, rows, position in passes]) if not whole else None
         per_layer: list[torch.Tensor] = []
         nbytes = 0
         for outputs in self._outputs:
@@ -269,8 +277,13 @@ class DecodeRecorder:
             else:  # positions a row did not feed stay unwritten: its record stops before them
                 first = outputs[0]
                 buffer = first.new_empty((self.rows, width, first.shape[-1]))
-                for (live, rows, position), output in zip(passes, outputs, strict=True):
-                    buffer[rows.to(buffer.device), position] = output[live, -1]
+                fed_outputs = torch.cat(
+                    [
+                        output[:, -1] if live is None else output[live, -1]
+                        for (live, _, _), output in zip(passes, outputs, strict=True)
+                    ]
+                )
+                buffer.view(-1, first.shape[-1]).index_copy_(0, slots.to(buffer.device), fed_outputs)
             per_layer.append(buffer)
             nbytes += buffer.numel() * buffer.element_size()
         self._outputs = [[] for _ in self.layers]  # the buffers hold them now
