@@ -255,3 +255,12 @@ def test_a_trainer_step_replays_its_rollout_to_the_computed_gradient(tiny_model_
     assert any(g.abs().sum() > 0 for g in grads["0"])
     for replayed_grad, computed in zip(grads["2048"], grads["0"], strict=True):
         torch.testing.assert_close(replayed_grad, computed, rtol=1e-4, atol=1e-7)
+
+
+def test_greedy_answers_are_not_recorded():
+    model, tokenizer = lora_model("all-linear")
+    store = attach(model, 1 << 30)
+    store.clear()
+    engine = HFEngine(model, tokenizer, activations=store)
+    engine.generate(PROMPTS, ["one"] * len(PROMPTS), 1, SamplingParams(max_tokens=4, temperature=0.0))
+    assert len(store) == 0

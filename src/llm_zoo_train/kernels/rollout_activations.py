@@ -32,14 +32,15 @@ the computed pass.
 **Memory.** Every linear layer's output at every fed position, the vocabulary head's included:
 for SmolLM2-135M in float32 about 0.8 MB per token (16 rows x 31 tokens: 495 MB). The store holds
 at most ``max_bytes``; a call whose records would not fit is not recorded (its rows are then
-computed). Records are dropped when their adapter has been updated, and any adapter's records
-when newer ones of it are stored with other weights.
+computed). Records are dropped when their adapter has been updated, any adapter's records when
+newer ones of it are stored with other weights, and all of them when the trainer's step has run its
+updates.
 
-Measured on an AMD EPYC (Zen 4, one thread; the trainer-vs-TRL job in float32: SmolLM2-135M,
-all-linear r=8, 4 prompts x K=4, 32 tokens; alternating in one process): the update 5.10 -> 3.30 s
-with every frozen product of its passes taken from a record (a prototype that recorded them in
-the update itself), keeping the decode's outputs cost no measurable generate time (3.64 against
-3.69 s a call) and gathering them per layer 0.04 s.
+Measured on an AMD EPYC (Zen 4, one thread; the trainer-vs-TRL job: SmolLM2-135M, all-linear r=8,
+4 prompts x K=4, 32 tokens; steps alternating with and without, in one process, load ~1): the
+update 4.84 -> 3.34 s a step in float32 and 3.77 -> 2.96 s in bfloat16; keeping the outputs costs
+generate about 0.25 s (3.38 -> 3.64 s in bfloat16, 0.10 s of it filing them per row). The whole
+job against TRL's (``benchmarks/trainer_vs_trl.py``, float32): our step 8.20 -> 7.36 s.
 """
 
 from __future__ import annotations
@@ -106,15 +107,18 @@ def adapter_fingerprint(model: torch.nn.Module, adapter: str | None) -> tuple[in
 
 @dataclass(eq=False)  # rows compare by identity: their outputs are tensors
 class RecordedRow:
-    """One sampled row's recorded outputs: per recorded layer (:func:`recorded_layers` order)
-    ``[fed, out]``, the outputs at completion positions ``0 .. fed - 1`` (the tokens fed back)."""
+    """One sampled row's recorded outputs: per recorded layer (:func:`recorded_layers` order) the
+    generate call's outputs of every fed position of every row, one ``[n + 1, out]`` tensor whose
+    last row is zeros (``flats``, shared by the call's rows), and where this row's positions
+    ``0 .. fed - 1`` (the tokens fed back) are in them (``positions``, ``[fed]``)."""
 
     adapter: str | None
     fingerprint: tuple[int, ...]
     prompt: tuple[int, ...]
     tokens: tuple[int, ...]
     fed: int
-    outputs: list[torch.Tensor]
+    flats: list[torch.Tensor]
+    positions: torch.Tensor
     nbytes: int
 
 
@@ -260,47 +264,39 @@ class DecodeRecorder:
         passes = self._passes
         if self._overflow or not passes or any(len(o) != len(passes) for o in self._outputs):
             return 0
-        width = max(position for _, _, position in passes) + 1
-        # Every row fed every position in row order (none ended early): one concatenation a layer.
-        whole = all(
-            rows.numel() == self.rows and position == index and bool((rows == torch.arange(self.rows)).all())
-            for index, (_, rows, position) in enumerate(passes)
-        )
-        # Otherwise each layer's outputs are gathered into one tensor and written to their (row,
-        # position) slots at once: two operations a layer instead of one a pass.
-        slots = torch.cat([rows * width + position for _, rows, position in passes]) if not whole else None
-        per_layer: list[torch.Tensor] = []
-        nbytes = 0
-        for outputs in self._outputs:
-            if whole:
-                buffer = torch.cat([output[:, -1:] for output in outputs], dim=1)
-            else:  # positions a row did not feed stay unwritten: its record stops before them
-                first = outputs[0]
-                buffer = first.new_empty((self.rows, width, first.shape[-1]))
-                fed_outputs = torch.cat(
-                    [
-                        output[:, -1] if live is None else output[live, -1]
-                        for (live, _, _), output in zip(passes, outputs, strict=True)
-                    ]
-                )
-                buffer.view(-1, first.shape[-1]).index_copy_(0, slots.to(buffer.device), fed_outputs)
-            per_layer.append(buffer)
-            nbytes += buffer.numel() * buffer.element_size()
-        self._outputs = [[] for _ in self.layers]  # the buffers hold them now
+        # Each layer's outputs of every pass, the rows that fed a token only, one after another,
+        # and a row of zeros (padding) at the end: one concatenation a layer, no other copy.
+        flats = [
+            torch.cat(
+                [
+                    output[:, -1] if live is None else output[live, -1]
+                    for (live, _, _), output in zip(passes, outputs, strict=True)
+                ]
+                + [outputs[0].new_zeros((1, outputs[0].shape[-1]))]
+            )
+            for outputs in self._outputs
+        ]
+        self._outputs = [[] for _ in self.layers]  # the flat tensors hold them now
+        nbytes = sum(flat.numel() * flat.element_size() for flat in flats)
         if not self.activations.room_for(nbytes):
             return 0
-        fed = [0] * self.rows
+        where: list[list[int]] = [[] for _ in range(self.rows)]  # each row's flat index by position
+        start = 0
         for _, rows, position in passes:
-            for row in rows.tolist():
-                fed[row] = max(fed[row], position + 1)
+            for offset, row in enumerate(rows.tolist()):
+                if len(where[row]) == position:  # positions come in order, each once per row
+                    where[row].append(start + offset)
+            start += rows.numel()
+        device = flats[0].device
         recorded = [
             RecordedRow(
                 self.adapter,
                 self.fingerprint,
                 tuple(prompts[row]),
                 tuple(tokens[row]),
-                fed[row],
-                [buffer[row, : fed[row]] for buffer in per_layer],
+                len(where[row]),
+                flats,
+                torch.tensor(where[row], dtype=torch.long, device=device),
                 nbytes // self.rows,
             )
             for row in range(self.rows)  # a row that ended at its first token fed none: nothing to replay
@@ -395,13 +391,20 @@ def replayable(model: torch.nn.Module, adapter: str | None) -> bool:
 
 
 def _stacked(rows: Sequence[RecordedRow], index: int, width: int) -> torch.Tensor:
-    parts = []
+    """``[len(rows), width, out]``: layer ``index``'s recorded outputs of ``rows`` at positions
+    ``0 .. width - 1``, zeros past a row's record (padding, never scored)."""
+    parts: list[tuple[torch.Tensor, torch.Tensor]] = []
     for row in rows:
-        output = row.outputs[index][:width]
-        if output.shape[0] < width:  # positions past this row's completion: padding, never scored
-            output = torch.cat([output, output.new_zeros((width - output.shape[0], output.shape[1]))])
-        parts.append(output)
-    return torch.stack(parts)
+        flat = row.flats[index]
+        positions = row.positions[:width]
+        if positions.numel() < width:
+            padding = positions.new_full((width - positions.numel(),), flat.shape[0] - 1)
+            positions = torch.cat([positions, padding])
+        parts.append((flat, positions))
+    flat = parts[0][0]
+    if all(f is flat for f, _ in parts):  # rows of one generate call: one gather
+        return flat.index_select(0, torch.cat([p for _, p in parts])).view(len(rows), width, -1)
+    return torch.stack([f.index_select(0, p) for f, p in parts])
 
 
 @contextmanager
@@ -414,7 +417,7 @@ def replayed_completion_pass(
     caller checked :func:`replayable` and that every row fed at least ``width`` positions that it
     scores."""
     layers = recorded_layers(model)
-    if any(len(row.outputs) != len(layers) for row in rows):
+    if any(len(row.flats) != len(layers) for row in rows):
         raise ValueError("the recorded rows are not of this model's layers")
     lora = lora_linear_class()
     replaced: list[tuple[Any, Any]] = []

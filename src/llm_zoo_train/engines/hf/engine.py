@@ -144,8 +144,8 @@ class HFEngine:
             :mod:`~llm_zoo_train.kernels.merged_lora`), merged again after each optimizer step.
         activations: Keep every linear layer's output of each decode step in this store, per
             sampled row, for the update to take instead of computing it again
-            (:mod:`~llm_zoo_train.kernels.rollout_activations`; with ``compact_finished_rows``).
-            ``None``: nothing kept.
+            (:mod:`~llm_zoo_train.kernels.rollout_activations`; with ``compact_finished_rows``,
+            sampled calls only: greedy answers are never trained on). ``None``: nothing kept.
     """
 
     def __init__(
@@ -442,7 +442,8 @@ class HFEngine:
         )
         recorder = (
             DecodeRecorder(self.model, self.activations, adapter, len(prompt_ids))
-            if self.activations is not None and self.compact_finished_rows
+            # Greedy answers (evaluation, the team-credit look-ahead's teammate) are never trained on.
+            if self.activations is not None and self.compact_finished_rows and not sampling.greedy
             else None
         )
         with packed, recorder if recorder is not None else nullcontext():
