@@ -184,8 +184,8 @@ class AdapterUpdater:
         algorithm = self.algorithm
         prompts = [s.prompt_token_ids for s in batch]
         completions = [s.completion_token_ids for s in batch]
-        recorded = self._recorded_rows(batch)
         with self.accelerator.autocast():
+            recorded = self._recorded_rows(batch)  # inside: autocast rules it out
             # peft's LoRA forward with fewer passes over each layer's output (its bits, or the rank
             # as the rows), the frozen base layers by packed copies: as training.update_kernel chose.
             with (
@@ -202,7 +202,7 @@ class AdapterUpdater:
                     with_entropy=True,
                     completion_pass=(
                         partial(replayed_completion_pass, self.policy.model, self._adapter, recorded)
-                        if recorded is not None and replayable(self.policy.model, self._adapter)
+                        if recorded is not None
                         else None
                     ),
                 )
@@ -255,9 +255,15 @@ class AdapterUpdater:
     def _recorded_rows(self, batch: list[Sample]) -> list[RecordedRow] | None:
         """The rollout's recorded outputs of every row of ``batch``, where the engine kept them
         with the adapter's present weights (:mod:`~llm_zoo_train.kernels.rollout_activations`);
-        ``None`` when any row lacks them (the micro-batch's passes are then computed)."""
+        ``None`` when any row lacks them or the pass cannot be replayed (dropout, autocast:
+        :func:`~llm_zoo_train.kernels.rollout_activations.replayable`); the passes are then computed."""
         store = attached(self.policy.model)
-        if store is None or self.lockstep or not len(store):
+        if (
+            store is None
+            or self.lockstep
+            or not len(store)
+            or not replayable(self.policy.model, self._adapter)
+        ):
             return None
         fingerprint = adapter_fingerprint(self.policy.model, self._adapter)
         rows = [
