@@ -1,7 +1,9 @@
-"""LoRA layers served by oneDNN's packed copy of their merged weight (llm_zoo_train.kernels.merged_lora,
-used by PackedLinearWeights where oneDNN's copies serve): the unmerged layer's values to float32
-rounding, merged again when a weight changes, only for plain inference calls, at most
-MAX_MERGED_ADAPTERS adapters kept, every forward given back after the block; "exact" merges nothing."""
+"""LoRA layers served by a packed copy of their merged weight (llm_zoo_train.kernels.merged_lora,
+used by PackedLinearWeights where oneDNN's copies serve, or MKL's chosen by "auto"): the unmerged
+layer's values to float32 rounding, merged again when a weight changes, only for plain inference
+calls (an MKL copy only at its row count), at most MAX_MERGED_ADAPTERS copies kept, every forward
+given back after the block; "exact" merges nothing, nor does an "auto" record made before MKL's
+copies merged."""
 
 from __future__ import annotations
 
@@ -13,17 +15,32 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
 from llm_zoo_train.engines.hf.engine import HFEngine  # noqa: E402
+from llm_zoo_train.kernels import packed_linear  # noqa: E402
 from llm_zoo_train.kernels.lora_forward import lora_linear_class, replaced_lora_forwards  # noqa: E402
-from llm_zoo_train.kernels.merged_lora import MAX_MERGED_ADAPTERS, mergeable_adapter  # noqa: E402
+from llm_zoo_train.kernels.merged_lora import (  # noqa: E402
+    MAX_MERGED_ADAPTERS,
+    MergedAdapterPackings,
+    mergeable_adapter,
+)
 from llm_zoo_train.kernels.packed_linear import (  # noqa: E402
     PackedLinearWeights,
+    adopt_measurements,
     forget_measurements,
+    mkl_packing_available,
     onednn_packing_available,
 )
 
 pytestmark = pytest.mark.skipif(
     not onednn_packing_available(), reason="this torch build has no oneDNN packing"
 )
+
+
+needs_mkl = pytest.mark.skipif(not mkl_packing_available(), reason="this torch build has no MKL packing")
+
+
+def mkl_measures_as_fast(monkeypatch) -> None:
+    """Every pass "auto" times takes as long with oneDNN's copies as with MKL's: MKL's are chosen."""
+    monkeypatch.setattr(packed_linear, "_pass_seconds", lambda calls: 0.010)
 
 
 @pytest.fixture(autouse=True)
@@ -66,6 +83,15 @@ def unmerged(layer, x: torch.Tensor, adapter: str) -> torch.Tensor:
     return F.linear(x, layer.base_layer.weight, layer.base_layer.bias) + F.linear(
         F.linear(x, lora_a), lora_b
     ) * float(layer.scaling[adapter])
+
+
+def outputs_with_and_without(weights: PackedLinearWeights, model, rows: int = 8):
+    """``model``'s output on random rows with ``weights`` applied, and without."""
+    x = torch.randn(rows, 96)
+    with torch.no_grad():
+        expected = model(x)
+        with weights.applied(model, rows):
+            return model(x), expected
 
 
 def test_merged_layers_give_the_unmerged_values_and_every_forward_comes_back():
@@ -165,8 +191,61 @@ def test_exact_products_and_merging_off_merge_nothing():
         assert all(weights.merged.adapters(layer) == [] for layer in lora_layers(model))
 
 
+@needs_mkl
+def test_an_mkl_copy_serves_its_row_count_and_other_counts_run_the_previous_forward():
+    model = lora_model("agent")
+    merged = MergedAdapterPackings()
+    layer = lora_layers(model)[0]
+    x, fewer = torch.randn(8, 96), torch.randn(3, 96)
+    with torch.no_grad():
+        previous = layer(fewer)
+        with merged.applied(model, 8, lambda inputs: True, kernel="mkl") as served:
+            assert layer in served
+            out, out_fewer = layer(x), layer(fewer)  # "accepts" takes both: the row count decides
+    torch.testing.assert_close(out, unmerged(layer, x, "agent"), rtol=0, atol=1e-5)
+    assert torch.equal(out_fewer, previous)  # MKL would have multiplied them by the base weight alone
+    assert merged.adapters(layer) == ["agent"]
+    with pytest.raises(ValueError, match="'onednn' or 'mkl'"), merged.applied(model, 8, bool, kernel="fast"):
+        pass
+
+
+@needs_mkl
+@pytest.mark.parametrize("kernel", ["auto", "exact"])
+def test_auto_merges_adapters_into_mkl_copies_where_it_chooses_them_and_exact_keeps_them_apart(
+    monkeypatch, kernel
+):
+    mkl_measures_as_fast(monkeypatch)
+    model = lora_model("agent")
+    weights = PackedLinearWeights(kernel)
+    out, expected = outputs_with_and_without(weights, model)
+    [choice] = weights.choices.values()
+    assert (choice.kernel, choice.mkl_merged) == ("mkl", kernel == "auto")
+    kept = [weights.merged.adapters(layer) for layer in lora_layers(model)]
+    if kernel == "auto":
+        assert kept == [["agent"]] * 2
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+    else:
+        assert kept == [[]] * 2
+        assert torch.equal(out, expected)  # MKL's copies only where probed to F.linear's bits
+
+
+@needs_mkl
+def test_an_auto_record_made_before_mkl_copies_merged_keeps_the_adapters_apart():
+    model = lora_model("agent")
+    adopt_measurements([{"layers": [[160, 96, True], [96, 160, False]], "rows": 8, "kernel": "mkl"}])
+    weights = PackedLinearWeights("auto")
+    out, expected = outputs_with_and_without(weights, model)
+    [choice] = weights.choices.values()
+    assert (choice.kernel, choice.mkl_merged, choice.exact_s) == ("mkl", False, None)  # adopted, not timed
+    assert all(weights.merged.adapters(layer) == [] for layer in lora_layers(model))
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("kernel", ["onednn", pytest.param("auto", marks=needs_mkl)])
 @pytest.mark.parametrize("greedy", [False, True])
-def test_engine_with_merged_adapters_gives_the_unmerged_logprobs_to_float32_rounding(greedy):
+def test_engine_with_merged_adapters_gives_the_unmerged_logprobs_to_float32_rounding(
+    greedy, kernel, monkeypatch
+):
     from transformers import LlamaForCausalLM
 
     from tiny_model import build_tokenizer, tiny_llama_config
@@ -179,8 +258,10 @@ def test_engine_with_merged_adapters_gives_the_unmerged_logprobs_to_float32_roun
     prompts = ["hello", "apple banana cherry, reply with one word", "U D L R", "1 2 3 4"]
     sampling = SamplingParams(max_tokens=12, temperature=0.0 if greedy else 1.0, seed=3)
 
+    mkl_measures_as_fast(monkeypatch)  # "auto": MKL's copies, merged
+
     def completions(merge: bool):
-        engine = HFEngine(model, tokenizer, decode_kernel="onednn")
+        engine = HFEngine(model, tokenizer, decode_kernel=kernel)
         engine.packed_weights.merge_adapters = merge
         rows = engine.generate(prompts, ["agent"] * len(prompts), 4, sampling)
         return engine, [c for row in rows for c in row]

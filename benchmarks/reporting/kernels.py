@@ -30,10 +30,17 @@ def decode_kernel_line(result: dict[str, Any]) -> str:
         f" Our engine's {dtype} decode products (`rollout.decode_kernel: auto`, measured on this machine"
         f"{same_bits}): "
         + "; ".join(
-            f"{c['rows']} rows {'oneDNN' if c['kernel'] == 'onednn' else exact}"
+            f"{c['rows']} rows "
+            + (
+                "oneDNN"
+                if c["kernel"] == "onednn"
+                else "MKL, LoRA layers merged"
+                if c.get("mkl_merged")
+                else exact
+            )
             + (
                 f" ({1e3 * c['onednn_s']:.1f} ms a pass oneDNN, {1e3 * c['exact_s']:.1f} ms"
-                f" {'exact' if dtype == 'float32' else exact})"
+                f" {('MKL' if c.get('mkl_merged') else 'exact') if dtype == 'float32' else exact})"
                 if c.get("exact_s")
                 else ""
             )

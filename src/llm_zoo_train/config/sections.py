@@ -187,8 +187,9 @@ class RolloutConfig:
     pack_base_weights: bool = True
     """hf engine only, float32 on a CPU with MKL: decode with MKL-packed copies of the model's
     linear layers (llm_zoo_train.kernels.packed_linear), which skips MKL's re-packing of every
-    weight at every decode step. The same tokens and logprobs (each packing is probed bit for bit
-    and unused where it differs); about the base model's float32 size again in memory. Measured
+    weight at every decode step. With decode_kernel exact, the same tokens and logprobs (each packing
+    is probed bit for bit and unused where it differs); auto trades that for speed (see
+    decode_kernel); about the base model's float32 size again in memory. Measured
     on the project's Xeon: 16 rows by SmolLM2-135M's vocabulary head 25.3 -> 14.2 ms. In bfloat16,
     oneDNN's packed copies, used only where a probe gives the unpacked product's bits (the same
     tokens; adapters stay unmerged); see decode_kernel. False: off.
@@ -202,11 +203,14 @@ class RolloutConfig:
     generate). onednn: oneDNN's, for the decode and the prefill, which sum in another order
     (float32 rounding: tokens can differ from generate's where two are that close). auto: measured
     once per model and row count, oneDNN's where a pass over the model is at least 1.15x faster,
-    else exact, and oneDNN's for prefills too where a 128-row pass is 1.15x faster as well; the
+    else MKL's, and oneDNN's for prefills too where a 128-row pass is 1.15x faster as well; the
     run's log says which (INFO, llm_zoo_train.kernels.packed_linear). Measured on an AMD EPYC (Zen
     4, one thread): 16 rows by SmolLM2-135M's vocabulary head 23.9 ms exact, 11.7 ms oneDNN.
-    Where oneDNN's copies serve, LoRA layers multiply by a copy of their merged weight (one
-    product instead of three; llm_zoo_train.kernels.merged_lora), merged again after each update."""
+    With onednn, and with auto whichever it takes, LoRA layers multiply by a copy of their merged
+    weight (one product instead of three; llm_zoo_train.kernels.merged_lora), merged again after
+    each update: other float32 rounding than generate once an adapter is trained. On the EPYC
+    (trainer-vs-TRL job, after two updates) a generate call 3.88 -> 3.32 s with oneDNN's copies,
+    5.00 -> 4.65 s with MKL's. exact keeps the adapters apart and every bit."""
     team_credit_lookahead: int = -1
     """Team credit: teammate actions played (one sample each, current adapters, not trained on)
     after each candidate to score the team outcome it leads to; that global reward is the

@@ -54,7 +54,14 @@ takes a ``kernel``:
   times faster than the exact one's; then a pass of :data:`PREFILL_ROWS` rows decides by the same
   margin whether its copies also serve more rows than the decode's (prefills) or those take
   ``F.linear`` (:attr:`PackedLinearWeights.choices` keeps the times and the choices; a log line
-  at ``INFO`` says them). Where only one of the two is available it is taken.
+  at ``INFO`` says them). Where only one of the two is available it is taken. Either way,
+  ``"auto"`` serves LoRA layers by copies of their merged weights
+  (:mod:`~llm_zoo_train.kernels.merged_lora`): where MKL's copies are chosen they are MKL's
+  too, so the tokens are ``generate``'s only until an adapter is trained (then they differ by
+  float32 rounding, as oneDNN's do). The passes time the base products only; the unmerged LoRA
+  layers that ``"exact"`` keeps cost more again (16 ms a decode step of the trainer-vs-TRL job on
+  the AMD EPYC, 13% of its generation), so on a machine where MKL's copies are chosen (the Intel
+  Xeon), merging them is what ``"auto"`` can add. ``"exact"`` keeps every bit.
 
 On the AMD EPYC, one thread: a pass over SmolLM2-135M's 211 layers at 16 rows 103.8 ms exact
 against 63.3 ms oneDNN; 128 rows through one layer's shapes 13.3 ms with ``F.linear`` against
@@ -181,6 +188,11 @@ class KernelChoice:
     #: The layers' dtype: float32, or bfloat16 (oneDNN's copies only, where probed to F.linear's
     #: bits; "exact" there means F.linear and those copies).
     dtype: str = "float32"
+    #: MKL's copies serve each LoRA layer's merged weight too (``"auto"`` in float32 where MKL's
+    #: copies were chosen: one product instead of three, and other float32 rounding than
+    #: ``generate``'s once an adapter is trained). False with ``"exact"``, and in a record made
+    #: before this field, whose run kept its adapters apart under MKL's copies.
+    mkl_merged: bool = False
 
 
 @dataclass
@@ -327,8 +339,9 @@ class PackedLinearWeights:
 
     Args:
         kernel: ``"auto"``, ``"exact"`` or ``"onednn"`` (module docstring).
-        merge_adapters: Where oneDNN's copies serve, serve each peft LoRA layer's one active
-            adapter by a copy of its merged weight (:mod:`~llm_zoo_train.kernels.merged_lora`).
+        merge_adapters: Where oneDNN's copies serve, or MKL's chosen by ``"auto"``, serve each
+            peft LoRA layer's one active adapter by a copy of its merged weight
+            (:mod:`~llm_zoo_train.kernels.merged_lora`).
     """
 
     def __init__(self, kernel: str = "auto", *, merge_adapters: bool = True) -> None:
@@ -336,7 +349,8 @@ class PackedLinearWeights:
             raise ValueError(f"kernel must be one of {', '.join(map(repr, KERNELS))}, got {kernel!r}")
         self.kernel = kernel
         self.merge_adapters = bool(merge_adapters)
-        #: The LoRA layers' merged copies, where oneDNN's copies serve (``merge_adapters``).
+        #: The LoRA layers' merged copies, where oneDNN's copies serve or ``"auto"``'s MKL ones
+        #: (``merge_adapters``).
         self.merged = MergedAdapterPackings()
         self._by_layer: weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict[int, _Packing]] = (
             weakref.WeakKeyDictionary()
@@ -403,7 +417,8 @@ class PackedLinearWeights:
             if dtype != "float32" and self.kernel != "auto":  # the copies give F.linear's bits
                 choice = KernelChoice(rows, "onednn" if onednn else None, any_rows=onednn, dtype=dtype)
             elif self.kernel == "exact" or (self.kernel == "auto" and not onednn):
-                choice = KernelChoice(rows, "mkl" if mkl else None, dtype=dtype)
+                merged = mkl and self.kernel == "auto" and dtype == "float32"
+                choice = KernelChoice(rows, "mkl" if mkl else None, dtype=dtype, mkl_merged=merged)
             elif self.kernel == "onednn" or (not mkl and dtype == "float32"):
                 choice = KernelChoice(rows, "onednn" if onednn else None, any_rows=onednn, dtype=dtype)
             elif key in _measured:  # another engine of this process measured these shapes
@@ -420,7 +435,10 @@ class PackedLinearWeights:
                     len(layers),
                     exact,
                     1e3 * choice.exact_s,
-                    "oneDNN's" if choice.kernel == "onednn" else exact.removesuffix(" exact ones"),
+                    "oneDNN's"
+                    if choice.kernel == "onednn"
+                    else exact.removesuffix(" exact ones")
+                    + (", LoRA layers merged" if choice.mkl_merged else ""),
                     ""
                     if choice.prefill_onednn_s is None
                     else f"; prefills ({PREFILL_ROWS} rows: {1e3 * choice.prefill_onednn_s:.1f} ms oneDNN,"
@@ -466,8 +484,9 @@ class PackedLinearWeights:
         # float32's margin keeps timing noise from flipping the rounding between runs; bfloat16's
         # copies give F.linear's bits, so the faster is taken.
         margin = ONEDNN_MIN_SPEEDUP if dtype == torch.float32 else 1.0
-        if exact_s < margin * onednn_s:
-            return KernelChoice(rows, exact_kernel, exact_s, onednn_s, dtype=name)
+        if exact_s < margin * onednn_s:  # float32: MKL's copies, the LoRA layers' merged ones too
+            merged = exact_kernel == "mkl"
+            return KernelChoice(rows, exact_kernel, exact_s, onednn_s, dtype=name, mkl_merged=merged)
         prefill = self._prefill_seconds(layers, onednn_packed, rows)
         return KernelChoice(
             rows,
@@ -514,8 +533,9 @@ class PackedLinearWeights:
     def applied(self, model: torch.nn.Module, rows: int) -> Iterator[None]:
         """Within the block, every packable layer of ``model`` multiplies inputs of ``rows`` rows
         (without autograd) by its packed copy, packed on first use (with ``"auto"``, the kernel
-        measured first), and with oneDNN's copies and ``merge_adapters`` every eligible LoRA layer
-        by its merged copy; afterwards ``F.linear`` and the LoRA layers' previous forwards again.
+        measured first), and with oneDNN's copies (or ``"auto"``'s MKL ones) and ``merge_adapters``
+        every eligible LoRA layer by its merged copy; afterwards ``F.linear`` and the LoRA layers'
+        previous forwards again.
         Does nothing where neither MKL's nor oneDNN's packing is available."""
         swapped: list[torch.nn.Module] = []
         with ExitStack() as merging:
@@ -532,7 +552,8 @@ class PackedLinearWeights:
         self, model: torch.nn.Module, rows: int, swapped: list[torch.nn.Module], merging: ExitStack
     ) -> None:
         """Route ``model``'s packable layers to their packed copies (recorded in ``swapped``) and,
-        with oneDNN's copies, its LoRA layers to their merged ones (undone when ``merging`` closes)."""
+        with oneDNN's copies or ``"auto"``'s MKL ones, its LoRA layers to their merged ones (undone
+        when ``merging`` closes)."""
         layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and _packable(m)]
         if layers:  # one dtype per pass (the model's): a layer kept in another dtype runs F.linear
             dtypes = [layer.weight.dtype for layer in layers]
@@ -540,9 +561,14 @@ class PackedLinearWeights:
         choice = self._choice(layers, rows) if layers else None
         kernel = choice.kernel if choice is not None else None
         # bfloat16 keeps its adapters apart: a merged bfloat16 weight would round a small update away.
-        if kernel == "onednn" and self.merge_adapters and choice.dtype == "float32":
-            accepts = partial(_onednn_takes, rows=rows, any_rows=choice.any_rows)
-            merged = merging.enter_context(self.merged.applied(model, rows, accepts))
+        merges = kernel == "onednn" or (kernel == "mkl" and choice.mkl_merged)
+        if merges and self.merge_adapters and choice.dtype == "float32":
+            accepts = (
+                partial(_onednn_takes, rows=rows, any_rows=choice.any_rows)
+                if kernel == "onednn"
+                else partial(_takes_packed, rows=rows)
+            )
+            merged = merging.enter_context(self.merged.applied(model, rows, accepts, kernel=kernel))
             served = {id(layer.base_layer) for layer in merged}
             for layer in merged:  # their base weights' own copies are not needed while merged
                 self._by_layer.pop(layer.base_layer, None)

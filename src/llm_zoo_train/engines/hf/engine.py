@@ -137,10 +137,10 @@ class HFEngine:
         decode_kernel: Which packed product: ``"exact"`` (MKL's, the same bits as unpacked, the
             decode only), ``"onednn"`` (oneDNN's, decode and prefill, other float32 rounding) or
             ``"auto"`` (oneDNN's where a pass over the model measures at least 1.15x faster, else
-            exact; prefills too where they measure faster as well):
+            MKL's with the LoRA layers merged; prefills too where they measure faster as well):
             :class:`~llm_zoo_train.kernels.packed_linear.PackedLinearWeights`.
-        merge_adapters: Where oneDNN's copies serve, each LoRA layer multiplies by a packed copy
-            of its merged weight (one product instead of three;
+        merge_adapters: Where oneDNN's copies serve, or MKL's chosen by ``"auto"``, each LoRA
+            layer multiplies by a packed copy of its merged weight (one product instead of three;
             :mod:`~llm_zoo_train.kernels.merged_lora`), merged again after each optimizer step.
         activations: Keep every linear layer's output of each decode step in this store, per
             sampled row, for the update to take instead of computing it again
