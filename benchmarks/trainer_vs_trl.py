@@ -179,6 +179,7 @@ def _rollout_activations(trainer: Any) -> dict[str, Any]:
         "max_mb": store.max_bytes / 2**20,
         "replayed_rows": store.replayed_rows,
         "missed_rows": store.missed_rows,
+        "replayed_prompts": store.replayed_prompts,
     }
 
 

@@ -1,7 +1,8 @@
-"""The update's completion pass from the rollout's recorded outputs
+"""The update's completion and prompt passes from the rollout's recorded outputs
 (llm_zoo_train.kernels.rollout_activations): the same log-probabilities and LoRA gradients as the
-computed pass, to float rounding, for LoRA layers and frozen ones, with the frozen layers' packed
-input gradients too; records only for the weights and tokens they were made with; bounded memory.
+computed passes, to float rounding, for LoRA layers and frozen ones, with the frozen layers' packed
+input gradients too; records only for the weights, prompts and tokens they were made with; bounded
+memory.
 
 The engine decodes with its own kernels (and, on a model this small, finished rows leave the batch
 as they end), so the recorded outputs are the decode's; the comparison is with the update's own
@@ -30,6 +31,7 @@ from llm_zoo_train.kernels.rollout_activations import (  # noqa: E402
     recorded_layers,
     replayable,
     replayed_completion_pass,
+    replayed_prompt_pass,
 )
 from llm_zoo_train.training.loss import completion_logprobs  # noqa: E402
 
@@ -60,7 +62,7 @@ def sampled(model, tokenizer, *, max_bytes: int = 1 << 30, ending: int = 0):
     return store, [c for row in rows for c in row]
 
 
-def logprobs_and_grads(model, completions, completion_pass=None):
+def logprobs_and_grads(model, completions, completion_pass=None, prompt_pass=None):
     model.zero_grad(set_to_none=True)
     logprobs, mask, _ = completion_logprobs(
         model,
@@ -69,6 +71,7 @@ def logprobs_and_grads(model, completions, completion_pass=None):
         pad_token_id=0,
         temperature=0.7,
         completion_pass=completion_pass,
+        prompt_pass=prompt_pass,
     )
     weights = torch.linspace(-1.0, 1.0, logprobs.numel()).view_as(logprobs)
     (logprobs * weights * mask).sum().backward()
@@ -90,6 +93,16 @@ def replayed_pass(model, store, completions):
     return partial(replayed_completion_pass, model, "one", rows)
 
 
+def replayed_prompts(model, store, completions):
+    fingerprint = adapter_fingerprint(model, "one")
+    records = {
+        tuple(c.prompt_token_ids): store.find_prompt("one", c.prompt_token_ids, fingerprint)
+        for c in completions
+    }
+    assert all(record is not None for record in records.values())
+    return partial(replayed_prompt_pass, model, "one", records)
+
+
 @pytest.fixture
 def replays(monkeypatch):
     """How many layer outputs the replay gave (LoRA, frozen)."""
@@ -106,12 +119,13 @@ def replays(monkeypatch):
     return counts
 
 
+@pytest.mark.parametrize("with_prompts", [False, True], ids=["completions", "prompts-too"])
 @pytest.mark.parametrize(
     ("targets", "ending"),
     [("all-linear", 0), (["q_proj", "v_proj"], 0), ("all-linear", 40)],
     ids=["every-layer-lora", "some-layers-frozen", "rows-ending-apart"],
 )
-def test_the_replayed_pass_gives_the_computed_logprobs_and_gradients(targets, ending, replays):
+def test_the_replayed_passes_give_the_computed_logprobs_and_gradients(targets, ending, with_prompts, replays):
     model, tokenizer = lora_model(targets)
     store, completions = sampled(model, tokenizer, ending=ending)
     if ending:
@@ -122,11 +136,15 @@ def test_the_replayed_pass_gives_the_computed_logprobs_and_gradients(targets, en
     assert replayable(model, "one")
     computed, computed_grads = logprobs_and_grads(model, completions)
     replayed, replayed_grads = logprobs_and_grads(
-        model, completions, replayed_pass(model, store, completions)
+        model,
+        completions,
+        replayed_pass(model, store, completions),
+        replayed_prompts(model, store, completions) if with_prompts else None,
     )
     layers = recorded_layers(model)
     lora_layers = sum(1 for m in layers if hasattr(m, "lora_A"))
-    assert replays == {"lora": lora_layers, "frozen": len(layers) - lora_layers}
+    passes = 2 if with_prompts else 1
+    assert replays == {"lora": passes * lora_layers, "frozen": passes * (len(layers) - lora_layers)}
     torch.testing.assert_close(replayed, computed, rtol=1e-5, atol=1e-5)
     assert replayed_grads.keys() == computed_grads.keys() and computed_grads
     for name, grad in computed_grads.items():
@@ -142,7 +160,10 @@ def test_the_replayed_pass_takes_the_frozen_layers_packed_input_gradients(replay
     with packings.applied(model):
         computed, computed_grads = logprobs_and_grads(model, completions)
         replayed, replayed_grads = logprobs_and_grads(
-            model, completions, replayed_pass(model, store, completions)
+            model,
+            completions,
+            replayed_pass(model, store, completions),
+            replayed_prompts(model, store, completions),
         )
     assert replays["lora"] > 0
     torch.testing.assert_close(replayed, computed, rtol=1e-5, atol=1e-5)
@@ -157,7 +178,10 @@ def test_a_bfloat16_model_with_float32_adapters_replays_to_bfloat16_rounding(rep
     model.train()
     computed, computed_grads = logprobs_and_grads(model, completions)
     replayed, replayed_grads = logprobs_and_grads(
-        model, completions, replayed_pass(model, store, completions)
+        model,
+        completions,
+        replayed_pass(model, store, completions),
+        replayed_prompts(model, store, completions),
     )
     assert replays["lora"] > 0
     torch.testing.assert_close(replayed, computed, rtol=0.05, atol=0.05)
@@ -181,6 +205,10 @@ def test_records_serve_only_the_weights_and_tokens_they_were_made_with():
     changed = adapter_fingerprint(model, "one")
     assert changed != fingerprint
     assert store.find("one", first.prompt_token_ids, first.token_ids, changed) is None
+    assert store.find_prompt("one", first.prompt_token_ids, fingerprint) is not None
+    assert store.find_prompt("one", first.prompt_token_ids, changed) is None
+    assert store.find_prompt("one", [*first.prompt_token_ids, 5], fingerprint) is None
+    assert store.find_prompt("two", first.prompt_token_ids, fingerprint) is None
     store.drop("one")
     assert len(store) == 0 and store.nbytes == 0
 
@@ -230,7 +258,7 @@ def test_a_trainer_step_replays_its_rollout_to_the_computed_gradient(tiny_model_
     from llm_zoo_train.trainer import Trainer
     from train_helpers import toy_config
 
-    grads, replayed = {}, {}
+    grads, replayed, prompts = {}, {}, {}
     for megabytes in ("2048", "0"):
         overrides = ["--eval.num_episodes", "0", "--agents.frozen", "[bob]"]
         config = toy_config(
@@ -245,6 +273,7 @@ def test_a_trainer_step_replays_its_rollout_to_the_computed_gradient(tiny_model_
         def step(adapter, trainer=trainer, store=store, megabytes=megabytes):
             grads[megabytes] = [p.grad.detach().clone() for p in trainer.policy.adapter_parameters(adapter)]
             replayed[megabytes] = store.replayed_rows if store is not None else 0
+            prompts[megabytes] = store.replayed_prompts if store is not None else 0
             return 0.0
 
         monkeypatch.setattr(trainer.updater, "_optimizer_step", step)
@@ -252,6 +281,7 @@ def test_a_trainer_step_replays_its_rollout_to_the_computed_gradient(tiny_model_
         if store is not None:
             assert len(store) == 0 and store.nbytes == 0  # the step's records served it and are gone
     assert replayed["2048"] > 0 and replayed["0"] == 0
+    assert prompts["2048"] > 0 and prompts["0"] == 0
     assert any(g.abs().sum() > 0 for g in grads["0"])
     for replayed_grad, computed in zip(grads["2048"], grads["0"], strict=True):
         torch.testing.assert_close(replayed_grad, computed, rtol=1e-4, atol=1e-7)

@@ -82,10 +82,12 @@ def rollout_activations_line(result: dict[str, Any]) -> str:
     if not record.get("on"):
         return " The update computed every pass (`training.rollout_activations_mb: 0`)."
     replayed, missed = record.get("replayed_rows", 0), record.get("missed_rows", 0)
+    prompts = record.get("replayed_prompts")  # absent from runs before prompt passes were replayed
     return (
         f" The update's completion passes took the rollout's recorded linear-layer outputs"
         f" (`training.rollout_activations_mb`, {record.get('max_mb', 0):.0f} MiB) for {replayed} rows"
-        f" ({missed} looked for in vain, computed)."
+        f" ({missed} looked for in vain, computed)"
+        + (f"; its prompt passes the prefill's, for {prompts} prompts." if prompts is not None else ".")
     )
 
 

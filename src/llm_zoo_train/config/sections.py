@@ -391,14 +391,17 @@ class TrainingConfig:
     Under `strategy: fsdp2` auto is exact (the packed copies need whole weights)."""
     rollout_activations_mb: float | None = None
     """hf engine: MiB of the rollout's linear-layer outputs kept for the update, whose completion
-    pass then takes them instead of multiplying by the frozen weights again (the same tokens and
-    weights: on-policy, the first optimizer step on them; llm_zoo_train.kernels.rollout_activations).
-    About 0.8 MB a sampled token for SmolLM2-135M in float32; a generate call whose outputs do not
-    fit is computed as before. 0: off. null (the default): 2048 when the model is on a CPU, 0 on a
-    GPU, where it has not been measured. The values differ from a computed pass by float rounding,
-    so a replay of saved rollouts (rollout.engine: replay, which computes every pass) repeats a run
-    bit for bit only when this was 0 there. Measured on the AMD EPYC (one thread, the trainer-vs-TRL
-    job in float32): the update 4.84 -> 3.34 s a step, the whole step 8.20 -> 7.09 s."""
+    and prompt passes then take them instead of multiplying by the frozen weights again (the same
+    tokens and weights: on-policy, the first optimizer step on them; the prompts' from the shared
+    prefill, not from the prefix cache's blocks; llm_zoo_train.kernels.rollout_activations).
+    About 0.8 MB a sampled or prefilled token for SmolLM2-135M in float32; a generate call whose
+    outputs do not fit is computed as before. 0: off. null (the default): 2048 when the model is on
+    a CPU, 0 on a GPU, where it has not been measured. The values differ from a computed pass by
+    float rounding, so a replay of saved rollouts (rollout.engine: replay, which computes every
+    pass) repeats a run bit for bit only when this was 0 there. Measured on the AMD EPYC (one
+    thread, the trainer-vs-TRL job in float32): the update 4.84 -> 3.34 s a step with the
+    completion passes, 3.44 -> 3.13 s more with the prompt passes; the whole step 8.20 -> 7.09 s
+    with the completion passes."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     strategy: Literal["ddp", "fsdp2"] = "ddp"

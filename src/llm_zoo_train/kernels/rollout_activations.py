@@ -14,13 +14,23 @@ computing it. Everything else (norms, rotary embeddings, attention, activations,
 the log-softmax) runs as before, so autograd keeps what the backward needs; each layer's backward
 is the one of ``y = x W^T + s (x A^T) B^T`` (:class:`ReplayedLoRA`: the input's gradient by the
 frozen weight, the product :func:`~llm_zoo_train.kernels.frozen_linear.input_gradient` gives, and
-the LoRA matrices' own gradients). The prompt pass is computed as before.
+the LoRA matrices' own gradients).
+
+The prompts likewise: the engine's shared prefill (each distinct prompt once, left-padded, the
+vocabulary head at the last position only) runs the same layers over the same prompt tokens as the
+update's prompt pass. :meth:`DecodeRecorder.prefill` keeps each layer's output of that pass (the
+tensors themselves: no copy), stored per adapter and prompt (:class:`RecordedPrompt`), and
+:func:`replayed_prompt_pass` gives them to the update's prompt pass, left-padded to its own width
+with zeros (padding is masked and never scored). Prompts the prefix cache served from stored blocks
+were not computed by the call and are not recorded; their pass is computed.
 
 **When.** Only where the recorded outputs are those of the update's weights and tokens: the same
 adapter, whose weights have not changed since (the fingerprint: each LoRA matrix's storage and
 in-place version counter, which an optimizer step bumps), every row of the micro-batch recorded
-for at least its completion less its last token, no LoRA dropout, no autocast. Anything else (a
-second optimizer step on the same samples, other engines, a sample not found) computes the pass.
+for at least its completion less its last token, no LoRA dropout, no autocast. The prompt pass is
+replayed where the completion pass is and every distinct prompt of the micro-batch was recorded.
+Anything else (a second optimizer step on the same samples, other engines, a sample not found)
+computes the pass.
 
 **The numbers.** The recorded outputs are the decode's: oneDNN's or MKL's products, merged
 adapters, a decode step's attention. They equal the update's own to float rounding (the same
@@ -30,7 +40,8 @@ activations. ``tests/test_rollout_activations.py`` checks the loss and every LoR
 the computed pass.
 
 **Memory.** Every linear layer's output at every fed position, the vocabulary head's included:
-for SmolLM2-135M in float32 about 0.8 MB per token (16 rows x 31 tokens: 495 MB). The store holds
+for SmolLM2-135M in float32 about 0.8 MB per token (16 rows x 31 tokens: 495 MB), and as much per
+prefilled prompt token (4 prompts of ~45 tokens: ~150 MB). The store holds
 at most ``max_bytes``; a call whose records would not fit is not recorded (its rows are then
 computed). Records are dropped when their adapter has been updated, any adapter's records when
 newer ones of it are stored with other weights, and all of them when the trainer's step has run its
@@ -43,14 +54,17 @@ generate about 0.25 s (3.38 -> 3.64 s in bfloat16, 0.10 s of it filing them per 
 one concatenation a layer). The whole job against TRL's (``benchmarks/trainer_vs_trl.py``, six
 rounds): our float32 step 8.20 -> 7.09 s, ours/TRL 0.450 -> 0.393; bfloat16 0.429 -> 0.404. The
 main job (``examples/math_smollm2_cpu.yaml``, bfloat16, two threads), whose update is a quarter of
-its step, took as long as before (seeds 0, 1, 2: 305, 298, 297 s against 304, 288, 302 s).
+its step, took as long as before (seeds 0, 1, 2: 305, 298, 297 s against 304, 288, 302 s). The
+prompt passes too (float32, the same job, updates alternating in place with the optimizer step
+left out): 3.44 -> 3.13 s an update; keeping the prefill's outputs cost generate 0.02 s (3.27
+against 3.29 s, within the noise).
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +76,7 @@ from llm_zoo_train.kernels.lora_forward import lora_linear_class
 
 __all__ = [
     "DecodeRecorder",
+    "RecordedPrompt",
     "RecordedRow",
     "ReplayedFrozen",
     "ReplayedLoRA",
@@ -72,6 +87,7 @@ __all__ = [
     "recorded_layers",
     "replayable",
     "replayed_completion_pass",
+    "replayed_prompt_pass",
 ]
 
 
@@ -125,16 +141,35 @@ class RecordedRow:
     nbytes: int
 
 
+@dataclass(eq=False)
+class RecordedPrompt:
+    """One prompt's recorded prefill: per recorded layer (:func:`recorded_layers` order) the
+    prefill's output for every prompt of the call (``outputs``, shared by them: ``[prompts, width,
+    out]``, left-padded, and the vocabulary head's ``[prompts, 1, out]``, its last position only),
+    and which of those rows is this prompt (``row``)."""
+
+    adapter: str | None
+    fingerprint: tuple[int, ...]
+    prompt: tuple[int, ...]
+    outputs: list[torch.Tensor]
+    row: int
+    nbytes: int
+
+
 class RolloutActivations:
-    """Recorded rows by adapter and prompt (module docstring), at most ``max_bytes`` held."""
+    """Recorded rows by adapter and prompt, and recorded prompt prefills (module docstring), at
+    most ``max_bytes`` held."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes = int(max_bytes)
         self._rows: dict[tuple[str | None, tuple[int, ...]], list[RecordedRow]] = {}
+        self._prompts: dict[tuple[str | None, tuple[int, ...]], RecordedPrompt] = {}
         self.nbytes = 0
-        #: Rows the update took from here, and rows it looked for in vain (a metric).
+        #: Rows the update took from here, and rows it looked for in vain (a metric); prompts the
+        #: update's prompt pass took from here.
         self.replayed_rows = 0
         self.missed_rows = 0
+        self.replayed_prompts = 0
 
     def __len__(self) -> int:
         return sum(len(rows) for rows in self._rows.values())
@@ -150,6 +185,24 @@ class RolloutActivations:
         for row in rows:
             self._rows.setdefault((row.adapter, row.prompt), []).append(row)
         self.nbytes += nbytes
+
+    def add_prompts(self, prompts: Sequence[RecordedPrompt], nbytes: int) -> None:
+        """Store ``prompts`` (sharing ``nbytes`` of outputs); an adapter's records made with other
+        weights are dropped first."""
+        for adapter, fingerprint in {(p.adapter, p.fingerprint) for p in prompts}:
+            self.drop(adapter, keep=fingerprint)
+        for prompt in prompts:
+            old = self._prompts.pop((prompt.adapter, prompt.prompt), None)
+            self.nbytes -= old.nbytes if old is not None else 0
+            self._prompts[(prompt.adapter, prompt.prompt)] = prompt
+        self.nbytes += nbytes
+
+    def find_prompt(
+        self, adapter: str | None, prompt: Sequence[int], fingerprint: tuple[int, ...]
+    ) -> RecordedPrompt | None:
+        """``adapter``'s recorded prefill of ``prompt`` with these weights, if any."""
+        found = self._prompts.get((adapter, tuple(prompt)))
+        return found if found is not None and found.fingerprint == fingerprint else None
 
     def find(
         self,
@@ -170,7 +223,7 @@ class RolloutActivations:
         return None
 
     def drop(self, adapter: str | None, keep: tuple[int, ...] | None = None) -> None:
-        """Forget ``adapter``'s rows (those with another fingerprint than ``keep``)."""
+        """Forget ``adapter``'s rows and prompts (those with another fingerprint than ``keep``)."""
         for key in [k for k in self._rows if k[0] == adapter]:
             kept = [row for row in self._rows[key] if keep is not None and row.fingerprint == keep]
             self.nbytes -= sum(row.nbytes for row in self._rows[key] if row not in kept)
@@ -178,11 +231,14 @@ class RolloutActivations:
                 self._rows[key] = kept
             else:
                 del self._rows[key]
-        if not self._rows:
+        for key in [k for k, p in self._prompts.items() if k[0] == adapter and p.fingerprint != keep]:
+            self.nbytes -= self._prompts.pop(key).nbytes
+        if not self._rows and not self._prompts:
             self.nbytes = 0
 
     def clear(self) -> None:
         self._rows.clear()
+        self._prompts.clear()
         self.nbytes = 0
 
 
@@ -208,7 +264,7 @@ class DecodeRecorder:
     they feed). :meth:`keep` then files them per row."""
 
     def __init__(self, model: torch.nn.Module, store: RolloutActivations, adapter: str | None, rows: int):
-        self.model, self.activations, self.adapter, self.rows = model, store, adapter, int(rows)
+        self.activations, self.adapter, self.rows = store, adapter, int(rows)
         self.layers = recorded_layers(model)
         self.fingerprint = adapter_fingerprint(model, adapter)
         # Per recorded pass: the computed rows that feed a completion token (None: all of them), their
@@ -220,6 +276,7 @@ class DecodeRecorder:
         self._nbytes = 0
         self._overflow = False
         self._hooks: list[Any] = []
+        self._prefill: list[list[torch.Tensor]] | None = None  # per layer, while a prefill runs
 
     def __enter__(self) -> DecodeRecorder:
         for index, layer in enumerate(self.layers):
@@ -235,11 +292,43 @@ class DecodeRecorder:
     def _hook(self, index: int) -> Callable[..., None]:
         def keep(module: Any, args: Any, output: Any) -> None:
             # Only the decode's own passes: another thread's call of the same layers is not one.
-            if self._armed and isinstance(output, torch.Tensor) and threading.get_ident() == self._thread:
+            if not isinstance(output, torch.Tensor) or threading.get_ident() != self._thread:
+                return
+            if self._armed:
                 self._outputs[index].append(output.detach())
                 self._nbytes += output.numel() * output.element_size()
+            elif self._prefill is not None:
+                self._prefill[index].append(output.detach())
 
         return keep
+
+    @contextmanager
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> Iterator[None]:
+        """Around the prefill of ``prompts`` (one forward pass, left-padded, the vocabulary head at
+        the last position only): each recorded layer's output is kept per prompt for the update's
+        prompt pass (:func:`replayed_prompt_pass`). Nothing is kept if the pass raised, a layer ran
+        other than once, or the store has no room."""
+        self._armed = False
+        self._thread = threading.get_ident()
+        outputs: list[list[torch.Tensor]] = [[] for _ in self.layers]
+        self._prefill = outputs
+        try:
+            yield
+        finally:
+            self._prefill = None
+        if any(len(o) != 1 or o[0].dim() != 3 or o[0].shape[0] != len(prompts) for o in outputs):
+            return
+        kept = [o[0] for o in outputs]
+        nbytes = sum(o.numel() * o.element_size() for o in kept)
+        if not self.activations.room_for(nbytes):
+            return
+        self.activations.add_prompts(
+            [
+                RecordedPrompt(self.adapter, self.fingerprint, tuple(p), kept, row, nbytes // len(prompts))
+                for row, p in enumerate(prompts)
+            ],
+            nbytes // len(prompts) * len(prompts),
+        )
 
     def before_forward(self, computed_rows: torch.Tensor, live: torch.Tensor, position: int) -> None:
         """The next forward pass computes ``computed_rows`` (the batch row each computed row holds),
@@ -410,6 +499,20 @@ def _stacked(rows: Sequence[RecordedRow], index: int, width: int) -> torch.Tenso
     return torch.stack([f.index_select(0, p) for f, p in parts])
 
 
+def _prompt_outputs(prompts: Sequence[RecordedPrompt], index: int, width: int) -> torch.Tensor:
+    """``[len(prompts), width, out]``: layer ``index``'s recorded prefill outputs of ``prompts``,
+    left-padded to ``width`` with zeros (masked, never scored); ``[len(prompts), 1, out]`` for a
+    layer recorded at the last position only (the vocabulary head)."""
+    outputs = [(p.outputs[index], p.row, len(p.prompt)) for p in prompts]
+    if outputs[0][0].shape[1] == 1 and all(o.shape[1] == 1 for o, _, _ in outputs):
+        return torch.stack([o[row] for o, row, _ in outputs])
+    first = outputs[0][0]
+    replayed = first.new_zeros((len(prompts), width, first.shape[-1]))
+    for target, (output, row, length) in zip(replayed, outputs, strict=True):
+        target[width - length :] = output[row, output.shape[1] - length :]
+    return replayed
+
+
 @contextmanager
 def replayed_completion_pass(
     model: torch.nn.Module, adapter: str | None, rows: Sequence[RecordedRow], width: int
@@ -422,10 +525,43 @@ def replayed_completion_pass(
     layers = recorded_layers(model)
     if any(len(row.flats) != len(layers) for row in rows):
         raise ValueError("the recorded rows are not of this model's layers")
+    with _replayed(model, adapter, layers, [_stacked(rows, index, width) for index in range(len(layers))]):
+        yield
+
+
+@contextmanager
+def replayed_prompt_pass(
+    model: torch.nn.Module,
+    adapter: str | None,
+    records: Mapping[tuple[int, ...], RecordedPrompt],
+    prompts: Sequence[Sequence[int]],
+    width: int,
+) -> Iterator[None]:
+    """Within the block, each recorded layer of ``model`` called on the update's prompt pass over
+    ``prompts`` (``[len(prompts), width, in]``, left-padded; the vocabulary head on the last
+    position) returns their recorded prefill outputs (``records``, by prompt), differentiably;
+    any other call computes as before. A prompt without a record: the block computes the pass."""
+    found = [records.get(tuple(prompt)) for prompt in prompts]
+    layers = recorded_layers(model)
+    if any(record is None or len(record.outputs) != len(layers) for record in found):
+        yield
+        return
+    chosen = [record for record in found if record is not None]
+    if any(len(record.prompt) > width for record in chosen):
+        raise ValueError("a recorded prompt is longer than the prompt pass")
+    with _replayed(model, adapter, layers, [_prompt_outputs(chosen, i, width) for i in range(len(layers))]):
+        yield
+
+
+@contextmanager
+def _replayed(
+    model: torch.nn.Module, adapter: str | None, layers: list[torch.nn.Module], outputs: list[torch.Tensor]
+) -> Iterator[None]:
+    """Each of ``layers`` returns its entry of ``outputs`` for an input of that shape (less the
+    features), differentiably; any other call computes as before."""
     lora = lora_linear_class()
     replaced: list[tuple[Any, Any]] = []
-    for index, layer in enumerate(layers):
-        recorded = _stacked(rows, index, width)
+    for layer, recorded in zip(layers, outputs, strict=True):
         gradient = input_gradient(layer.base_layer if lora is not None and isinstance(layer, lora) else layer)
         if lora is not None and isinstance(layer, lora) and _replays_lora(layer, adapter):
             weights = (

@@ -80,6 +80,7 @@ def _logits_with_shared_prompts(
     prompt_ids: list[list[int]],
     prompt_width: int,
     completion_pass: Callable[[int], AbstractContextManager[Any]] | None = None,
+    prompt_pass: Callable[[list[list[int]], int], AbstractContextManager[Any]] | None = None,
 ) -> list[torch.Tensor] | None:
     """The logits that predict each completion token, running each distinct prompt through the
     model once (GRPO's K samples of a group share their prompt): ``[B, 1, V]`` from the prompt
@@ -92,7 +93,8 @@ def _logits_with_shared_prompts(
     The same attention, positions and masks as one forward over prompt + completion, so the values
     and gradients are the same up to float rounding. ``None`` (the caller falls back to the plain
     forward) for models whose cache cannot be built or indexed this way. ``completion_pass(width)``,
-    when given, is entered around the completion pass (``width`` positions)."""
+    when given, is entered around the completion pass (``width`` positions), and
+    ``prompt_pass(prompts, width)`` around the prompt pass (its distinct prompts, in row order)."""
     try:
         from transformers import DynamicCache
 
@@ -103,16 +105,19 @@ def _logits_with_shared_prompts(
         config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
         cache = DynamicCache(config=config)
         # The prompt pass: its last position predicts the first completion token.
-        first = model(
-            input_ids=input_ids[unique, :prompt_width],
-            attention_mask=attention_mask[unique, :prompt_width],
-            position_ids=position_ids[unique, :prompt_width],
-            past_key_values=cache,
-            use_cache=True,
-            # An index, not the int 1: a slice of the last position is non-contiguous, and F.linear
-            # then copies the vocabulary matrix once per row (engines.hf.decode.last_logits_only).
-            logits_to_keep=torch.tensor([prompt_width - 1], device=device),
-        ).logits[row_to_unique]
+        prompts = [prompt_ids[row] for row in unique_rows]
+        with prompt_pass(prompts, prompt_width) if prompt_pass is not None else nullcontext():
+            first = model(
+                input_ids=input_ids[unique, :prompt_width],
+                attention_mask=attention_mask[unique, :prompt_width],
+                position_ids=position_ids[unique, :prompt_width],
+                past_key_values=cache,
+                use_cache=True,
+                # An index, not the int 1: a slice of the last position is non-contiguous, and
+                # F.linear then copies the vocabulary matrix once per row
+                # (engines.hf.decode.last_logits_only).
+                logits_to_keep=torch.tensor([prompt_width - 1], device=device),
+            ).logits[row_to_unique]
         width = input_ids.shape[1] - prompt_width
         if width == 1:
             return [first]
@@ -148,6 +153,7 @@ def completion_logprobs(
     with_entropy: bool = False,
     share_prompts: bool = True,
     completion_pass: Callable[[int], AbstractContextManager[Any]] | None = None,
+    prompt_pass: Callable[[list[list[int]], int], AbstractContextManager[Any]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of each completion token given its prompt.
 
@@ -175,6 +181,9 @@ def completion_logprobs(
         completion_pass: With ``share_prompts``, a context entered around the pass over the
             completions, given its number of positions (the updater's
             :func:`~llm_zoo_train.kernels.rollout_activations.replayed_completion_pass`).
+        prompt_pass: With ``share_prompts``, a context entered around the pass over the distinct
+            prompts, given them (in the pass's row order) and its number of positions (the
+            updater's :func:`~llm_zoo_train.kernels.rollout_activations.replayed_prompt_pass`).
 
     Returns:
         ``(logprobs, mask, entropy)``: ``[B, T]`` float tensors with ``T`` the longest completion;
@@ -213,10 +222,10 @@ def completion_logprobs(
 
     pieces = None
     unique_rows = _first_rows_of_each_prompt(prompt_ids)
-    # Replaying the completion pass needs it apart from the prompts' even where no prompt repeats.
+    # Replaying a pass needs the two apart even where no prompt repeats.
     if (
         share_prompts
-        and (len(unique_rows) < batch or completion_pass is not None)
+        and (len(unique_rows) < batch or completion_pass is not None or prompt_pass is not None)
         and _can_share_prompts(model)
     ):
         pieces = _logits_with_shared_prompts(
@@ -228,6 +237,7 @@ def completion_logprobs(
             prompt_ids,
             prompt_width,
             completion_pass,
+            prompt_pass,
         )
     if pieces is None:
         kwargs: dict[str, Any] = dict(

@@ -38,11 +38,13 @@ from llm_zoo_train.config import AlgorithmConfig, TrainingConfig
 from llm_zoo_train.kernels.frozen_linear import FrozenLinearPackings
 from llm_zoo_train.kernels.lora_training import fused_lora_forward
 from llm_zoo_train.kernels.rollout_activations import (
+    RecordedPrompt,
     RecordedRow,
     adapter_fingerprint,
     attached,
     replayable,
     replayed_completion_pass,
+    replayed_prompt_pass,
 )
 from llm_zoo_train.models.policy import Policy
 from llm_zoo_train.rollout.samples import Sample
@@ -186,6 +188,7 @@ class AdapterUpdater:
         completions = [s.completion_token_ids for s in batch]
         with self.accelerator.autocast():
             recorded = self._recorded_rows(batch)  # inside: autocast rules it out
+            prompts_recorded = self._recorded_prompts(batch) if recorded is not None else None
             # peft's LoRA forward with fewer passes over each layer's output (its bits, or the rank
             # as the rows), the frozen base layers by packed copies: as training.update_kernel chose.
             with (
@@ -203,6 +206,11 @@ class AdapterUpdater:
                     completion_pass=(
                         partial(replayed_completion_pass, self.policy.model, self._adapter, recorded)
                         if recorded is not None
+                        else None
+                    ),
+                    prompt_pass=(
+                        partial(replayed_prompt_pass, self.policy.model, self._adapter, prompts_recorded)
+                        if prompts_recorded is not None
                         else None
                     ),
                 )
@@ -275,6 +283,21 @@ class AdapterUpdater:
             return None
         store.replayed_rows += len(found)
         return found
+
+    def _recorded_prompts(self, batch: list[Sample]) -> dict[tuple[int, ...], RecordedPrompt] | None:
+        """The rollout's recorded prefill of every distinct prompt of ``batch`` with the adapter's
+        present weights, by prompt; ``None`` when any lacks one (the prompt pass is then computed).
+        Asked only where :meth:`_recorded_rows` found the batch's rows (its conditions hold)."""
+        store = attached(self.policy.model)
+        if store is None:
+            return None
+        fingerprint = adapter_fingerprint(self.policy.model, self._adapter)
+        prompts = {tuple(s.prompt_token_ids) for s in batch}
+        found = {prompt: store.find_prompt(self._adapter, prompt, fingerprint) for prompt in prompts}
+        if any(record is None for record in found.values()):
+            return None
+        store.replayed_prompts += len(found)
+        return {prompt: record for prompt, record in found.items() if record is not None}
 
     @torch.no_grad()
     def _logprobs_without_grad(self, samples: list[Sample]) -> list[torch.Tensor]:

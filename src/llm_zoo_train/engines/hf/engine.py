@@ -471,7 +471,10 @@ class HFEngine:
                 if self.compact_finished_rows:
                     # The whole prompt: the compacting loop samples its first token from this pass's
                     # logits, one forward pass over every row less than generate's way below.
-                    prefilled = shared_prefill(self.model, input_ids, attention_mask, index, with_logits=True)
+                    with recorder.prefill(unique) if recorder is not None else nullcontext():
+                        prefilled = shared_prefill(
+                            self.model, input_ids, attention_mask, index, with_logits=True
+                        )
                 else:  # generate must run the last prompt token itself
                     prefilled = shared_prefill(self.model, input_ids[:, :-1], attention_mask[:, :-1], index)
                 if prefilled is None:
