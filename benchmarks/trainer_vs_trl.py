@@ -180,6 +180,7 @@ def _rollout_activations(trainer: Any) -> dict[str, Any]:
         "replayed_rows": store.replayed_rows,
         "missed_rows": store.missed_rows,
         "replayed_prompts": store.replayed_prompts,
+        "missed_prompts": store.missed_prompts,
     }
 
 

@@ -280,6 +280,7 @@ def test_a_trainer_step_replays_its_rollout_to_the_computed_gradient(tiny_model_
         trainer.train_step(1)
         if store is not None:
             assert len(store) == 0 and store.nbytes == 0  # the step's records served it and are gone
+            assert store.missed_rows == store.missed_prompts == 0
     assert replayed["2048"] > 0 and replayed["0"] == 0
     assert prompts["2048"] > 0 and prompts["0"] == 0
     assert any(g.abs().sum() > 0 for g in grads["0"])

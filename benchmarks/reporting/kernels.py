@@ -87,7 +87,8 @@ def rollout_activations_line(result: dict[str, Any]) -> str:
         f" The update's completion passes took the rollout's recorded linear-layer outputs"
         f" (`training.rollout_activations_mb`, {record.get('max_mb', 0):.0f} MiB) for {replayed} rows"
         f" ({missed} looked for in vain, computed)"
-        + (f"; its prompt passes the prefill's, for {prompts} prompts." if prompts is not None else ".")
+        + (f"; its prompt passes the prefill's, for {prompts} prompts" if prompts is not None else "")
+        + (f" ({record['missed_prompts']} looked for in vain)." if "missed_prompts" in record else ".")
     )
 
 

@@ -166,10 +166,11 @@ class RolloutActivations:
         self._prompts: dict[tuple[str | None, tuple[int, ...]], RecordedPrompt] = {}
         self.nbytes = 0
         #: Rows the update took from here, and rows it looked for in vain (a metric); prompts the
-        #: update's prompt pass took from here.
+        #: update's prompt pass took from here, and those it looked for in vain.
         self.replayed_rows = 0
         self.missed_rows = 0
         self.replayed_prompts = 0
+        self.missed_prompts = 0
 
     def __len__(self) -> int:
         return sum(len(rows) for rows in self._rows.values())

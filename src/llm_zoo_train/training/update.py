@@ -294,7 +294,9 @@ class AdapterUpdater:
         fingerprint = adapter_fingerprint(self.policy.model, self._adapter)
         prompts = {tuple(s.prompt_token_ids) for s in batch}
         found = {prompt: store.find_prompt(self._adapter, prompt, fingerprint) for prompt in prompts}
-        if any(record is None for record in found.values()):
+        missing = sum(record is None for record in found.values())
+        if missing:
+            store.missed_prompts += missing
             return None
         store.replayed_prompts += len(found)
         return {prompt: record for prompt, record in found.items() if record is not None}
