@@ -26,7 +26,7 @@ Phases of a step (median seconds over the timed steps):
 For the phases made mostly of linear products it counts their floating-point operations from the
 rows that went through: 2 x rows x the frozen layers' weights, and for the backward the same count
 again (the input gradients through the frozen weights; the update's forward counts are used). A
-completion pass that took the rollout's recorded outputs (``training.rollout_activations_mb``)
+completion or prompt pass that took the rollout's recorded outputs (``training.rollout_activations_mb``)
 multiplies by no frozen weight in its forward: its rows count for the backward only.
 Attention and the LoRA products are not counted, so the achieved GFLOP/s are lower bounds. The
 decode passes also get the frozen weights' bytes read per second (each pass reads every weight
@@ -164,12 +164,14 @@ class StepTimers:
             self._wrap(merged, "_packing", "generation/merge adapters")
 
     def _watch_replays(self) -> None:
-        """Notes while the update's completion pass takes the rollout's recorded outputs
+        """Notes while the update's completion or prompt pass takes the rollout's recorded outputs
         (``training.rollout_activations_mb``): its forward then multiplies by no frozen weight, and
         its rows count for the backward's products only."""
         self._replaying = False
-        replay = update_module.replayed_completion_pass
+        for name in ("replayed_completion_pass", "replayed_prompt_pass"):
+            setattr(update_module, name, self._noting(getattr(update_module, name)))
 
+    def _noting(self, replay: Callable[..., Any]) -> Callable[..., Any]:
         @contextmanager
         def noted(*args: Any, **kwargs: Any) -> Iterator[None]:
             with replay(*args, **kwargs):
@@ -179,7 +181,7 @@ class StepTimers:
                 finally:
                     self._replaying = False
 
-        update_module.replayed_completion_pass = noted
+        return noted
 
     @staticmethod
     def _body_rows(args: tuple, kwargs: dict[str, Any]) -> int:

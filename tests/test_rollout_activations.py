@@ -21,9 +21,13 @@ from transformers import LlamaForCausalLM  # noqa: E402
 
 from llm_zoo_train.engines.base import SamplingParams  # noqa: E402
 from llm_zoo_train.engines.hf.engine import HFEngine  # noqa: E402
-from llm_zoo_train.kernels import rollout_activations  # noqa: E402
+from llm_zoo_train.kernels import packed_linear, rollout_activations  # noqa: E402
 from llm_zoo_train.kernels.frozen_linear import FrozenLinearPackings  # noqa: E402
-from llm_zoo_train.kernels.packed_linear import onednn_packing_available  # noqa: E402
+from llm_zoo_train.kernels.packed_linear import (  # noqa: E402
+    forget_measurements,
+    mkl_packing_available,
+    onednn_packing_available,
+)
 from llm_zoo_train.kernels.rollout_activations import (  # noqa: E402
     adapter_fingerprint,
     attach,
@@ -49,12 +53,12 @@ def lora_model(targets, *, hidden: int = 32, dtype=torch.float32):
     return get_peft_model(base, config, adapter_name="one"), tokenizer
 
 
-def sampled(model, tokenizer, *, max_bytes: int = 1 << 30, ending: int = 0):
+def sampled(model, tokenizer, *, max_bytes: int = 1 << 30, ending: int = 0, decode_kernel: str = "auto"):
     """Three samples of each prompt, recorded; ``ending``: that many more token ids end a row (rows
     then end at different steps and leave the decode's batch)."""
     store = attach(model, max_bytes)
     store.clear()
-    engine = HFEngine(model, tokenizer, activations=store)
+    engine = HFEngine(model, tokenizer, activations=store, decode_kernel=decode_kernel)
     engine.eos_token_ids = engine.eos_token_ids | set(range(3, 3 + ending))
     rows = engine.generate(
         PROMPTS, ["one"] * len(PROMPTS), 3, SamplingParams(max_tokens=8, temperature=1.0, seed=3)
@@ -152,9 +156,23 @@ def test_the_replayed_passes_give_the_computed_logprobs_and_gradients(targets, e
 
 
 @pytest.mark.skipif(not onednn_packing_available(), reason="this torch build has no oneDNN packing")
-def test_the_replayed_pass_takes_the_frozen_layers_packed_input_gradients(replays):
+@pytest.mark.parametrize("decode_kernel", ["onednn", "mkl-merged", "exact"])
+def test_the_replayed_pass_takes_the_frozen_layers_packed_input_gradients(
+    replays, decode_kernel, monkeypatch, request
+):
+    """The decode's own kernels (hidden 64: its layers are packed) record what the update takes:
+    oneDNN's copies with merged adapters, MKL's with merged adapters ("auto" where MKL's measure as
+    fast), MKL's exact ones with the adapters apart."""
+    if decode_kernel == "mkl-merged":
+        if not mkl_packing_available():
+            pytest.skip("this torch build has no MKL packing")
+        monkeypatch.setattr(packed_linear, "_pass_seconds", lambda calls: 0.010)
+        forget_measurements()  # "auto" measures (faked) here, and its choice stays here
+        request.addfinalizer(forget_measurements)
     model, tokenizer = lora_model("all-linear", hidden=64)
-    store, completions = sampled(model, tokenizer)
+    store, completions = sampled(
+        model, tokenizer, decode_kernel="auto" if decode_kernel == "mkl-merged" else decode_kernel
+    )
     model.train()
     packings = FrozenLinearPackings("onednn")
     with packings.applied(model):
@@ -169,6 +187,8 @@ def test_the_replayed_pass_takes_the_frozen_layers_packed_input_gradients(replay
     torch.testing.assert_close(replayed, computed, rtol=1e-5, atol=1e-5)
     for name, grad in computed_grads.items():
         assert_close_to_float32_rounding(replayed_grads[name], grad, name)
+    if decode_kernel == "mkl-merged":
+        assert [(c["kernel"], c["mkl_merged"]) for c in packed_linear.measurements()] == [("mkl", True)]
 
 
 def test_a_bfloat16_model_with_float32_adapters_replays_to_bfloat16_rounding(replays):
