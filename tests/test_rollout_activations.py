@@ -90,21 +90,21 @@ def assert_close_to_float32_rounding(replayed, computed, name):
     )
 
 
-def replayed_pass(model, store, completions):
+def replayed_pass(model, store, completions, rank_rows=False):
     fingerprint = adapter_fingerprint(model, "one")
     rows = [store.find("one", c.prompt_token_ids, c.token_ids, fingerprint) for c in completions]
     assert all(row is not None for row in rows)
-    return partial(replayed_completion_pass, model, "one", rows)
+    return partial(replayed_completion_pass, model, "one", rows, rank_rows=rank_rows)
 
 
-def replayed_prompts(model, store, completions):
+def replayed_prompts(model, store, completions, rank_rows=False):
     fingerprint = adapter_fingerprint(model, "one")
     records = {
         tuple(c.prompt_token_ids): store.find_prompt("one", c.prompt_token_ids, fingerprint)
         for c in completions
     }
     assert all(record is not None for record in records.values())
-    return partial(replayed_prompt_pass, model, "one", records)
+    return partial(replayed_prompt_pass, model, "one", records, rank_rows=rank_rows)
 
 
 @pytest.fixture
@@ -189,6 +189,29 @@ def test_the_replayed_pass_takes_the_frozen_layers_packed_input_gradients(
         assert_close_to_float32_rounding(replayed_grads[name], grad, name)
     if decode_kernel == "mkl-merged":
         assert [(c["kernel"], c["mkl_merged"]) for c in packed_linear.measurements()] == [("mkl", True)]
+
+
+def test_the_replayed_backward_with_the_rank_as_the_rows_gives_the_computed_gradients(monkeypatch):
+    """training.update_kernel's rank-as-rows choice: the replayed layers' LoRA products in the
+    backward take it too (other float32 rounding, the same sums)."""
+    model, tokenizer = lora_model("all-linear")
+    store, completions = sampled(model, tokenizer)
+    model.train()
+    products = []
+    monkeypatch.setattr(torch, "mm", lambda a, b, _mm=torch.mm: products.append(a.shape) or _mm(a, b))
+    computed, computed_grads = logprobs_and_grads(model, completions)
+    assert not products  # peft's forward and autograd's backward run F.linear and matmul, not mm
+    replayed, replayed_grads = logprobs_and_grads(
+        model,
+        completions,
+        replayed_pass(model, store, completions, rank_rows=True),
+        replayed_prompts(model, store, completions, rank_rows=True),
+    )
+    rank = 4
+    assert products and any(shape[0] == rank for shape in products)  # the rank as the rows
+    torch.testing.assert_close(replayed, computed, rtol=1e-5, atol=1e-5)
+    for name, grad in computed_grads.items():
+        assert_close_to_float32_rounding(replayed_grads[name], grad, name)
 
 
 def test_a_bfloat16_model_with_float32_adapters_replays_to_bfloat16_rounding(replays):

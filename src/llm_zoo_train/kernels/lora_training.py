@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from llm_zoo_train.kernels.lora_forward import ProbeVerdicts, lora_linear_class, replaced_lora_forwards
 from llm_zoo_train.kernels.lora_rank_rows import RankRowsLoRA, rank_rows_chosen
 
-__all__ = ["exact_scaling", "fused_lora_forward", "fused_matches_peft"]
+__all__ = ["exact_scaling", "fused_lora_forward", "fused_matches_peft", "rank_rows_for"]
 
 _probed = ProbeVerdicts()
 
@@ -166,11 +166,18 @@ def _rank_rows_shapes(model: Any) -> dict[tuple[int, int, int], int]:
     return shapes
 
 
+def rank_rows_for(model: Any, kernel: str) -> bool:
+    """Whether ``training.update_kernel`` ``kernel`` multiplies ``model``'s float32 CPU LoRA
+    layers with the rank as the rows in the update (:mod:`~llm_zoo_train.kernels.lora_rank_rows`;
+    measured once per process and set of shapes with ``"auto"``)."""
+    return kernel != "exact" and rank_rows_chosen(kernel, _rank_rows_shapes(model))
+
+
 def fused_lora_forward(model: Any, kernel: str = "exact") -> AbstractContextManager[None]:
     """Within the block, every peft LoRA linear layer of ``model`` runs the fused forward (module
     docstring) where it applies, peft's own elsewhere; afterwards peft's own again. The graph built
     inside the block can be differentiated after it. ``kernel`` (``training.update_kernel``):
     ``"exact"`` keeps peft's bits; ``"auto"`` and ``"onednn"`` may multiply with the rank as the
     rows instead (:mod:`~llm_zoo_train.kernels.lora_rank_rows`, other rounding)."""
-    rank_rows = kernel != "exact" and rank_rows_chosen(kernel, _rank_rows_shapes(model))
+    rank_rows = rank_rows_for(model, kernel)
     return replaced_lora_forwards(model, lambda layer: partial(_fused_forward, layer, rank_rows))

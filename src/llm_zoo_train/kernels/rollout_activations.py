@@ -57,7 +57,9 @@ main job (``examples/math_smollm2_cpu.yaml``, bfloat16, two threads), whose upda
 its step, took as long as before (seeds 0, 1, 2: 305, 298, 297 s against 304, 288, 302 s). The
 prompt passes too (float32, the same job, updates alternating in place with the optimizer step
 left out): 3.44 -> 3.13 s an update; keeping the prefill's outputs cost generate 0.02 s (3.27
-against 3.29 s, within the noise).
+against 3.29 s, within the noise). With the replayed LoRA backward's products taking the rank as
+the rows where ``training.update_kernel`` chose that for the computed ones (the EPYC): 3.14 ->
+2.96 s.
 """
 
 from __future__ import annotations
@@ -417,7 +419,9 @@ class ReplayedFrozen(torch.autograd.Function):
 class ReplayedLoRA(torch.autograd.Function):
     """``y = x W^T + s (x A^T) B^T`` with ``y`` recorded (peft's LoRA layer, one adapter, no
     dropout): the forward returns it; the backward gives ``x``, ``A`` and ``B`` their gradients
-    (the LoRA products in the adapter's dtype, as peft casts them)."""
+    (the LoRA products in the adapter's dtype, as peft casts them; with ``rank_rows``, the three
+    with the rank as a side computed with it as the rows, as
+    :mod:`~llm_zoo_train.kernels.lora_rank_rows` does)."""
 
     @staticmethod
     def forward(
@@ -428,8 +432,9 @@ class ReplayedLoRA(torch.autograd.Function):
         recorded: torch.Tensor,
         scaling: float,
         gradient: Callable[..., Any],
+        rank_rows: bool = False,
     ) -> torch.Tensor:
-        ctx.scaling, ctx.gradient = float(scaling), gradient
+        ctx.scaling, ctx.gradient, ctx.rank_rows = float(scaling), gradient, bool(rank_rows)
         ctx.save_for_backward(x, weight_a, weight_b)
         return recorded
 
@@ -439,7 +444,9 @@ class ReplayedLoRA(torch.autograd.Function):
         scaling = ctx.scaling
         grad_lora = grad.to(weight_b.dtype)
         rows_grad = grad_lora.reshape(-1, grad_lora.shape[-1])
-        through_b = rows_grad @ weight_b  # [rows, r]
+        rank_rows = ctx.rank_rows
+        # [rows, r]; with the rank as the rows, a view of the [r, rows] product
+        through_b = torch.mm(weight_b.t(), rows_grad.t()).t() if rank_rows else rows_grad @ weight_b
         grad_x = grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
             grad_x = ctx.gradient(grad)
@@ -448,9 +455,12 @@ class ReplayedLoRA(torch.autograd.Function):
         rows_x = x.reshape(-1, x.shape[-1]).to(weight_a.dtype)
         if ctx.needs_input_grad[1]:
             grad_a = (through_b.t() @ rows_x).mul_(scaling)
-        if ctx.needs_input_grad[2]:
+        if ctx.needs_input_grad[2] and rank_rows:
+            hidden = torch.mm(weight_a, rows_x.t())  # [r, rows]
+            grad_b = torch.mm(hidden, rows_grad).mul_(scaling).t()
+        elif ctx.needs_input_grad[2]:
             grad_b = (rows_grad.t() @ (rows_x @ weight_a.t())).mul_(scaling)
-        return grad_x, grad_a, grad_b, None, None, None
+        return grad_x, grad_a, grad_b, None, None, None, None
 
 
 def _replays_lora(layer: Any, adapter: str | None) -> bool | None:
@@ -516,17 +526,24 @@ def _prompt_outputs(prompts: Sequence[RecordedPrompt], index: int, width: int) -
 
 @contextmanager
 def replayed_completion_pass(
-    model: torch.nn.Module, adapter: str | None, rows: Sequence[RecordedRow], width: int
+    model: torch.nn.Module,
+    adapter: str | None,
+    rows: Sequence[RecordedRow],
+    width: int,
+    *,
+    rank_rows: bool = False,
 ) -> Iterator[None]:
     """Within the block, each recorded layer of ``model`` called on ``[len(rows), width, in]`` (the
     update's completion pass) returns ``rows``' recorded outputs, differentiably
     (:class:`ReplayedLoRA`, :class:`ReplayedFrozen`); any other call computes as before. The
     caller checked :func:`replayable` and that every row fed at least ``width`` positions that it
-    scores."""
+    scores. ``rank_rows``: the LoRA products' backward with the rank as the rows (float32 adapters
+    on a CPU; ``training.update_kernel``'s choice)."""
     layers = recorded_layers(model)
     if any(len(row.flats) != len(layers) for row in rows):
         raise ValueError("the recorded rows are not of this model's layers")
-    with _replayed(model, adapter, layers, [_stacked(rows, index, width) for index in range(len(layers))]):
+    outputs = [_stacked(rows, index, width) for index in range(len(layers))]
+    with _replayed(model, adapter, layers, outputs, rank_rows):
         yield
 
 
@@ -537,11 +554,14 @@ def replayed_prompt_pass(
     records: Mapping[tuple[int, ...], RecordedPrompt],
     prompts: Sequence[Sequence[int]],
     width: int,
+    *,
+    rank_rows: bool = False,
 ) -> Iterator[None]:
     """Within the block, each recorded layer of ``model`` called on the update's prompt pass over
     ``prompts`` (``[len(prompts), width, in]``, left-padded; the vocabulary head on the last
     position) returns their recorded prefill outputs (``records``, by prompt), differentiably;
-    any other call computes as before. A prompt without a record: the block computes the pass."""
+    any other call computes as before. A prompt without a record: the block computes the pass.
+    ``rank_rows``: as for :func:`replayed_completion_pass`."""
     found = [records.get(tuple(prompt)) for prompt in prompts]
     layers = recorded_layers(model)
     if any(record is None or len(record.outputs) != len(layers) for record in found):
@@ -550,13 +570,18 @@ def replayed_prompt_pass(
     chosen = [record for record in found if record is not None]
     if any(len(record.prompt) > width for record in chosen):
         raise ValueError("a recorded prompt is longer than the prompt pass")
-    with _replayed(model, adapter, layers, [_prompt_outputs(chosen, i, width) for i in range(len(layers))]):
+    outputs = [_prompt_outputs(chosen, index, width) for index in range(len(layers))]
+    with _replayed(model, adapter, layers, outputs, rank_rows):
         yield
 
 
 @contextmanager
 def _replayed(
-    model: torch.nn.Module, adapter: str | None, layers: list[torch.nn.Module], outputs: list[torch.Tensor]
+    model: torch.nn.Module,
+    adapter: str | None,
+    layers: list[torch.nn.Module],
+    outputs: list[torch.Tensor],
+    rank_rows: bool,
 ) -> Iterator[None]:
     """Each of ``layers`` returns its entry of ``outputs`` for an input of that shape (less the
     features), differentiably; any other call computes as before."""
@@ -565,11 +590,9 @@ def _replayed(
     for layer, recorded in zip(layers, outputs, strict=True):
         gradient = input_gradient(layer.base_layer if lora is not None and isinstance(layer, lora) else layer)
         if lora is not None and isinstance(layer, lora) and _replays_lora(layer, adapter):
-            weights = (
-                layer.lora_A[adapter].weight,
-                layer.lora_B[adapter].weight,
-                float(layer.scaling[adapter]),
-            )
+            weight_a = layer.lora_A[adapter].weight
+            takes_rank_rows = rank_rows and weight_a.dtype == torch.float32 and weight_a.device.type == "cpu"
+            weights = (weight_a, layer.lora_B[adapter].weight, float(layer.scaling[adapter]), takes_rank_rows)
         else:
             weights = None
         previous = vars(layer).get("forward")
@@ -588,7 +611,7 @@ def _replayed(
                 return _compute(x, *args, **kwargs)
             if _weights is None:
                 return ReplayedFrozen.apply(x, _recorded, _gradient)
-            return ReplayedLoRA.apply(x, *_weights[:2], _recorded, _weights[2], _gradient)
+            return ReplayedLoRA.apply(x, *_weights[:2], _recorded, _weights[2], _gradient, _weights[3])
 
         layer.forward = forward
         replaced.append((layer, previous))

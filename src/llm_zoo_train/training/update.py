@@ -36,7 +36,7 @@ import torch
 
 from llm_zoo_train.config import AlgorithmConfig, TrainingConfig
 from llm_zoo_train.kernels.frozen_linear import FrozenLinearPackings
-from llm_zoo_train.kernels.lora_training import fused_lora_forward
+from llm_zoo_train.kernels.lora_training import fused_lora_forward, rank_rows_for
 from llm_zoo_train.kernels.rollout_activations import (
     RecordedPrompt,
     RecordedRow,
@@ -189,6 +189,8 @@ class AdapterUpdater:
         with self.accelerator.autocast():
             recorded = self._recorded_rows(batch)  # inside: autocast rules it out
             prompts_recorded = self._recorded_prompts(batch) if recorded is not None else None
+            # The replayed layers' LoRA products as the computed ones take them (update_kernel).
+            rank_rows = recorded is not None and rank_rows_for(self.policy.model, self.training.update_kernel)
             # peft's LoRA forward with fewer passes over each layer's output (its bits, or the rank
             # as the rows), the frozen base layers by packed copies: as training.update_kernel chose.
             with (
@@ -204,12 +206,24 @@ class AdapterUpdater:
                     share_prompts=not self.lockstep,
                     with_entropy=True,
                     completion_pass=(
-                        partial(replayed_completion_pass, self.policy.model, self._adapter, recorded)
+                        partial(
+                            replayed_completion_pass,
+                            self.policy.model,
+                            self._adapter,
+                            recorded,
+                            rank_rows=rank_rows,
+                        )
                         if recorded is not None
                         else None
                     ),
                     prompt_pass=(
-                        partial(replayed_prompt_pass, self.policy.model, self._adapter, prompts_recorded)
+                        partial(
+                            replayed_prompt_pass,
+                            self.policy.model,
+                            self._adapter,
+                            prompts_recorded,
+                            rank_rows=rank_rows,
+                        )
                         if prompts_recorded is not None
                         else None
                     ),
