@@ -331,6 +331,16 @@ def test_a_trainer_step_replays_its_rollout_to_the_computed_gradient(tiny_model_
         torch.testing.assert_close(replayed_grad, computed, rtol=1e-4, atol=1e-7)
 
 
+def test_by_default_only_a_float32_model_on_a_cpu_keeps_its_rollout():
+    from llm_zoo_train.training.model_pools import CPU_ROLLOUT_ACTIVATIONS_MB, rollout_activations_mb_for
+
+    float32, _ = lora_model("all-linear")
+    bfloat16, _ = lora_model("all-linear", dtype=torch.bfloat16)  # its adapters stay float32
+    assert rollout_activations_mb_for(None, float32) == CPU_ROLLOUT_ACTIVATIONS_MB > 0
+    assert rollout_activations_mb_for(None, bfloat16) == 0.0
+    assert rollout_activations_mb_for(64, bfloat16) == 64.0 and rollout_activations_mb_for(0, float32) == 0.0
+
+
 def test_greedy_answers_are_not_recorded():
     model, tokenizer = lora_model("all-linear")
     store = attach(model, 1 << 30)

@@ -395,10 +395,13 @@ class TrainingConfig:
     tokens and weights: on-policy, the first optimizer step on them; the prompts' from the shared
     prefill, not from the prefix cache's blocks; llm_zoo_train.kernels.rollout_activations).
     About 0.8 MB a sampled or prefilled token for SmolLM2-135M in float32; a generate call whose
-    outputs do not fit is computed as before. 0: off. null (the default): 2048 when the model is on
-    a CPU, 0 on a GPU, where it has not been measured. The values differ from a computed pass by
-    float rounding, so a replay of saved rollouts (rollout.engine: replay, which computes every
-    pass) repeats a run bit for bit only when this was 0 there. Measured on the AMD EPYC (one
+    outputs do not fit is computed as before. 0: off. null (the default): 2048 for a float32 model
+    on a CPU; 0 in bfloat16 (the outputs then differ from the update's own by bfloat16 rounding,
+    and the bfloat16 main job gained no time from them: llm_zoo_train.training.model_pools.
+    rollout_activations_mb_for says what was measured) and on a GPU, where it has not been
+    measured. The values differ from a computed pass by float rounding, so a replay of saved
+    rollouts (rollout.engine: replay, which computes every pass) repeats a run bit for bit only
+    when this was 0 there. Measured on the AMD EPYC (one
     thread, the trainer-vs-TRL job in float32): the update 4.84 -> 3.34 s a step with the
     completion passes, 3.44 -> 3.13 s more with the prompt passes; the whole step 8.20 -> 7.09 s
     with the completion passes."""
