@@ -34,9 +34,9 @@ What each buys, and where:
   (eager attention without copying key/value heads) where torch's kernel measures slower: in
   bfloat16 on the AMD EPYC, a layer's forward and backward 8.2 -> 2.0 ms, the update 4.14 -> 3.66 s.
 * :mod:`~llm_zoo_train.kernels.rollout_activations` (``training.rollout_activations_mb``): the
-  update's completion pass takes every linear layer's output from the decode that sampled the
-  tokens (same weights, on-policy) instead of multiplying by the frozen weights again (any device
-  where it is on; the CPU by default).
+  update's completion and prompt passes take every linear layer's output from the rollout that
+  sampled the tokens (same weights, on-policy) instead of multiplying by the frozen weights again
+  (any device where it is on; by default a float32 model on a CPU).
 * :mod:`~llm_zoo_train.kernels.precision`: which attention implementation a model runs and
   whether the CPU computes bfloat16 in hardware (AVX512-BF16, AMX).
 * :mod:`~llm_zoo_train.kernels.choices`: the ``"auto"`` choices above are timed once per process;

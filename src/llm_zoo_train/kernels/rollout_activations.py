@@ -54,7 +54,8 @@ generate about 0.25 s (3.38 -> 3.64 s in bfloat16, 0.10 s of it filing them per 
 one concatenation a layer). The whole job against TRL's (``benchmarks/trainer_vs_trl.py``, six
 rounds): our float32 step 8.20 -> 7.09 s, ours/TRL 0.450 -> 0.393; bfloat16 0.429 -> 0.404. The
 main job (``examples/math_smollm2_cpu.yaml``, bfloat16, two threads), whose update is a quarter of
-its step, took as long as before (seeds 0, 1, 2: 305, 298, 297 s against 304, 288, 302 s). The
+its step, took as long as before (seeds 0, 1, 2: 305, 298, 297 s against 304, 288, 302 s); in
+bfloat16 it is therefore off by default (``training.model_pools.rollout_activations_mb_for``). The
 prompt passes too (float32, the same job, updates alternating in place with the optimizer step
 left out): 3.44 -> 3.13 s an update; keeping the prefill's outputs cost generate 0.02 s (3.27
 against 3.29 s, within the noise). With the replayed LoRA backward's products taking the rank as
