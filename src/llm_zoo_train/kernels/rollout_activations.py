@@ -190,16 +190,16 @@ class RolloutActivations:
             self._rows.setdefault((row.adapter, row.prompt), []).append(row)
         self.nbytes += nbytes
 
-    def add_prompts(self, prompts: Sequence[RecordedPrompt], nbytes: int) -> None:
-        """Store ``prompts`` (sharing ``nbytes`` of outputs); an adapter's records made with other
-        weights are dropped first."""
+    def add_prompts(self, prompts: Sequence[RecordedPrompt]) -> None:
+        """Store ``prompts`` (each holding its share of the outputs' bytes); an adapter's records
+        made with other weights are dropped first."""
         for adapter, fingerprint in {(p.adapter, p.fingerprint) for p in prompts}:
             self.drop(adapter, keep=fingerprint)
         for prompt in prompts:
             old = self._prompts.pop((prompt.adapter, prompt.prompt), None)
             self.nbytes -= old.nbytes if old is not None else 0
             self._prompts[(prompt.adapter, prompt.prompt)] = prompt
-        self.nbytes += nbytes
+            self.nbytes += prompt.nbytes
 
     def find_prompt(
         self, adapter: str | None, prompt: Sequence[int], fingerprint: tuple[int, ...]
@@ -330,8 +330,7 @@ class DecodeRecorder:
             [
                 RecordedPrompt(self.adapter, self.fingerprint, tuple(p), kept, row, nbytes // len(prompts))
                 for row, p in enumerate(prompts)
-            ],
-            nbytes // len(prompts) * len(prompts),
+            ]
         )
 
     def before_forward(self, computed_rows: torch.Tensor, live: torch.Tensor, position: int) -> None:

@@ -188,7 +188,10 @@ class AdapterUpdater:
         completions = [s.completion_token_ids for s in batch]
         with self.accelerator.autocast():
             recorded = self._recorded_rows(batch)  # inside: autocast rules it out
-            prompts_recorded = self._recorded_prompts(batch) if recorded is not None else None
+            # The rows found carry the adapter's present fingerprint: the prompts must match it too.
+            prompts_recorded = (
+                self._recorded_prompts(batch, recorded[0].fingerprint) if recorded is not None else None
+            )
             # The replayed layers' LoRA products as the computed ones take them (update_kernel).
             rank_rows = recorded is not None and rank_rows_for(self.policy.model, self.training.update_kernel)
             # peft's LoRA forward with fewer passes over each layer's output (its bits, or the rank
@@ -298,14 +301,16 @@ class AdapterUpdater:
         store.replayed_rows += len(found)
         return found
 
-    def _recorded_prompts(self, batch: list[Sample]) -> dict[tuple[int, ...], RecordedPrompt] | None:
+    def _recorded_prompts(
+        self, batch: list[Sample], fingerprint: tuple[int, ...]
+    ) -> dict[tuple[int, ...], RecordedPrompt] | None:
         """The rollout's recorded prefill of every distinct prompt of ``batch`` with the adapter's
-        present weights, by prompt; ``None`` when any lacks one (the prompt pass is then computed).
-        Asked only where :meth:`_recorded_rows` found the batch's rows (its conditions hold)."""
+        present weights (``fingerprint``), by prompt; ``None`` when any lacks one (the prompt pass
+        is then computed). Asked only where :meth:`_recorded_rows` found the batch's rows (its
+        conditions hold)."""
         store = attached(self.policy.model)
         if store is None:
             return None
-        fingerprint = adapter_fingerprint(self.policy.model, self._adapter)
         prompts = {tuple(s.prompt_token_ids) for s in batch}
         found = {prompt: store.find_prompt(self._adapter, prompt, fingerprint) for prompt in prompts}
         missing = sum(record is None for record in found.values())
