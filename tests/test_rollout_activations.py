@@ -107,6 +107,33 @@ def replayed_prompts(model, store, completions, rank_rows=False):
     return partial(replayed_prompt_pass, model, "one", records, rank_rows=rank_rows)
 
 
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"]], ids=["every-layer", "some-layers"])
+def test_the_recorded_layers_are_every_lora_layer_and_each_linear_outside_one_in_module_order(targets):
+    from llm_zoo_train.kernels.lora_forward import lora_linear_class
+
+    model, _ = lora_model(targets)
+    lora = lora_linear_class()
+    inside = {
+        id(inner) for m in model.modules() if isinstance(m, lora) for inner in m.modules() if inner is not m
+    }
+
+    def by_modules():  # the same list from a walk of every module
+        return [
+            m
+            for m in model.modules()
+            if isinstance(m, lora) or (type(m) is torch.nn.Linear and id(m) not in inside)
+        ]
+
+    expected = by_modules()
+    layers = recorded_layers(model)
+    assert [id(m) for m in layers] == [id(m) for m in expected]
+    assert any(type(m) is torch.nn.Linear for m in layers) and any(isinstance(m, lora) for m in layers)
+    # A module reachable from two parents is listed once, where modules() first meets it.
+    model.base_model.model.model.layers[0].shared_head = model.base_model.model.lm_head
+    twice = by_modules()
+    assert [id(m) for m in recorded_layers(model)] == [id(m) for m in twice] != [id(m) for m in expected]
+
+
 @pytest.fixture
 def replays(monkeypatch):
     """How many layer outputs the replay gave (LoRA, frozen)."""

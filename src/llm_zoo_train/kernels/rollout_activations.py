@@ -75,7 +75,7 @@ from typing import Any
 import torch
 
 from llm_zoo_train.kernels.frozen_linear import input_gradient
-from llm_zoo_train.kernels.lora_forward import lora_linear_class
+from llm_zoo_train.kernels.lora_forward import lora_linear_class, outermost_linear_layers
 
 __all__ = [
     "DecodeRecorder",
@@ -98,19 +98,7 @@ def recorded_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The layers whose outputs are recorded and replayed, in module order: peft's LoRA linear
     layers (the whole layer, adapter included) and every plain ``nn.Linear`` that is not part of
     one (the vocabulary head, layers without an adapter)."""
-    lora = lora_linear_class()
-    wrapped = {
-        id(inner)
-        for m in model.modules()
-        if lora is not None and isinstance(m, lora)
-        for inner in m.modules()
-        if inner is not m
-    }
-    return [
-        m
-        for m in model.modules()
-        if (lora is not None and isinstance(m, lora)) or (type(m) is torch.nn.Linear and id(m) not in wrapped)
-    ]
+    return outermost_linear_layers(model)
 
 
 def adapter_fingerprint(model: torch.nn.Module, adapter: str | None) -> tuple[int, ...]:
@@ -120,7 +108,7 @@ def adapter_fingerprint(model: torch.nn.Module, adapter: str | None) -> tuple[in
     values: list[int] = []
     if lora is None or adapter is None:
         return tuple(values)
-    for module in model.modules():
+    for module in outermost_linear_layers(model):
         if isinstance(module, lora) and adapter in module.lora_A:
             for weight in (module.lora_A[adapter].weight, module.lora_B[adapter].weight):
                 values += (weight.data_ptr(), weight._version)
