@@ -182,6 +182,26 @@ def test_the_replayed_passes_give_the_computed_logprobs_and_gradients(targets, e
         assert_close_to_float32_rounding(replayed_grads[name], grad, name)
 
 
+def test_a_prompt_pass_missing_a_prompts_record_is_computed(replays):
+    model, tokenizer = lora_model("all-linear")
+    store, completions = sampled(model, tokenizer)
+    model.train()
+    computed, _ = logprobs_and_grads(model, completions)
+    prompts = replayed_prompts(model, store, completions)
+    records = dict(prompts.args[2])
+    records.pop(tuple(completions[0].prompt_token_ids))
+    replayed, _ = logprobs_and_grads(
+        model,
+        completions,
+        replayed_pass(model, store, completions),
+        partial(replayed_prompt_pass, model, "one", records),
+    )
+    layers = recorded_layers(model)
+    lora_layers = sum(1 for m in layers if hasattr(m, "lora_A"))
+    assert replays == {"lora": lora_layers, "frozen": len(layers) - lora_layers}  # the completions' only
+    torch.testing.assert_close(replayed, computed, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.skipif(not onednn_packing_available(), reason="this torch build has no oneDNN packing")
 @pytest.mark.parametrize("decode_kernel", ["onednn", "mkl-merged", "exact"])
 def test_the_replayed_pass_takes_the_frozen_layers_packed_input_gradients(

@@ -550,12 +550,11 @@ def replayed_prompt_pass(
     position) returns their recorded prefill outputs (``records``, by prompt), differentiably;
     any other call computes as before. A prompt without a record: the block computes the pass.
     ``rank_rows``: as for :func:`replayed_completion_pass`."""
-    found = [records.get(tuple(prompt)) for prompt in prompts]
+    chosen = [record for record in map(records.get, map(tuple, prompts)) if record is not None]
     layers = recorded_layers(model)
-    if any(record is None or len(record.outputs) != len(layers) for record in found):
+    if len(chosen) < len(prompts) or any(len(record.outputs) != len(layers) for record in chosen):
         yield
         return
-    chosen = [record for record in found if record is not None]
     if any(len(record.prompt) > width for record in chosen):
         raise ValueError("a recorded prompt is longer than the prompt pass")
     outputs = [_prompt_outputs(chosen, index, width) for index in range(len(layers))]
